@@ -1,0 +1,3 @@
+"""gpukit: GPU nodes for Kubernetes, declared in an inventory, provisioned and proven."""
+
+__version__ = "0.1.0"

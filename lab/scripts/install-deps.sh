@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Host packages the lab and the tests need (Debian). Idempotent.
+set -euo pipefail
+PKGS=(debootstrap etcd-server iproute2 iptables libyaml-dev gcc make openssl psmisc util-linux)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "installing host packages: ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
