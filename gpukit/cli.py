@@ -1,0 +1,83 @@
+"""The `gpukit` command line."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from gpukit.lab.config import LabConfigError, load_spec
+from gpukit.lab.controlplane import LabError
+
+app = typer.Typer(help="gpukit: GPU nodes for Kubernetes, declared once, proven live.")
+lab_app = typer.Typer(help="The hardware-free lab: a real cluster with simulated GPU nodes.")
+app.add_typer(lab_app, name="lab")
+
+
+def _fail(err: Exception) -> None:
+    typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
+
+
+@lab_app.command("up")
+def lab_up(timeout: float = typer.Option(180, help="seconds to wait for all nodes Ready")) -> None:
+    """Bring the lab up (or repair it); print the kubeconfig path."""
+    from gpukit.lab import cluster
+
+    try:
+        kubeconfig = cluster.up(load_spec(), timeout=timeout)
+    except (LabError, LabConfigError) as e:
+        _fail(e)
+    print(kubeconfig)
+
+
+@lab_app.command("status")
+def lab_status(as_json: bool = typer.Option(False, "--json")) -> None:
+    """Show each component and node; exit 1 unless everything is up."""
+    import json
+
+    from gpukit.lab import cluster
+
+    try:
+        st = cluster.status(load_spec())
+    except (LabError, LabConfigError) as e:
+        _fail(e)
+    if as_json:
+        print(json.dumps({"up": st.up, "components": st.components, "nodes": st.nodes}, indent=2))
+    else:
+        for c, ok in st.components.items():
+            print(f"{c:28} {'up' if ok else 'DOWN'}")
+        for n, checks in st.nodes.items():
+            bad = [k for k, v in checks.items() if not v]
+            print(f"node {n:23} {'up' if not bad else 'DOWN (' + ', '.join(bad) + ')'}")
+    raise typer.Exit(0 if st.up else 1)
+
+
+@lab_app.command("down")
+def lab_down(purge: bool = typer.Option(False, help="also delete node roots, etcd data, certs")) -> None:
+    """Stop everything the lab started and clean up after it."""
+    from gpukit.lab import cluster
+
+    try:
+        cluster.down(load_spec(), purge=purge)
+    except (LabError, LabConfigError) as e:
+        _fail(e)
+
+
+@lab_app.command("smoke")
+def lab_smoke() -> None:
+    """Run a GPU smoke check on every lab node."""
+    from gpukit.lab import smoke
+
+    try:
+        smoke.run(load_spec())
+    except (LabError, LabConfigError) as e:
+        _fail(e)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

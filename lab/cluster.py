@@ -1,0 +1,312 @@
+"""`gpukit lab up | status | down`: the whole lab's life cycle."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpukit.lab import cgroups, controlplane, images, network, nodes
+from gpukit.lab.config import LabSpec, NodeSpec, cache_dir, state_dir
+from gpukit.lab.controlplane import COMPONENTS, LabError, paths
+from gpukit.lab.procs import Proc, ProcTable
+
+REPO = Path(__file__).resolve().parent.parent
+# What the kubelet requires of host-wide kernel tunables (protectKernelDefaults).
+KUBELET_SYSCTLS = {
+    "vm/overcommit_memory": "1",
+    "vm/panic_on_oom": "0",
+    "kernel/panic": "10",
+    "kernel/panic_on_oops": "1",
+    "kernel/keys/root_maxkeys": "1000000",
+    "kernel/keys/root_maxbytes": "25000000",
+}
+
+Progress = Callable[[str], None]
+
+
+def _say(msg: str) -> None:
+    print(f"[gpukit lab {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def table() -> ProcTable:
+    return ProcTable(state_dir() / "pids")
+
+
+def kubernetes_bindir(lab: LabSpec) -> Path:
+    return cache_dir() / "kubernetes" / lab.k8s_version / "bin"
+
+
+def rootfs() -> Path:
+    return cache_dir() / "rootfs" / "bookworm"
+
+
+def check_prerequisites(lab: LabSpec) -> None:
+    if os.geteuid() != 0:
+        raise LabError("the lab needs root (namespaces, cgroups, mounts): run it as root")
+    bindir = kubernetes_bindir(lab)
+    for b in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet"):
+        if not (bindir / b).exists():
+            raise LabError(f"{bindir / b} is missing: run `make k8s` (builds Kubernetes {lab.k8s_version})")
+    if not (rootfs() / ".complete").exists():
+        raise LabError(f"node root {rootfs()} is missing: run `bash lab/scripts/build-rootfs.sh`")
+    controlplane.etcd_binary()
+
+
+# --- sysctls -------------------------------------------------------------------
+
+def _sysctl_record() -> Path:
+    return state_dir() / "sysctls.json"
+
+
+def apply_sysctls() -> None:
+    rec = _sysctl_record()
+    if not rec.exists():
+        saved = {k: Path("/proc/sys", k).read_text().strip() for k in KUBELET_SYSCTLS}
+        rec.write_text(json.dumps(saved))
+    for k, v in KUBELET_SYSCTLS.items():
+        Path("/proc/sys", k).write_text(v)
+
+
+def restore_sysctls() -> None:
+    rec = _sysctl_record()
+    if rec.exists():
+        for k, v in json.loads(rec.read_text()).items():
+            Path("/proc/sys", k).write_text(v)
+        rec.unlink()
+
+
+# --- node helpers ----------------------------------------------------------------
+
+def init_proc(node: NodeSpec) -> Proc | None:
+    rec = nodes.node_dir(node) / "init.json"
+    try:
+        data = json.loads(rec.read_text())
+    except (OSError, ValueError):
+        return None
+    p = Proc(name=f"init-{node.name}", pid=int(data["pid"]), start=int(data["start"]))
+    return p if p.alive() else None
+
+
+def node_exec(node: NodeSpec, argv: list[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run a command inside a running node (all its namespaces)."""
+    init = init_proc(node)
+    if init is None:
+        raise LabError(f"lab node {node.name} is not running")
+    return subprocess.run(
+        ["nsenter", "-t", str(init.pid), "-a", "--", *argv],
+        capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def _write_shared(lab: LabSpec) -> Path:
+    shared = state_dir() / "shared"
+    (shared / "bin").mkdir(parents=True, exist_ok=True)
+    src = kubernetes_bindir(lab) / "kubelet"
+    dst = shared / "bin" / "kubelet"
+    if not dst.exists() or dst.stat().st_mtime < src.stat().st_mtime:
+        shutil.copy2(src, dst.with_suffix(".new"))
+        dst.with_suffix(".new").replace(dst)
+    lines = []
+    for key in cgroups.hierarchies():
+        if key == "":
+            lines.append("cgroup2 relatime unified")
+        elif key.startswith("name="):
+            lines.append(f"cgroup none,{key} {key.removeprefix('name=')}")
+        else:
+            lines.append(f"cgroup {key} {key}")
+    (shared / "cgroup-mounts").write_text("\n".join(lines) + "\n")
+    images.build_all(shared / "images")
+    return shared
+
+
+def _stop_node(node: NodeSpec, t: ProcTable) -> None:
+    t.stop(f"node-{node.name}", timeout=30)
+    init = init_proc(node)
+    if init is not None:  # an orphaned node (its supervisor was killed)
+        os.kill(init.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while init.alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    (nodes.node_dir(node) / "init.json").unlink(missing_ok=True)
+    # Nothing of a node may outlive it: its PID namespace died with its init, but be sure.
+    for pid in cgroups.procs(node.name):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 10
+    while cgroups.remove(node.name) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def _node_booted(node: NodeSpec) -> bool:
+    try:
+        r = node_exec(node, ["systemctl", "is-active", "containerd.service"], timeout=10)
+    except (LabError, subprocess.TimeoutExpired):
+        return False
+    return r.stdout.strip() == "active"
+
+
+def _import_images(node: NodeSpec) -> None:
+    have = node_exec(node, ["ctr", "-n", "k8s.io", "images", "ls", "-q"]).stdout.split()
+    for ref, tar in ((images.PAUSE, "pause.tar"), (images.SHELL, "shell.tar")):
+        if ref not in have:
+            r = node_exec(
+                node, ["ctr", "-n", "k8s.io", "images", "import", f"/opt/gpukit-lab/images/{tar}"]
+            )
+            if r.returncode != 0:
+                raise LabError(f"{node.name}: importing {ref} failed: {r.stderr.strip()}")
+
+
+# --- status ----------------------------------------------------------------------
+
+@dataclass
+class Status:
+    components: dict[str, bool] = field(default_factory=dict)
+    nodes: dict[str, dict[str, bool]] = field(default_factory=dict)
+
+    @property
+    def up(self) -> bool:
+        return all(self.components.values()) and all(
+            all(v.values()) for v in self.nodes.values()
+        )
+
+    @property
+    def anything(self) -> bool:
+        return any(self.components.values()) or any(
+            v["supervisor"] or v["init"] for v in self.nodes.values()
+        )
+
+
+def _ready_nodes(lab: LabSpec) -> dict[str, bool]:
+    kc = paths().admin_kubeconfig
+    if not kc.exists():
+        return {}
+    r = subprocess.run(
+        [str(kubernetes_bindir(lab) / "kubectl"), f"--kubeconfig={kc}", "get", "nodes",
+         "-o", "json", "--request-timeout=5s"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if r.returncode != 0:
+        return {}
+    out: dict[str, bool] = {}
+    for item in json.loads(r.stdout)["items"]:
+        conds = {c["type"]: c["status"] for c in item["status"].get("conditions", [])}
+        out[item["metadata"]["name"]] = conds.get("Ready") == "True"
+    return out
+
+
+def status(lab: LabSpec) -> Status:
+    t = table()
+    st = Status()
+    for c in COMPONENTS:
+        p = t.get(c)
+        st.components[c] = p is not None and p.alive()
+    st.components["apiserver-ready"] = st.components["kube-apiserver"] and controlplane.healthy(lab)
+    ready = _ready_nodes(lab) if st.components["apiserver-ready"] else {}
+    for n in lab.nodes:
+        sup = t.get(f"node-{n.name}")
+        init = init_proc(n)
+        st.nodes[n.name] = {
+            "supervisor": sup is not None and sup.alive(),
+            "init": init is not None,
+            "containerd": init is not None and _node_booted(n),
+            "kubelet": init is not None and _unit_active(n, "kubelet.service"),
+            "ready": ready.get(n.name, False),
+        }
+    return st
+
+
+def _unit_active(node: NodeSpec, unit: str) -> bool:
+    try:
+        return node_exec(node, ["systemctl", "is-active", unit], timeout=10).stdout.strip() == "active"
+    except (LabError, subprocess.TimeoutExpired):
+        return False
+
+
+# --- up / down -------------------------------------------------------------------
+
+def up(lab: LabSpec, say: Progress = _say, timeout: float = 180) -> Path:
+    """Bring the lab to all nodes Ready; repair what is missing; no-op when up."""
+    check_prerequisites(lab)
+    t0 = time.monotonic()
+    st = status(lab)
+    if st.up:
+        say("lab is up (nothing to do)")
+        return paths().admin_kubeconfig
+    t = table()
+    apply_sysctls()
+    network.ensure_bridge(lab)
+    ca = controlplane.make_pki(lab)
+    bindir = kubernetes_bindir(lab)
+    for c in COMPONENTS:
+        p = t.get(c)
+        if p is None or not p.alive():
+            say(f"starting {c}")
+            controlplane.start(lab, t, c, bindir)
+        if c == "kube-apiserver":
+            controlplane.wait_ready(lab)
+            say(f"kube-apiserver ready ({time.monotonic() - t0:.1f}s)")
+    _write_shared(lab)
+    for n in lab.nodes:
+        network.ensure_node_netns(lab, n)
+        nodes.prepare(lab, n, rootfs(), ca)
+        sup = t.get(f"node-{n.name}")
+        if sup is None or not sup.alive():
+            _stop_node(n, t)  # clear an orphan or leftovers before booting again
+            cgroups.create(n.name)
+            say(f"booting node {n.name} ({n.profile}, {n.address(lab)})")
+            t.start(
+                f"node-{n.name}",
+                [sys.executable, "-m", "gpukit.lab.supervisor", n.name],
+                paths().logs / f"node-{n.name}.log",
+            )
+    deadline = time.monotonic() + timeout
+    pending = {n.name for n in lab.nodes}
+    imported: set[str] = set()
+    while pending and time.monotonic() < deadline:
+        for n in lab.nodes:
+            if n.name not in imported and _node_booted(n):
+                _import_images(n)
+                imported.add(n.name)
+        ready = _ready_nodes(lab)
+        for name in list(pending):
+            if ready.get(name) and name in imported:
+                pending.discard(name)
+                say(f"node {name} Ready ({time.monotonic() - t0:.1f}s)")
+        if pending:
+            time.sleep(0.5)
+    if pending:
+        raise LabError(
+            f"nodes not Ready after {timeout:.0f}s: {', '.join(sorted(pending))};"
+            f" see {paths().logs} and `gpukit lab status`"
+        )
+    say(f"lab up in {time.monotonic() - t0:.1f}s; kubeconfig: {paths().admin_kubeconfig}")
+    return paths().admin_kubeconfig
+
+
+def down(lab: LabSpec, say: Progress = _say, purge: bool = False) -> None:
+    t = table()
+    for n in lab.nodes:
+        say(f"stopping node {n.name}")
+        _stop_node(n, t)
+        network.remove_node_netns(n)
+    for c in reversed(COMPONENTS):
+        if t.get(c) is not None:
+            say(f"stopping {c}")
+        t.stop(c)
+    network.remove_bridge(lab)
+    restore_sysctls()
+    if purge:
+        for n in lab.nodes:
+            shutil.rmtree(nodes.node_dir(n), ignore_errors=True)
+        shutil.rmtree(state_dir(), ignore_errors=True)
+    say("lab down")

@@ -1,0 +1,107 @@
+"""The lab's shape: where it keeps state, which nodes it runs, which ports it uses."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PROFILES_DIR = REPO_ROOT / "lab" / "profiles"
+K8S_VERSION = os.environ.get("GPUKIT_K8S_VERSION", "v1.33.13")
+
+_NODE_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$")
+
+
+class LabConfigError(ValueError):
+    """A lab setting is wrong; the message names the setting and its value."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("GPUKIT_CACHE", Path.home() / ".cache" / "gpukit"))
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get("GPUKIT_LAB_DIR", "/var/lib/gpukit-lab"))
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    profile: str
+    index: int
+
+    def address(self, lab: LabSpec) -> str:
+        return str(lab.network.network_address + 10 + self.index)
+
+
+@dataclass(frozen=True)
+class LabSpec:
+    nodes: tuple[NodeSpec, ...]
+    network: ipaddress.IPv4Network = ipaddress.IPv4Network("10.244.77.0/24")
+    service_cidr: ipaddress.IPv4Network = ipaddress.IPv4Network("198.18.0.0/24")
+    bridge: str = "gpukit0"
+    etcd_client_port: int = 23790
+    etcd_peer_port: int = 23800
+    apiserver_port: int = 443
+    k8s_version: str = K8S_VERSION
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def host_address(self) -> str:
+        return str(self.network.network_address + 1)
+
+    @property
+    def api_address(self) -> str:
+        # The `kubernetes` Service's ClusterIP; bound on the lab bridge so in-cluster
+        # clients reach the apiserver without kube-proxy and without leaving the machine.
+        return str(self.service_cidr.network_address + 1)
+
+    @property
+    def server_url(self) -> str:
+        return f"https://{self.api_address}:{self.apiserver_port}"
+
+    def node(self, name: str) -> NodeSpec:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise LabConfigError(f"lab node {name!r} is not defined (nodes: {self.node_names()})")
+
+    def node_names(self) -> list[str]:
+        return [n.name for n in self.nodes]
+
+
+DEFAULT_NODES = "gpu-a100=a100-sxm4-40gb-x8,gpu-t4=t4-x2"
+
+
+def available_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml") if not p.stem.startswith("_"))
+
+
+def parse_nodes(text: str) -> tuple[NodeSpec, ...]:
+    """Parse `name=profile,name=profile` (the GPUKIT_LAB_NODES setting)."""
+    nodes: list[NodeSpec] = []
+    profiles = available_profiles()
+    for i, item in enumerate(filter(None, (s.strip() for s in text.split(",")))):
+        name, sep, profile = item.partition("=")
+        if not sep:
+            raise LabConfigError(f"GPUKIT_LAB_NODES: entry {item!r} is not name=profile")
+        if not _NODE_NAME.match(name):
+            raise LabConfigError(f"GPUKIT_LAB_NODES: node name {name!r} is not a DNS label")
+        if profile not in profiles:
+            raise LabConfigError(
+                f"GPUKIT_LAB_NODES: node {name!r} has unknown profile {profile!r}"
+                f" (known: {', '.join(profiles)})"
+            )
+        if any(n.name == name for n in nodes):
+            raise LabConfigError(f"GPUKIT_LAB_NODES: node name {name!r} appears twice")
+        nodes.append(NodeSpec(name=name, profile=profile, index=i + 1))
+    if not nodes:
+        raise LabConfigError("GPUKIT_LAB_NODES: no nodes given")
+    return tuple(nodes)
+
+
+def load_spec() -> LabSpec:
+    return LabSpec(nodes=parse_nodes(os.environ.get("GPUKIT_LAB_NODES", DEFAULT_NODES)))

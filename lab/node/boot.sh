@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# A lab node's init, stage one. Runs as PID 1 of the node's own PID, mount, UTS,
+# IPC and cgroup namespaces (inside its network namespace), builds the node's
+# view of the system (/proc, /sys, cgroups, /dev, /run), pivots into the node's
+# root and executes systemd. Not a security boundary: a lab only.
+set -euo pipefail
+NODE=$1 ROOT=$2 SHARED=$3 GPUS=$4
+
+mount --make-rprivate /
+hostname "$NODE"
+mount --bind "$ROOT" "$ROOT"
+cd "$ROOT"
+
+mount -t proc -o nosuid,nodev,noexec proc proc
+# Kernel tunables are not namespaced: the node may read them, never change them.
+mount --bind proc/sys proc/sys
+mount -o remount,bind,ro proc/sys
+mount -t sysfs -o nosuid,nodev,noexec sysfs sys
+
+# cgroups: mounted inside the cgroup namespace, each hierarchy's root is the node's subtree.
+mount -t tmpfs -o mode=755,nosuid,nodev,noexec tmpfs sys/fs/cgroup
+while read -r fstype opts dir; do
+  mkdir -p "sys/fs/cgroup/$dir"
+  mount -t "$fstype" -o "nosuid,nodev,noexec,$opts" "$fstype" "sys/fs/cgroup/$dir"
+done < "$SHARED/cgroup-mounts"
+
+# A minimal /dev, plus the node's GPU device files (the driver is modelled as loaded).
+mount -t tmpfs -o mode=755,nosuid tmpfs dev
+for d in null:1:3 zero:1:5 full:1:7 random:1:8 urandom:1:9 tty:5:0; do
+  IFS=: read -r n ma mi <<<"$d"; mknod -m 666 "dev/$n" c "$ma" "$mi"
+done
+mkdir -p dev/pts dev/shm dev/mqueue
+mount -t devpts -o newinstance,ptmxmode=0666,mode=620,gid=5 devpts dev/pts
+ln -s pts/ptmx dev/ptmx
+mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs dev/shm
+mount -t mqueue mqueue dev/mqueue 2>/dev/null || true
+ln -s /proc/self/fd dev/fd
+ln -s /proc/self/fd/0 dev/stdin; ln -s /proc/self/fd/1 dev/stdout; ln -s /proc/self/fd/2 dev/stderr
+# The kubelet's OOM watcher reads /dev/kmsg.
+if [[ -c /dev/kmsg ]]; then touch dev/kmsg; mount --bind /dev/kmsg dev/kmsg; else ln -s null dev/kmsg; fi
+# cAdvisor (in the kubelet) needs the block device under the node's root to size the filesystems.
+src=$(findmnt -n -o SOURCE --target "$ROOT" | sed 's/\[.*//')
+if [[ -b "$src" && "$src" == /dev/* ]]; then
+  mkdir -p "dev/$(dirname "${src#/dev/}")"
+  mknod -m 600 "dev/${src#/dev/}" b "$((0x$(stat -c %t "$src")))" "$((0x$(stat -c %T "$src")))"
+fi
+for ((i = 0; i < GPUS; i++)); do mknod -m 666 "dev/nvidia$i" c 195 "$i"; done
+if ((GPUS > 0)); then
+  mknod -m 666 dev/nvidiactl c 195 255
+  mknod -m 666 dev/nvidia-uvm c 510 0
+  mknod -m 666 dev/nvidia-uvm-tools c 510 1
+fi
+
+mount -t tmpfs -o mode=755,nosuid,nodev tmpfs run
+mkdir -p run/lock
+# Binaries and images the lab built, shared read-only by every node.
+mkdir -p opt/gpukit-lab
+mount --bind "$SHARED" opt/gpukit-lab
+mount -o remount,bind,ro opt/gpukit-lab
+
+mkdir -p .oldroot
+pivot_root . .oldroot
+umount -l /.oldroot
+rmdir /.oldroot
+exec env -i container=lab container_uuid="$(cat /etc/machine-id)" TERM=dumb /lib/systemd/systemd --log-target=journal-or-kmsg

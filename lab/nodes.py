@@ -1,0 +1,187 @@
+"""Prepare a lab node's root the way a cluster installer prepares a machine."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+import yaml
+
+from gpukit.lab import pki
+from gpukit.lab.config import PROFILES_DIR, LabSpec, NodeSpec, state_dir
+
+NODE_FILES = Path(__file__).resolve().parent / "node"
+# Units that would reach outside the machine, touch host-wide kernel state, or
+# wait for hardware a namespace has not got.
+MASKED_UNITS = (
+    "systemd-sysctl.service",
+    "systemd-timesyncd.service",
+    "apt-daily.timer",
+    "apt-daily-upgrade.timer",
+    "e2scrub_all.timer",
+    "fstrim.timer",
+    "systemd-modules-load.service",
+    "getty@tty1.service",
+    "console-getty.service",
+    "systemd-remount-fs.service",
+    "sys-kernel-config.mount",
+    "sys-kernel-debug.mount",
+    "sys-kernel-tracing.mount",
+    "sys-fs-fuse-connections.mount",
+    "systemd-journald-audit.socket",
+)
+
+
+def node_dir(node: NodeSpec) -> Path:
+    return state_dir() / "nodes" / node.name
+
+
+def root(node: NodeSpec) -> Path:
+    return node_dir(node) / "root"
+
+
+def gpu_count(profile: str) -> int:
+    """Number of GPUs in a mock NVML profile (the device files a node gets)."""
+    path = PROFILES_DIR / f"{profile}.yaml"
+    data = yaml.safe_load(path.read_text())
+    if isinstance(data, dict):
+        if isinstance(data.get("gpus"), list):
+            return len(data["gpus"])
+        for key in ("count", "gpu_count"):
+            if isinstance(data.get(key), int):
+                return int(data[key])
+    raise ValueError(f"{path}: no GPU count (expected `count:` or a `gpus:` list)")
+
+
+def ssh_key() -> Path:
+    key = state_dir() / "ssh" / "id_ed25519"
+    if not key.exists():
+        key.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpukit-lab", "-f", str(key)],
+            check=True,
+        )
+    return key
+
+
+def _write(path: Path, text: str, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(mode)
+
+
+def prepare(lab: LabSpec, node: NodeSpec, base: Path, ca: pki.CA) -> None:
+    """Create the node's root from the base image (once) and write its identity."""
+    ndir = node_dir(node)
+    r = root(node)
+    if not (ndir / ".prepared").exists():
+        if r.exists():
+            shutil.rmtree(r)
+        ndir.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["cp", "-a", "--reflink=auto", str(base), str(r)], check=True)
+        (r / ".complete").unlink(missing_ok=True)
+        _first_boot_identity(node, r)
+        (ndir / ".prepared").touch()
+    (ndir / "gpus").write_text(str(gpu_count(node.profile)))
+    _write_kubernetes_node(lab, node, r, ca)
+    _write_nvml_profile(node, r)
+
+
+def _first_boot_identity(node: NodeSpec, r: Path) -> None:
+    _write(r / "etc/machine-id", uuid.uuid4().hex + "\n", 0o444)
+    _write(r / "etc/hostname", node.name + "\n")
+    _write(r / "etc/hosts", f"127.0.0.1 localhost\n127.0.1.1 {node.name}\n")
+    _write(r / "etc/resolv.conf", "# gpukit lab: no DNS leaves this machine\n")
+    subprocess.run(["ssh-keygen", "-A", "-f", str(r)], check=True, capture_output=True)
+    pub = ssh_key().with_suffix(".pub").read_text()
+    _write(r / "root/.ssh/authorized_keys", pub, 0o600)
+    (r / "root/.ssh").chmod(0o700)
+    wants = r / "etc/systemd/system"
+    for unit in MASKED_UNITS:
+        link = wants / unit
+        link.unlink(missing_ok=True)
+        link.symlink_to("/dev/null")
+    _write(r / "etc/containerd/config.toml", (NODE_FILES / "containerd.toml").read_text())
+    _write(r / "etc/cni/net.d/99-loopback.conflist", (NODE_FILES / "99-loopback.conflist").read_text())
+    _write(r / "etc/systemd/system/kubelet.service", (NODE_FILES / "kubelet.service").read_text())
+    mu = wants / "multi-user.target.wants"
+    mu.mkdir(parents=True, exist_ok=True)
+    (mu / "kubelet.service").unlink(missing_ok=True)
+    (mu / "kubelet.service").symlink_to("/etc/systemd/system/kubelet.service")
+
+
+def _write_kubernetes_node(lab: LabSpec, node: NodeSpec, r: Path, ca: pki.CA) -> None:
+    ip = node.address(lab)
+    pkidir = r / "etc/kubernetes/pki"
+    pkidir.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(ca.cert_path, pkidir / "ca.crt")
+    crt, key = ca.issue(
+        pkidir / "kubelet-client",
+        f"system:node:{node.name}",
+        organizations=("system:nodes",),
+        client=True,
+    )
+    scrt, skey = ca.issue(
+        pkidir / "kubelet-serving", node.name, dns=(node.name,), ips=(ip,), server=True
+    )
+    inside = Path("/etc/kubernetes/pki")
+    pki.kubeconfig(
+        r / "etc/kubernetes/kubelet.conf",
+        lab.server_url,
+        inside / "ca.crt",
+        inside / crt.name,
+        inside / key.name,
+        f"system:node:{node.name}",
+    )
+    _write(r / "etc/default/kubelet", f"NODE_IP={ip}\nNODE_NAME={node.name}\n")
+    config = {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "address": ip,
+        "port": 10250,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": 10248,
+        "containerRuntimeEndpoint": "unix:///run/containerd/containerd.sock",
+        "cgroupDriver": "cgroupfs",
+        "cgroupRoot": "/",
+        "failSwapOn": False,
+        "failCgroupV1": False,
+        "makeIPTablesUtilChains": False,
+        # Kernel tunables are host-wide: the lab sets them once, nodes only check them.
+        "protectKernelDefaults": True,
+        "resolvConf": "/etc/resolv.conf",
+        "tlsCertFile": str(inside / scrt.name),
+        "tlsPrivateKeyFile": str(inside / skey.name),
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": True},
+            "x509": {"clientCAFile": str(inside / "ca.crt")},
+        },
+        "authorization": {"mode": "Webhook"},
+        "evictionHard": {
+            "memory.available": "100Mi",
+            "nodefs.available": "1%",
+            "imagefs.available": "1%",
+            "nodefs.inodesFree": "1%",
+        },
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "serializeImagePulls": False,
+        "registerNode": True,
+        "nodeStatusReportFrequency": "10s",
+        "localStorageCapacityIsolation": False,
+    }
+    _write(r / "var/lib/kubelet/config.yaml", yaml.safe_dump(config, sort_keys=False))
+
+
+def _write_nvml_profile(node: NodeSpec, r: Path) -> None:
+    """The node's GPU hardware: its mock NVML profile, seeded by the node name."""
+    src = PROFILES_DIR / f"{node.profile}.yaml"
+    dst = r / "etc/gpukit-lab/nvml/profile.yaml"
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dst)
+    _write(r / "etc/gpukit-lab/nvml/seed", node.name + "\n")
+    _write(r / "etc/gpukit-lab/nvml/profile-name", node.profile + "\n")
