@@ -4,13 +4,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export GPUKIT_CACHE ?= $(HOME)/.cache/gpukit
 
-.PHONY: lab test deps venv nvml k8s lint typecheck unit lab-down clean
+.PHONY: lab test deps venv nvml k8s rootfs lab-down clean
 
-lab: deps venv nvml k8s ## bring the lab up (if needed) and run the main job on it
+lab: deps venv nvml k8s rootfs ## bring the lab up (if needed) and run the main job on it
 	$(PY) -m gpukit.cli lab up
 	$(PY) -m gpukit.cli lab smoke
 
-test: deps venv nvml k8s ## the project's tests: lint, types, unit, lab integration
+test: deps venv nvml k8s rootfs ## the project's tests: lint, types, unit, lab integration
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy -p gpukit
 	$(PY) -m pytest tests
@@ -30,8 +30,11 @@ $(VENV)/.installed: pyproject.toml
 nvml: venv
 	$(MAKE) -C lab/nvml PYTHON=$(abspath $(PY)) OUT=$(abspath build/nvml)
 
-k8s:
+k8s: deps
 	bash lab/scripts/build-kubernetes.sh >/dev/null
+
+rootfs: deps
+	bash lab/scripts/build-rootfs.sh >/dev/null
 
 lab-down: venv
 	$(PY) -m gpukit.cli lab down

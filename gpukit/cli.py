@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 import typer
 
 from gpukit.lab.config import LabConfigError, load_spec
@@ -54,7 +52,9 @@ def lab_status(as_json: bool = typer.Option(False, "--json")) -> None:
 
 
 @lab_app.command("down")
-def lab_down(purge: bool = typer.Option(False, help="also delete node roots, etcd data, certs")) -> None:
+def lab_down(
+    purge: bool = typer.Option(False, help="also delete node roots, etcd data, certs"),
+) -> None:
     """Stop everything the lab started and clean up after it."""
     from gpukit.lab import cluster
 
@@ -80,4 +80,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

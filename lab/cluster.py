@@ -54,13 +54,16 @@ def check_prerequisites(lab: LabSpec) -> None:
     bindir = kubernetes_bindir(lab)
     for b in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet"):
         if not (bindir / b).exists():
-            raise LabError(f"{bindir / b} is missing: run `make k8s` (builds Kubernetes {lab.k8s_version})")
+            raise LabError(
+                f"{bindir / b} is missing: run `make k8s` (builds Kubernetes {lab.k8s_version})"
+            )
     if not (rootfs() / ".complete").exists():
         raise LabError(f"node root {rootfs()} is missing: run `bash lab/scripts/build-rootfs.sh`")
     controlplane.etcd_binary()
 
 
 # --- sysctls -------------------------------------------------------------------
+
 
 def _sysctl_record() -> Path:
     return state_dir() / "sysctls.json"
@@ -85,6 +88,7 @@ def restore_sysctls() -> None:
 
 # --- node helpers ----------------------------------------------------------------
 
+
 def init_proc(node: NodeSpec) -> Proc | None:
     rec = nodes.node_dir(node) / "init.json"
     try:
@@ -95,7 +99,9 @@ def init_proc(node: NodeSpec) -> Proc | None:
     return p if p.alive() else None
 
 
-def node_exec(node: NodeSpec, argv: list[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def node_exec(
+    node: NodeSpec, argv: list[str], timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     """Run a command inside a running node (all its namespaces)."""
     init = init_proc(node)
     if init is None:
@@ -124,6 +130,7 @@ def _write_shared(lab: LabSpec) -> Path:
             lines.append(f"cgroup {key} {key}")
     (shared / "cgroup-mounts").write_text("\n".join(lines) + "\n")
     images.build_all(shared / "images")
+    images.build_agent(shared / "images", REPO, cache_dir())
     return shared
 
 
@@ -157,16 +164,33 @@ def _node_booted(node: NodeSpec) -> bool:
 
 def _import_images(node: NodeSpec) -> None:
     have = node_exec(node, ["ctr", "-n", "k8s.io", "images", "ls", "-q"]).stdout.split()
-    for ref, tar in ((images.PAUSE, "pause.tar"), (images.SHELL, "shell.tar")):
-        if ref not in have:
+    wanted = (
+        (images.PAUSE, "pause.tar"),
+        (images.SHELL, "shell.tar"),
+        (images.AGENT, "node-agent.tar"),
+    )
+    stamp = nodes.root(node) / "var/lib/gpukit-lab/agent-image.digest"
+    agent_digest = _file_digest(state_dir() / "shared/images/node-agent.tar")
+    for ref, tar in wanted:
+        fresh = ref != images.AGENT or (stamp.exists() and stamp.read_text() == agent_digest)
+        if ref not in have or not fresh:
             r = node_exec(
                 node, ["ctr", "-n", "k8s.io", "images", "import", f"/opt/gpukit-lab/images/{tar}"]
             )
             if r.returncode != 0:
                 raise LabError(f"{node.name}: importing {ref} failed: {r.stderr.strip()}")
+            if ref == images.AGENT:
+                stamp.parent.mkdir(parents=True, exist_ok=True)
+                stamp.write_text(agent_digest)
+
+
+def _file_digest(path: Path) -> str:
+    st = path.stat()
+    return f"{st.st_size}:{st.st_mtime_ns}"
 
 
 # --- status ----------------------------------------------------------------------
+
 
 @dataclass
 class Status:
@@ -175,9 +199,7 @@ class Status:
 
     @property
     def up(self) -> bool:
-        return all(self.components.values()) and all(
-            all(v.values()) for v in self.nodes.values()
-        )
+        return all(self.components.values()) and all(all(v.values()) for v in self.nodes.values())
 
     @property
     def anything(self) -> bool:
@@ -227,12 +249,15 @@ def status(lab: LabSpec) -> Status:
 
 def _unit_active(node: NodeSpec, unit: str) -> bool:
     try:
-        return node_exec(node, ["systemctl", "is-active", unit], timeout=10).stdout.strip() == "active"
+        return (
+            node_exec(node, ["systemctl", "is-active", unit], timeout=10).stdout.strip() == "active"
+        )
     except (LabError, subprocess.TimeoutExpired):
         return False
 
 
 # --- up / down -------------------------------------------------------------------
+
 
 def up(lab: LabSpec, say: Progress = _say, timeout: float = 180) -> Path:
     """Bring the lab to all nodes Ready; repair what is missing; no-op when up."""

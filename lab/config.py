@@ -40,8 +40,8 @@ class NodeSpec:
 @dataclass(frozen=True)
 class LabSpec:
     nodes: tuple[NodeSpec, ...]
-    network: ipaddress.IPv4Network = ipaddress.IPv4Network("10.244.77.0/24")
-    service_cidr: ipaddress.IPv4Network = ipaddress.IPv4Network("198.18.0.0/24")
+    network: ipaddress.IPv4Network = ipaddress.IPv4Network("10.244.77.0/24")  # noqa: RUF009
+    service_cidr: ipaddress.IPv4Network = ipaddress.IPv4Network("198.18.0.0/24")  # noqa: RUF009
     bridge: str = "gpukit0"
     etcd_client_port: int = 23790
     etcd_peer_port: int = 23800

@@ -11,6 +11,7 @@ import io
 import json
 import shutil
 import subprocess
+import sys
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,27 +55,66 @@ def _layer(entries: list[FileEntry]) -> bytes:
     return buf.getvalue()
 
 
-def write_archive(out: Path, ref: str, layer: bytes, config: dict[str, object]) -> Path:
-    diff_id = "sha256:" + hashlib.sha256(layer).hexdigest()
+def write_archive(
+    out: Path, ref: str, layer: bytes | list[Path], config: dict[str, object]
+) -> Path:
+    """Write a docker-archive; `layer` is one layer's bytes or a list of layer tar files."""
+    layers: list[tuple[str, Path | bytes]] = []
+    for item in [layer] if isinstance(layer, bytes) else layer:
+        if isinstance(item, bytes):
+            digest = hashlib.sha256(item).hexdigest()
+        else:
+            h = hashlib.sha256()
+            with open(item, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+            digest = h.hexdigest()
+        layers.append((digest, item))
     image_config = {
         "architecture": "amd64",
         "os": "linux",
         "config": config,
-        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-        "history": [{"created_by": "gpukit lab"}],
+        "rootfs": {"type": "layers", "diff_ids": [f"sha256:{d}" for d, _ in layers]},
+        "history": [{"created_by": "gpukit lab"} for _ in layers],
     }
     cfg = json.dumps(image_config, sort_keys=True).encode()
     cfg_name = hashlib.sha256(cfg).hexdigest() + ".json"
-    layer_name = diff_id.removeprefix("sha256:") + "/layer.tar"
-    manifest = json.dumps([{"Config": cfg_name, "RepoTags": [ref], "Layers": [layer_name]}]).encode()
+    names = [f"{d}/layer.tar" for d, _ in layers]
+    manifest = json.dumps([{"Config": cfg_name, "RepoTags": [ref], "Layers": names}]).encode()
+    entries: list[tuple[str, Path | bytes]] = [(cfg_name, cfg)]
+    entries += [(n, data) for n, (_, data) in zip(names, layers, strict=True)]
+    entries.append(("manifest.json", manifest))
     tmp = out.with_suffix(".partial")
     with tarfile.open(tmp, "w") as tar:
-        for name, data in ((cfg_name, cfg), (layer_name, layer), ("manifest.json", manifest)):
+        for name, data in entries:
+            if isinstance(data, Path):
+                info = tar.gettarinfo(data, arcname=name)
+                info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+                with open(data, "rb") as f:
+                    tar.addfile(info, f)
+                continue
             info = tarfile.TarInfo(name)
             info.size, info.mtime = len(data), 0
             tar.addfile(info, io.BytesIO(data))
-    tmp.replace(out)
+    if out.exists() and _same_bytes(out, tmp):
+        tmp.unlink()  # unchanged: keep the old file, so nodes need not import it again
+    else:
+        tmp.replace(out)
     return out
+
+
+def _same_bytes(a: Path, b: Path) -> bool:
+    if a.stat().st_size != b.stat().st_size:
+        return False
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        return all(
+            x == y
+            for x, y in zip(
+                iter(lambda: fa.read(1 << 20), b""),
+                iter(lambda: fb.read(1 << 20), b""),
+                strict=False,
+            )
+        )
 
 
 def build_pause(out_dir: Path) -> Path:
@@ -101,15 +141,101 @@ def build_shell(out_dir: Path) -> Path:
     if out.exists():
         return out
     busybox = Path("/bin/busybox")
-    if not busybox.exists() or b"statically linked" not in subprocess.run(
-        ["file", "-b", str(busybox)], capture_output=True
-    ).stdout:
+    if (
+        not busybox.exists()
+        or b"statically linked"
+        not in subprocess.run(["file", "-b", str(busybox)], capture_output=True).stdout
+    ):
         busybox = Path(shutil.which("busybox") or "/bin/busybox")
     entries = [FileEntry("bin/busybox", busybox)]
     entries += [FileEntry(f"bin/{a}", link="busybox") for a in BUSYBOX_APPLETS]
     layer = _layer(entries)
+    return write_archive(out, SHELL, layer, {"Env": ["PATH=/bin"], "Cmd": ["/bin/sh"]})
+
+
+AGENT = "localhost/gpukit-lab/node-agent:dev"
+AGENT_PYTHON = "3.11"  # Debian bookworm's python3, which runs the agent in the image
+_SKIP_IN_BASE = ("dev/", "proc/", "sys/", "run/", "tmp/", "var/cache/apt/", "var/lib/apt/lists/")
+
+
+def _dir_layer(root: Path, out: Path, prefix: str = "", skip: tuple[str, ...] = ()) -> Path:
+    """A layer tar of a directory tree (numeric owners kept), written atomically."""
+    if out.exists():
+        return out
+    tmp = out.with_suffix(".partial")
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+
+    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        rel = info.name.removeprefix(prefix)
+        if any(rel.startswith(s) for s in skip) or "__pycache__" in rel or rel.endswith(".pyc"):
+            return None
+        info.mtime = 0
+        return info
+
+    with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
+        for child in sorted(root.iterdir()):
+            if child.name != ".complete":
+                tar.add(child, arcname=f"{prefix}{child.name}", filter=keep)
+    tmp.replace(out)
+    return out
+
+
+def _requirements(repo: Path) -> list[str]:
+    import tomllib
+
+    data = tomllib.loads((repo / "pyproject.toml").read_text())
+    return list(data["project"]["dependencies"])
+
+
+def build_agent(out_dir: Path, repo: Path, cache: Path) -> Path:
+    """The node agent's image: Debian's python3, gpukit's dependencies, gpukit itself.
+
+    Three layers, so that a code change re-imports only the small top layer.
+    """
+    base_root = cache / "rootfs" / "bookworm-agent"
+    if not (base_root / ".complete").exists():
+        subprocess.run(["bash", str(repo / "lab/scripts/build-rootfs.sh"), "agent"], check=True)
+    layers = cache / "images" / "agent"
+    base = _dir_layer(base_root, layers / "base.tar", skip=_SKIP_IN_BASE)
+    reqs = _requirements(repo)
+    key = hashlib.sha256(("\n".join(sorted(reqs)) + AGENT_PYTHON).encode()).hexdigest()[:16]
+    deps_layer = layers / f"deps-{key}.tar"
+    if not deps_layer.exists():
+        target = layers / f"deps-{key}"
+        shutil.rmtree(target, ignore_errors=True)
+        # Wheels for the image's interpreter, resolved on the host: nothing builds in the image.
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--no-compile", "--only-binary=:all:",
+             "--python-version", AGENT_PYTHON, "--platform", "manylinux2014_x86_64",
+             "--platform", "manylinux_2_28_x86_64", "--implementation", "cp",
+             "--target", str(target / "lib"), *reqs],
+            check=True,
+        )  # fmt: skip
+        _dir_layer(target, deps_layer, prefix="opt/gpukit/")
+        shutil.rmtree(target, ignore_errors=True)
+    code = out_dir / "agent-code"
+    shutil.rmtree(code, ignore_errors=True)
+    shutil.copytree(
+        repo / "gpukit",
+        code / "src" / "gpukit",
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+    )
+    code_layer = out_dir / "agent-code.tar"
+    code_layer.unlink(missing_ok=True)
+    _dir_layer(code, code_layer, prefix="opt/gpukit/")
+    shutil.rmtree(code, ignore_errors=True)
     return write_archive(
-        out, SHELL, layer, {"Env": ["PATH=/bin"], "Cmd": ["/bin/sh"]}
+        out_dir / "node-agent.tar",
+        AGENT,
+        [base, deps_layer, code_layer],
+        {
+            "Env": [
+                "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                "PYTHONPATH=/opt/gpukit/src:/opt/gpukit/lib",
+                "PYTHONDONTWRITEBYTECODE=1",
+            ],
+            "Entrypoint": ["python3", "-m", "gpukit.plugin"],
+        },
     )
 
 

@@ -104,7 +104,9 @@ def _first_boot_identity(node: NodeSpec, r: Path) -> None:
         link.unlink(missing_ok=True)
         link.symlink_to("/dev/null")
     _write(r / "etc/containerd/config.toml", (NODE_FILES / "containerd.toml").read_text())
-    _write(r / "etc/cni/net.d/99-loopback.conflist", (NODE_FILES / "99-loopback.conflist").read_text())
+    _write(
+        r / "etc/cni/net.d/99-loopback.conflist", (NODE_FILES / "99-loopback.conflist").read_text()
+    )
     _write(r / "etc/systemd/system/kubelet.service", (NODE_FILES / "kubelet.service").read_text())
     mu = wants / "multi-user.target.wants"
     mu.mkdir(parents=True, exist_ok=True)

@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
-# Build the Debian root that every lab node boots (systemd, sshd, containerd,
-# runc). Cached outside the checkout; idempotent. The mirror comes from the
-# host's own apt configuration.
+# Build a Debian root, cached outside the checkout; idempotent. The mirror comes
+# from the host's own apt configuration.
+#   build-rootfs.sh [node]  the root every lab node boots (systemd, sshd, containerd, runc)
+#   build-rootfs.sh agent   the base of the node-agent image (python3 only)
 set -euo pipefail
 CACHE="${GPUKIT_CACHE:-$HOME/.cache/gpukit}"
 SUITE="${GPUKIT_LAB_SUITE:-bookworm}"
-OUT="$CACHE/rootfs/$SUITE"
+FLAVOUR="${1:-node}"
+case "$FLAVOUR" in
+  node) OUT="$CACHE/rootfs/$SUITE"
+        INCLUDE=systemd,systemd-sysv,dbus,libpam-systemd,openssh-server,python3,python3-apt,python3-yaml,python3-venv,iproute2,iputils-ping,containerd,runc,containernetworking-plugins,libyaml-0-2,ca-certificates,iptables,kmod,procps,gnupg,sudo,less ;;
+  agent) OUT="$CACHE/rootfs/$SUITE-agent"
+        INCLUDE=python3,python3-venv,libyaml-0-2,ca-certificates ;;
+  *) echo "unknown flavour $FLAVOUR (node|agent)" >&2; exit 2 ;;
+esac
 if [[ -f "$OUT/.complete" ]]; then echo "$OUT"; exit 0; fi
 mirror="${GPUKIT_LAB_MIRROR:-}"
 if [[ -z "$mirror" ]]; then
@@ -30,12 +38,12 @@ PY
 )
 fi
 if [[ -z "$mirror" ]]; then echo "no Debian mirror found in the host's apt sources; set GPUKIT_LAB_MIRROR" >&2; exit 1; fi
-INCLUDE=systemd,systemd-sysv,dbus,libpam-systemd,openssh-server,python3,python3-apt,python3-yaml,python3-venv,iproute2,iputils-ping,containerd,runc,containernetworking-plugins,libyaml-0-2,ca-certificates,iptables,kmod,procps,gnupg,sudo,less
 tmp="$OUT.partial"
 rm -rf "$tmp"; mkdir -p "$tmp"
-echo "debootstrap $SUITE (minbase + systemd, sshd, containerd) from the host's mirror" >&2
-debootstrap --variant=minbase --include="$INCLUDE" "$SUITE" "$tmp" "$mirror" >"$CACHE/rootfs/debootstrap.log" 2>&1 || {
-  echo "debootstrap failed; see $CACHE/rootfs/debootstrap.log" >&2; exit 1; }
+echo "debootstrap $SUITE ($FLAVOUR root) from the host's mirror" >&2
+log="$CACHE/rootfs/debootstrap-$FLAVOUR.log"
+debootstrap --variant=minbase --include="$INCLUDE" "$SUITE" "$tmp" "$mirror" >"$log" 2>&1 || {
+  echo "debootstrap failed; see $log" >&2; exit 1; }
 # Node-independent tidy-up: no machine-id or host keys baked in (each node gets its own).
 rm -f "$tmp/etc/ssh/ssh_host_"* && : > "$tmp/etc/machine-id"
 rm -f "$tmp/var/lib/dbus/machine-id"
