@@ -4,13 +4,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export GPUKIT_CACHE ?= $(HOME)/.cache/gpukit
 
-.PHONY: lab test deps venv nvml k8s rootfs lab-down clean
+.PHONY: lab test deps venv nvml k8s rootfs protos lab-down clean
 
-lab: deps venv nvml k8s rootfs ## bring the lab up (if needed) and run the main job on it
+lab: deps venv protos nvml k8s rootfs ## bring the lab up (if needed) and run the main job on it
 	$(PY) -m gpukit.cli lab up
 	$(PY) -m gpukit.cli lab smoke
 
-test: deps venv nvml k8s rootfs ## the project's tests: lint, types, unit, lab integration
+test: deps venv protos nvml k8s rootfs ## the project's tests: lint, types, unit, lab integration
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy -p gpukit
 	$(PY) -m pytest tests
@@ -26,6 +26,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
+
+protos: venv ## gRPC stubs from plugin/api/*.proto (generated at build time, not committed)
+	$(PY) -m gpukit.plugin.api.generate
 
 nvml: venv
 	$(MAKE) -C lab/nvml PYTHON=$(abspath $(PY)) OUT=$(abspath build/nvml)

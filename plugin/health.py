@@ -1,0 +1,304 @@
+"""Device health: an NVML event loop feeding a small state machine.
+
+The rule (documented for users in the config reference):
+- A device becomes Unhealthy on a critical XID event for it (XIDs in `ignoredXids`, by default
+  the application errors 13, 31, 43, 45, 68, 109, are counted but change nothing), or when a
+  probe of its GPU fails with a "GPU is gone" NVML error (GPU_IS_LOST, RESET_REQUIRED, UNKNOWN,
+  ...) or the GPU can no longer be found.
+- An XID on a MIG device (event with GPU/compute instance ids) marks only that MIG device; an
+  XID without instance ids marks the GPU, and with it all of its MIG devices.
+- A device is Healthy again once its GPU probes fine AND no critical XID has hit it for
+  `recoverySeconds` (default 60). With `recoverySeconds: null` an XID is sticky until restart
+  (NVIDIA's behaviour); a lost GPU still recovers when NVML sees it again.
+- Probes run every `probeIntervalSeconds` for every GPU; NVML failures never stop the plugin.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pynvml
+
+from .config import HealthSettings
+from .nvml import LOST_CODES, MIG_ID_UNSET
+from .resources import Unit
+
+log = logging.getLogger(__name__)
+Clock = Callable[[], float]
+
+
+@dataclass
+class _State:
+    lost: str = ""  # why the last probe failed, "" when fine
+    last_xid: int | None = None
+    last_xid_at: float | None = None
+
+    def healthy(self, now: float, recovery: float | None) -> bool:
+        if self.lost:
+            return False
+        if self.last_xid_at is None:
+            return True
+        return recovery is not None and now - self.last_xid_at >= recovery
+
+
+def effective_ignored_xids(
+    settings: HealthSettings, environ: Mapping[str, str] | None = None
+) -> tuple[bool, frozenset[int]]:
+    """(health checks enabled, ignored XIDs), honouring NVIDIA's DP_DISABLE_HEALTHCHECKS
+    ("all", or extra XIDs to ignore) and DP_ENABLE_HEALTHCHECKS (XIDs to check anyway)."""
+    env = os.environ if environ is None else environ
+    ignored = set(settings.ignored_xids)
+    disable = [x.strip().lower() for x in env.get("DP_DISABLE_HEALTHCHECKS", "").split(",")]
+    if settings.disabled or "all" in disable or "xids" in disable:
+        return False, frozenset(ignored)
+    ignored.update(int(x) for x in disable if x.isdigit())
+    enable = [x.strip() for x in env.get("DP_ENABLE_HEALTHCHECKS", "").split(",")]
+    ignored.difference_update(int(x) for x in enable if x.isdigit())
+    return True, frozenset(ignored)
+
+
+class HealthTracker:
+    """Thread-safe health per UUID (GPU or MIG device); knows nothing about NVML."""
+
+    def __init__(
+        self,
+        ignored_xids: Iterable[int],
+        recovery_seconds: float | None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.ignored = frozenset(ignored_xids)
+        self.recovery = recovery_seconds
+        self.clock = clock
+        self._states: dict[str, _State] = {}
+        self._lock = threading.Lock()
+
+    def _state(self, uuid: str) -> _State:
+        return self._states.setdefault(uuid, _State())
+
+    def is_ignored(self, xid: int) -> bool:
+        return xid in self.ignored
+
+    def on_xid(self, uuid: str, xid: int) -> bool:
+        """Record a critical XID for a GPU or MIG UUID; True if it was not ignored."""
+        if xid in self.ignored:
+            return False
+        with self._lock:
+            st = self._state(uuid)
+            st.last_xid, st.last_xid_at = xid, self.clock()
+        return True
+
+    def on_probe(self, uuid: str, problem: str) -> None:
+        """Result of probing a GPU: problem is "" when NVML answered normally."""
+        with self._lock:
+            self._state(uuid).lost = problem
+
+    def healthy(self, uuid: str) -> bool:
+        with self._lock:
+            st = self._states.get(uuid)
+            return st is None or st.healthy(self.clock(), self.recovery)
+
+    def unit_healthy(self, unit: Unit) -> bool:
+        """A MIG device is healthy only while its parent GPU is too."""
+        if unit.mig is not None and not self.healthy(unit.gpu.uuid):
+            return False
+        return self.healthy(unit.uuid)
+
+    def reason(self, uuid: str) -> str:
+        with self._lock:
+            st = self._states.get(uuid)
+            if st is None:
+                return ""
+            if st.lost:
+                return st.lost
+            return f"XID {st.last_xid}" if st.last_xid_at is not None else ""
+
+    def expire(self) -> None:
+        """Forget XIDs older than the recovery window so they stop counting."""
+        if self.recovery is None:
+            return
+        now = self.clock()
+        with self._lock:
+            for st in self._states.values():
+                if st.last_xid_at is not None and now - st.last_xid_at >= self.recovery:
+                    st.last_xid = st.last_xid_at = None
+
+
+def event_target(units: Iterable[Unit], gpu_uuid: str, gi: int, ci: int) -> str | None:
+    """UUID an XID event is about: the MIG device matching gi/ci, else the GPU itself.
+    None when the instance ids match no MIG device we serve (NVIDIA ignores those too)."""
+    if gi == MIG_ID_UNSET or ci == MIG_ID_UNSET:
+        return gpu_uuid
+    migs = [u for u in units if u.mig is not None and u.gpu.uuid == gpu_uuid]
+    if not migs:
+        return gpu_uuid
+    for unit in migs:
+        assert unit.mig is not None
+        if unit.mig.gi == gi and unit.mig.ci == ci:
+            return unit.uuid
+    return None
+
+
+def probe_gpu(uuid: str) -> str:
+    """"" if NVML answers for this GPU, else why not."""
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+        pynvml.nvmlDeviceGetMemoryInfo(handle)
+    except pynvml.NVMLError as exc:
+        if exc.value == pynvml.NVML_ERROR_NOT_SUPPORTED:
+            return ""
+        kind = "lost" if exc.value in LOST_CODES else "unreachable"
+        return f"GPU {kind}: {exc} (NVML error {exc.value})"
+    return ""
+
+
+XidCallback = Callable[[str, int, bool], None]  # (target uuid, xid, counted as critical)
+
+
+class HealthMonitor:
+    """Background thread: waits for NVML XID events and probes GPUs; calls on_change after any
+    transition so the server can tell the kubelet."""
+
+    def __init__(
+        self,
+        tracker: HealthTracker,
+        units: Callable[[], Mapping[str, Unit]],
+        on_change: Callable[[], None],
+        probe_interval: float = 5.0,
+        on_xid: XidCallback | None = None,
+        probe: Callable[[str], str] = probe_gpu,
+    ) -> None:
+        self.tracker = tracker
+        self.units = units
+        self.on_change = on_change
+        self.probe_interval = probe_interval
+        self.on_xid = on_xid
+        self.probe = probe
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._event_set: Any = None
+        self._registered: frozenset[str] = frozenset()
+        self._last_view: dict[str, bool] = {}
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="gpukit-health", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._free_event_set()
+
+    # -- event set ----------------------------------------------------------------------------
+
+    def _free_event_set(self) -> None:
+        if self._event_set is not None:
+            try:
+                pynvml.nvmlEventSetFree(self._event_set)
+            except pynvml.NVMLError as exc:
+                log.debug("nvmlEventSetFree: %s", exc)
+            self._event_set = None
+            self._registered = frozenset()
+
+    def _register(self, gpus: frozenset[str]) -> None:
+        """(Re)create the event set for this set of GPUs. Event sets cannot unregister a GPU,
+        so a changed GPU set gets a fresh one."""
+        self._free_event_set()
+        try:
+            self._event_set = pynvml.nvmlEventSetCreate()
+        except pynvml.NVMLError as exc:
+            log.warning("NVML events unavailable (%s); health relies on probes only", exc)
+            self._registered = gpus
+            return
+        for uuid in sorted(gpus):
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+                supported = pynvml.nvmlDeviceGetSupportedEventTypes(handle)
+                mask = pynvml.nvmlEventTypeXidCriticalError & supported
+                if mask:
+                    pynvml.nvmlDeviceRegisterEvents(handle, mask, self._event_set)
+                else:
+                    log.warning("GPU %s does not report XID events; probing only", uuid)
+            except pynvml.NVMLError as exc:
+                if exc.value == pynvml.NVML_ERROR_NOT_SUPPORTED:
+                    log.warning("GPU %s is too old for XID events; probing only", uuid)
+                    continue
+                log.warning("cannot watch GPU %s for XIDs: %s; marking it unhealthy", uuid, exc)
+                self.tracker.on_probe(uuid, f"event registration failed: {exc}")
+        self._registered = gpus
+
+    # -- loop ---------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        next_probe = 0.0
+        while not self._stop.is_set():
+            try:
+                units = self.units()
+                gpus = frozenset(u.gpu.uuid for u in units.values())
+                if gpus != self._registered:
+                    self._register(gpus)
+                if time.monotonic() >= next_probe:
+                    for uuid in sorted(gpus):
+                        self.tracker.on_probe(uuid, self.probe(uuid))
+                    self.tracker.expire()
+                    next_probe = time.monotonic() + self.probe_interval
+                    self._notify_if_changed(units)
+                self._wait_for_event(units, timeout=min(0.5, self.probe_interval))
+            except Exception:  # never let health checking take the plugin down
+                log.exception("health loop error; continuing")
+                self._stop.wait(1.0)
+
+    def _wait_for_event(self, units: Mapping[str, Unit], timeout: float) -> None:
+        if self._event_set is None:
+            self._stop.wait(timeout)
+            return
+        try:
+            data = pynvml.nvmlEventSetWait_v2(self._event_set, int(timeout * 1000))
+        except pynvml.NVMLError as exc:
+            if exc.value != pynvml.NVML_ERROR_TIMEOUT:
+                log.warning("waiting for NVML events failed: %s", exc)
+                self._stop.wait(timeout)
+            return
+        if not data.eventType & pynvml.nvmlEventTypeXidCriticalError:
+            return
+        xid = int(data.eventData)
+        try:
+            gpu_uuid = pynvml.nvmlDeviceGetUUID(data.device)
+        except pynvml.NVMLError as exc:
+            log.warning("XID %d from a GPU NVML cannot name (%s); probing all GPUs", xid, exc)
+            return
+        gpu_uuid = gpu_uuid.decode() if isinstance(gpu_uuid, bytes) else str(gpu_uuid)
+        self.handle_xid(units, gpu_uuid, xid, int(data.gpuInstanceId),
+                        int(data.computeInstanceId))
+
+    def handle_xid(self, units: Mapping[str, Unit], gpu_uuid: str, xid: int, gi: int, ci: int
+                   ) -> None:
+        target = event_target(units.values(), gpu_uuid, gi, ci)
+        if target is None:
+            log.info("XID %d on GPU %s instance %d/%d matches no served device", xid, gpu_uuid,
+                     gi, ci)
+            return
+        critical = self.tracker.on_xid(target, xid)
+        if self.on_xid is not None:
+            self.on_xid(target, xid, critical)
+        if critical:
+            log.warning("XID %d on %s: marking it unhealthy", xid, target)
+            self._notify_if_changed(units)
+        else:
+            log.info("XID %d on %s ignored (application error)", xid, target)
+
+    def _notify_if_changed(self, units: Mapping[str, Unit]) -> None:
+        view = {uuid: self.tracker.unit_healthy(u) for uuid, u in units.items()}
+        if view != self._last_view:
+            for uuid, ok in view.items():
+                if self._last_view.get(uuid, True) != ok:
+                    log.warning("%s is now %s %s", uuid, "Healthy" if ok else "Unhealthy",
+                                self.tracker.reason(uuid) if not ok else "")
+            self._last_view = view
+            self.on_change()

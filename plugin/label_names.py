@@ -1,0 +1,71 @@
+"""Every node label name gpukit reads or writes, in one place (GFD-compatible `nvidia.com/*`).
+
+Imported by the plugin, the labeler, the Ansible modules and the conformance suite, so a name
+is spelled once. Per-resource labels are built with `resource_label(resource, suffix)`.
+"""
+
+from __future__ import annotations
+
+PREFIX = "nvidia.com"
+
+# Selection labels (read)
+DEVICE_PLUGIN_CONFIG = "nvidia.com/device-plugin.config"
+MIG_CONFIG = "nvidia.com/mig.config"
+MIG_CONFIG_STATE = "nvidia.com/mig.config.state"
+
+# Node-wide labels (written)
+GPU_PRESENT = "nvidia.com/gpu.present"
+MIG_CAPABLE = "nvidia.com/mig.capable"
+MIG_STRATEGY = "nvidia.com/mig.strategy"
+MPS_CAPABLE = "nvidia.com/mps.capable"
+SHARING_STRATEGY = "nvidia.com/gpu.sharing-strategy"
+GPU_MODE = "nvidia.com/gpu.mode"
+
+CUDA_DRIVER_MAJOR = "nvidia.com/cuda.driver-version.major"
+CUDA_DRIVER_MINOR = "nvidia.com/cuda.driver-version.minor"
+CUDA_DRIVER_REVISION = "nvidia.com/cuda.driver-version.revision"
+CUDA_DRIVER_FULL = "nvidia.com/cuda.driver-version.full"
+CUDA_RUNTIME_MAJOR = "nvidia.com/cuda.runtime-version.major"
+CUDA_RUNTIME_MINOR = "nvidia.com/cuda.runtime-version.minor"
+CUDA_RUNTIME_FULL = "nvidia.com/cuda.runtime-version.full"
+# GFD still writes these deprecated spellings; tools in the wild read them.
+CUDA_DRIVER_MAJOR_DEPRECATED = "nvidia.com/cuda.driver.major"
+CUDA_DRIVER_MINOR_DEPRECATED = "nvidia.com/cuda.driver.minor"
+CUDA_DRIVER_REV_DEPRECATED = "nvidia.com/cuda.driver.rev"
+CUDA_RUNTIME_MAJOR_DEPRECATED = "nvidia.com/cuda.runtime.major"
+CUDA_RUNTIME_MINOR_DEPRECATED = "nvidia.com/cuda.runtime.minor"
+
+# Per-resource label suffixes: "<resource>.<suffix>", e.g. nvidia.com/gpu.product
+PRODUCT = "product"
+COUNT = "count"
+REPLICAS = "replicas"
+MEMORY = "memory"
+FAMILY = "family"
+COMPUTE_MAJOR = "compute.major"
+COMPUTE_MINOR = "compute.minor"
+MULTIPROCESSORS = "multiprocessors"
+SLICES_GI = "slices.gi"
+SLICES_CI = "slices.ci"
+ENGINES_COPY = "engines.copy"
+ENGINES_DECODER = "engines.decoder"
+ENGINES_ENCODER = "engines.encoder"
+ENGINES_JPEG = "engines.jpeg"
+ENGINES_OFA = "engines.ofa"
+MIG_ATTRIBUTE_SUFFIXES = (
+    MEMORY, MULTIPROCESSORS, SLICES_GI, SLICES_CI,
+    ENGINES_COPY, ENGINES_DECODER, ENGINES_ENCODER, ENGINES_JPEG, ENGINES_OFA,
+)
+
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def resource_label(resource: str, suffix: str) -> str:
+    """`resource_label("nvidia.com/mig-1g.5gb", "count")` -> `nvidia.com/mig-1g.5gb.count`."""
+    return f"{resource}.{suffix}"
+
+
+def is_gpukit_label(name: str) -> bool:
+    """Labels the labeler owns (and may remove when they no longer apply)."""
+    return name.startswith(PREFIX + "/") and name not in (
+        DEVICE_PLUGIN_CONFIG, MIG_CONFIG, MIG_CONFIG_STATE, GPU_PRESENT,
+    )

@@ -1,0 +1,495 @@
+"""Runs the device plugin: config -> discovery -> resources -> one gRPC server per resource.
+
+One background loop (every `tick` seconds) keeps the node and the kubelet in step:
+- kubelet.sock re-created (the kubelet restarted) -> re-register every resource; a plugin socket
+  removed (the kubelet wipes the directory on start) -> serve it again and re-register. Polling
+  the socket's inode is enough at this rate and needs no inotify binding.
+- rescan every `rescanIntervalSeconds` (and on request: SIGUSR1, or after a MIG change): GPUs
+  and MIG devices are enumerated again, resources rebuilt and reconciled without a restart;
+  a resource that disappears first reports zero devices, then its socket goes.
+- reload on request (SIGHUP) or when the selected config changes (node label, file content):
+  an invalid new config is reported and the running one kept.
+Health changes from the NVML event loop update ListAndWatch immediately.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+import grpc
+
+from . import cdi, nvml
+from .allocate import CONTROL_NODES, Allocator, host_path
+from .api import KUBELET_SOCKET_NAME
+from .config import Config, ConfigError
+from .config_source import ConfigSource, LoadedConfig
+from .health import HealthMonitor, HealthTracker, effective_ignored_xids
+from .inventory import Inventory
+from .kube import NodeClient
+from .labels import compute_labels, label_changes, write_labels_file
+from .metrics import PluginMetrics
+from .resources import Resource, ResourceError, ResourceSet, Unit, build_resources
+from .server import DeviceView, PluginServer, ResourceState, inode, register
+
+log = logging.getLogger(__name__)
+
+
+class InitError(RuntimeError):
+    """Startup failed and failOnInitError asks to stop; the message says what to fix."""
+
+
+class NvmlBackend(Protocol):
+    def init(self) -> None: ...
+    def discover(self, with_topology: bool) -> Inventory: ...
+    def shutdown(self) -> None: ...
+
+
+class PynvmlBackend:
+    """The real thing: pynvml against libnvidia-ml.so.1 (or the lab mock)."""
+
+    def __init__(self, library: str | None = None) -> None:
+        self.library = library
+
+    def init(self) -> None:
+        if self.library:
+            nvml.load_library(self.library)
+        nvml.init()
+
+    def discover(self, with_topology: bool) -> Inventory:
+        return nvml.discover(with_topology=with_topology)
+
+    def shutdown(self) -> None:
+        nvml.shutdown()
+
+
+@dataclass
+class ManagerOptions:
+    proc_root: str = "/"
+    tick: float = 0.5
+    config_poll_seconds: float = 10.0
+    register_retry_seconds: float = 3.0
+    register_timeout: float = 5.0
+    nvml_retry_seconds: float = 30.0
+    labels_file: str | None = None
+    node_labels: bool = False
+    health: bool = True
+
+
+RegisterFn = Callable[[str, str, str, float], None]
+
+
+class PluginManager:
+    def __init__(
+        self,
+        source: ConfigSource,
+        backend: NvmlBackend,
+        metrics: PluginMetrics | None = None,
+        options: ManagerOptions | None = None,
+        register_fn: RegisterFn = register,
+        node_client: NodeClient | None = None,
+    ) -> None:
+        self.source = source
+        self.backend = backend
+        self.metrics = metrics or PluginMetrics()
+        self.options = options or ManagerOptions()
+        self.register_fn = register_fn
+        self.node_client = node_client
+        self.loaded: LoadedConfig | None = None
+        self.inventory = Inventory()
+        self.resources = ResourceSet(resources={})
+        self.servers: dict[str, PluginServer] = {}
+        self.tracker = HealthTracker((), None)
+        self.monitor: HealthMonitor | None = None
+        self.nvml_ready = False
+        self._health_enabled = self.options.health
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._reload_requested = threading.Event()
+        self._rescan_requested = threading.Event()
+        self._loop: threading.Thread | None = None
+        self._kubelet_inode: int | None = None
+        self._unregistered: set[str] = set()
+        self._next_register = 0.0
+        self._next_serve_retry = 0.0
+        self._next_rescan = 0.0
+        self._next_config_poll = 0.0
+        self._next_nvml_retry = 0.0
+        self._config_fingerprint: tuple[object, ...] = ()
+        self._last_labels: dict[str, str] | None = None
+        self._last_cdi: dict[str, object] | None = None
+
+    # -- properties ---------------------------------------------------------------------------
+
+    @property
+    def config(self) -> Config:
+        return self.loaded.config if self.loaded else Config()
+
+    @property
+    def kubelet_dir(self) -> str:
+        return self.config.gpukit.kubelet_dir
+
+    @property
+    def kubelet_socket(self) -> str:
+        return os.path.join(self.kubelet_dir, KUBELET_SOCKET_NAME)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Load config, init NVML, serve and register. Raises ConfigError or InitError."""
+        self._set_config(self.source.load())
+        self._config_fingerprint = self.source.fingerprint()
+        self._init_nvml(startup=True)
+        self.rescan(startup=True)
+        self._loop = threading.Thread(target=self._run, name="gpukit-manager", daemon=True)
+        self._loop.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._loop is not None:
+            self._loop.join(timeout=10)
+        if self.monitor is not None:
+            self.monitor.stop()
+            self.monitor = None
+        with self._lock:
+            for server in self.servers.values():
+                server.stop()
+            self.servers.clear()
+        if self.nvml_ready:
+            self.backend.shutdown()
+            self.nvml_ready = False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._stop.wait(timeout)
+
+    def request_stop(self) -> None:
+        """Safe from a signal handler: the caller's wait() returns, then it calls stop()."""
+        self._stop.set()
+
+    def request_reload(self) -> None:
+        self._reload_requested.set()
+
+    def request_rescan(self) -> None:
+        self._rescan_requested.set()
+
+    # -- config and NVML ----------------------------------------------------------------------
+
+    def _set_config(self, loaded: LoadedConfig) -> None:
+        for warning in loaded.config.warnings:
+            log.warning("config: %s", warning)
+        self.loaded = loaded
+        enabled, ignored = effective_ignored_xids(loaded.config.gpukit.health)
+        self.tracker.ignored = ignored
+        self.tracker.recovery = loaded.config.gpukit.health.recovery_seconds
+        self._health_enabled = enabled and self.options.health
+        log.info("config %s: migStrategy=%s deviceListStrategy=%s sharing=%s",
+                 f"{loaded.name or 'file'} ({loaded.path})" if loaded.path else "defaults",
+                 loaded.config.flags.mig_strategy,
+                 ",".join(loaded.config.flags.plugin.device_list_strategy),
+                 loaded.config.sharing_strategy)
+
+    def _init_nvml(self, startup: bool = False) -> None:
+        try:
+            self.backend.init()
+        except nvml.NvmlError as exc:
+            self.metrics.errors.labels(kind="nvml").inc()
+            if startup and self.config.flags.fail_on_init_error:
+                raise InitError(
+                    f"NVML initialisation failed: {exc}. Set flags.failOnInitError=false (or "
+                    "FAIL_ON_INIT_ERROR=false) to keep running without GPUs."
+                ) from exc
+            if startup:
+                log.error("NVML initialisation failed: %s; serving no devices "
+                          "(failOnInitError=false), retrying every %.0fs", exc,
+                          self.options.nvml_retry_seconds)
+            self._next_nvml_retry = time.monotonic() + self.options.nvml_retry_seconds
+            return
+        self.nvml_ready = True
+        log.info("NVML initialised")
+
+    def reload(self) -> bool:
+        """Re-read the config; keep the running one if the new one is invalid."""
+        try:
+            loaded = self.source.load()
+        except ConfigError as exc:
+            log.error("config reload rejected, keeping the current config: %s", exc)
+            self.metrics.config_reloads.labels(result="rejected").inc()
+            self.metrics.errors.labels(kind="config").inc()
+            return False
+        self._config_fingerprint = self.source.fingerprint()
+        with self._lock:
+            old = self.config
+            self._set_config(loaded)
+            if old.gpukit.kubelet_dir != self.kubelet_dir:
+                log.info("kubelet dir changed to %s: restarting all servers", self.kubelet_dir)
+                for server in self.servers.values():
+                    server.stop()
+                self.servers.clear()
+                self._kubelet_inode = None
+            if old.gpukit.metrics_address != self.config.gpukit.metrics_address:
+                log.warning("metricsAddress changes take effect at the next restart")
+        self.metrics.config_reloads.labels(result="ok").inc()
+        self.rescan()
+        return True
+
+    # -- discovery and reconcile --------------------------------------------------------------
+
+    def _discover(self) -> Inventory | None:
+        if not self.nvml_ready:
+            if time.monotonic() < self._next_nvml_retry:
+                return None
+            self._init_nvml()
+            if not self.nvml_ready:
+                return None
+        old = self.inventory
+        try:
+            inv = self.backend.discover(with_topology=not old.links)
+        except nvml.NvmlError as exc:
+            log.error("GPU discovery failed, keeping the previous view: %s", exc)
+            self.metrics.errors.labels(kind="nvml").inc()
+            return None
+        if inv.lost_indices:  # keep lost GPUs advertised (Unhealthy) instead of dropping them
+            carried = [g for g in old.gpus if g.index in inv.lost_indices]
+            inv = replace(inv, gpus=tuple(sorted(inv.gpus + tuple(carried),
+                                                 key=lambda g: g.index)))
+        same_gpus = {g.uuid for g in inv.gpus} == {g.uuid for g in old.gpus}
+        if not inv.links and old.links and same_gpus:
+            inv = replace(inv, links=old.links)
+        elif not inv.links and not same_gpus and len(inv.gpus) > 1:
+            try:
+                inv = replace(inv, links=self.backend.discover(with_topology=True).links)
+            except nvml.NvmlError as exc:
+                log.warning("topology discovery failed: %s", exc)
+        return inv
+
+    def rescan(self, startup: bool = False) -> None:
+        inv = self._discover()
+        with self._lock:
+            if inv is not None:
+                self.inventory = inv
+            try:
+                rs = build_resources(self.inventory, self.config, self.options.proc_root)
+            except ResourceError as exc:
+                self.metrics.errors.labels(kind="resources").inc()
+                if startup and self.config.flags.fail_on_init_error:
+                    raise InitError(f"cannot serve this node's devices: {exc}") from exc
+                log.error("cannot serve this node's devices, serving none: %s", exc)
+                rs = ResourceSet(resources={})
+            for warning in rs.warnings:
+                log.warning("%s", warning)
+            if rs.resources != self.resources.resources or startup:
+                log.info("resources: %s", ", ".join(
+                    f"{n}={len(r.devices)}" for n, r in rs.resources.items()) or "none")
+            self.resources = rs
+            self._reconcile()
+            self._write_cdi()
+        self._ensure_monitor()
+        self._update_labels()
+        self._register_pending()
+        self._next_rescan = time.monotonic() + self.config.gpukit.rescan_interval_seconds
+
+    def _views(self, resource: Resource) -> list[DeviceView]:
+        return [DeviceView(d.id, self.tracker.unit_healthy(d.unit), d.unit.numa_node)
+                for d in resource.devices]
+
+    def _reconcile(self) -> None:
+        wanted = self.resources.resources
+        policy = self.config.gpukit.replica_policy
+        for name in [n for n in self.servers if n not in wanted]:
+            self._retire(name)
+        for name, res in wanted.items():
+            allocator = Allocator(res, self.config)
+            views = self._views(res)
+            server = self.servers.get(name)
+            if server is not None:
+                server.state.update(res, allocator, self.inventory, views, policy)
+                continue
+            state = ResourceState(res, allocator, self.inventory, views, policy)
+            server = PluginServer(state, self.kubelet_dir, self.metrics)
+            try:
+                server.start()
+            except OSError as exc:
+                log.error("cannot serve %s: %s", name, exc)
+                self.metrics.errors.labels(kind="serve").inc()
+                continue
+            self.servers[name] = server
+            self._unregistered.add(name)
+        self._next_register = 0.0
+        self._update_device_metrics()
+
+    def _retire(self, name: str) -> None:
+        """Tell the kubelet the resource has no devices, then close its socket shortly after
+        (closing at once could cut the stream before the empty list is sent)."""
+        server = self.servers.pop(name)
+        self._unregistered.discard(name)
+        empty = Resource(name=name, devices=())
+        server.state.update(empty, Allocator(empty, self.config), self.inventory, [],
+                            self.config.gpukit.replica_policy)
+        log.info("resource %s is gone: reporting zero devices and closing its socket", name)
+        timer = threading.Timer(1.0, server.stop)
+        timer.daemon = True
+        timer.start()
+
+    def refresh_health(self) -> None:
+        """Called by the health monitor after a transition."""
+        with self._lock:
+            for name, server in self.servers.items():
+                res = self.resources.resources.get(name)
+                if res is None:
+                    continue
+                state = server.state
+                state.update(res, state.allocator, self.inventory, self._views(res),
+                             state.replica_policy)
+            self._update_device_metrics()
+
+    def _update_device_metrics(self) -> None:
+        counts: dict[str, dict[str, int]] = {}
+        for name, res in self.resources.resources.items():
+            healthy = sum(self.tracker.unit_healthy(d.unit) for d in res.devices)
+            counts[name] = {"Healthy": healthy, "Unhealthy": len(res.devices) - healthy}
+        self.metrics.set_devices(counts)
+        self.metrics.set_unit_health(
+            (uuid, self.tracker.unit_healthy(u)) for uuid, u in self.resources.units().items()
+        )
+
+    def units(self) -> dict[str, Unit]:
+        with self._lock:
+            return self.resources.units()
+
+    def _ensure_monitor(self) -> None:
+        if self.monitor is not None or not self.nvml_ready or not self._health_enabled:
+            return
+
+        def count_xid(target: str, xid: int, critical: bool) -> None:
+            self.metrics.xids.labels(device=target, xid=str(xid),
+                                     critical=str(critical).lower()).inc()
+
+        self.monitor = HealthMonitor(
+            self.tracker, self.units, self.refresh_health,
+            probe_interval=self.config.gpukit.health.probe_interval_seconds, on_xid=count_xid,
+        )
+        self.monitor.start()
+
+    # -- CDI and labels -----------------------------------------------------------------------
+
+    def _write_cdi(self) -> None:
+        config = self.config
+        if not {"cdi-annotations", "cdi-cri"} & set(config.flags.plugin.device_list_strategy):
+            return
+        control = [n for n in CONTROL_NODES
+                   if os.path.exists(host_path(config.device_root_in_plugin, n))]
+        spec = cdi.build_spec(self.resources.units().values(), config.device_root, control)
+        if spec == self._last_cdi:
+            return
+        try:
+            path = cdi.write_spec(spec, config.gpukit.cdi_spec_dir)
+        except OSError as exc:
+            log.error("cannot write the CDI spec to %s: %s", config.gpukit.cdi_spec_dir, exc)
+            self.metrics.errors.labels(kind="cdi").inc()
+            return
+        self._last_cdi = spec
+        log.info("CDI spec written to %s (%d devices)", path, len(spec["devices"]))
+
+    def _update_labels(self) -> None:
+        opts = self.options
+        if not opts.labels_file and not (opts.node_labels and self.node_client):
+            return
+        labels = compute_labels(self.inventory, self.config)
+        if labels == self._last_labels:
+            return
+        try:
+            if opts.labels_file:
+                write_labels_file(labels, opts.labels_file)
+            if opts.node_labels and self.node_client and self.source.node_name:
+                current = self.node_client.labels(self.source.node_name)
+                self.node_client.patch_labels(self.source.node_name,
+                                              label_changes(current, labels))
+        except Exception as exc:  # labels are best effort; the plugin keeps serving
+            log.error("cannot update node labels: %s", exc)
+            self.metrics.errors.labels(kind="labels").inc()
+            return
+        self._last_labels = labels
+
+    # -- kubelet ------------------------------------------------------------------------------
+
+    def _register_pending(self) -> None:
+        if not self._unregistered or time.monotonic() < self._next_register:
+            return
+        sock = self.kubelet_socket
+        current = inode(sock)
+        if current is None:
+            return  # no kubelet yet; the loop retries when kubelet.sock appears
+        with self._lock:
+            todo = [(n, self.servers[n].endpoint) for n in sorted(self._unregistered)
+                    if n in self.servers]
+        failed = False
+        for name, endpoint in todo:
+            try:
+                self.register_fn(sock, endpoint, name, self.options.register_timeout)
+            except grpc.RpcError as exc:
+                failed = True
+                log.error("registering %s with the kubelet failed: %s", name,
+                          exc.details() if hasattr(exc, "details") else exc)
+                self.metrics.registrations.labels(resource=name, result="error").inc()
+                self.metrics.errors.labels(kind="register").inc()
+                continue
+            log.info("registered %s (%s) with the kubelet", name, endpoint)
+            self.metrics.registrations.labels(resource=name, result="ok").inc()
+            self._unregistered.discard(name)
+        self._kubelet_inode = current
+        if failed:
+            self._next_register = time.monotonic() + self.options.register_retry_seconds
+
+    def check_kubelet(self) -> None:
+        """Re-serve removed sockets; re-register everything when kubelet.sock is new."""
+        with self._lock:
+            missing = set(self.resources.resources) - set(self.servers)
+            if missing and time.monotonic() >= self._next_serve_retry:
+                # a server that could not start, e.g. the kubelet dir did not exist yet
+                self._next_serve_retry = time.monotonic() + self.options.register_retry_seconds
+                self._reconcile()
+            for name, server in self.servers.items():
+                if not server.socket_intact():
+                    log.warning("socket for %s was removed (kubelet restart?): serving again",
+                                name)
+                    try:
+                        server.restart()
+                    except OSError as exc:
+                        log.error("cannot serve %s again: %s", name, exc)
+                        continue
+                    self._unregistered.add(name)
+                    self._next_register = 0.0
+            current = inode(self.kubelet_socket)
+            if current is not None and current != self._kubelet_inode:
+                if self._kubelet_inode is not None:
+                    log.warning("kubelet.sock was re-created: re-registering all resources")
+                self._unregistered.update(self.servers)
+                self._next_register = 0.0
+        self._register_pending()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.options.tick):
+            try:
+                self.check_kubelet()
+                now = time.monotonic()
+                if self.source.config_dir is not None and now >= self._next_config_poll:
+                    self._next_config_poll = now + self.options.config_poll_seconds
+                    if self.source.fingerprint() != self._config_fingerprint:
+                        log.info("selected config changed: reloading")
+                        self._reload_requested.set()
+                if self._reload_requested.is_set():
+                    self._reload_requested.clear()
+                    self.reload()
+                    continue
+                interval = self.config.gpukit.rescan_interval_seconds
+                due = interval > 0 and now >= self._next_rescan
+                if self._rescan_requested.is_set() or due:
+                    self._rescan_requested.clear()
+                    self.rescan()
+            except Exception:  # the loop must survive anything a node can throw at it
+                log.exception("manager loop error; continuing")

@@ -1,0 +1,288 @@
+"""GPU discovery through pynvml (and only pynvml): real libnvidia-ml.so.1 or the lab's mock.
+
+Every NVML failure becomes an `NvmlError` naming the call, the device and NVML's own message.
+Optional facts a GPU may not support (NUMA node, NVLink, MIG, topology) fall back to "unknown"
+on NVML_ERROR_NOT_SUPPORTED instead of failing discovery, like the real plugin on older GPUs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import re
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import pynvml
+
+from .inventory import Gpu, Inventory, Link, MigDevice, mig_memory_gb, profile_name
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_ARCHITECTURES = {
+    2: "kepler", 3: "maxwell", 4: "pascal", 5: "volta", 6: "turing", 7: "ampere", 8: "ada",
+    9: "hopper", 10: "blackwell",
+}
+_MIG_NAME = re.compile(r"\bMIG\s+(\S+)\s*$")
+_BUS_ID = re.compile(r"^(?:([0-9a-fA-F]+):)?([0-9a-fA-F]+):([0-9a-fA-F]+)\.([0-9a-fA-F]+)$")
+# Codes meaning "this GPU is gone or broken", as opposed to "this call is not available".
+LOST_CODES = frozenset(
+    {
+        pynvml.NVML_ERROR_GPU_IS_LOST,
+        pynvml.NVML_ERROR_RESET_REQUIRED,
+        pynvml.NVML_ERROR_UNKNOWN,
+        pynvml.NVML_ERROR_IRQ_ISSUE,
+        pynvml.NVML_ERROR_CORRUPTED_INFOROM,
+    }
+)
+MIG_ID_UNSET = 0xFFFFFFFF
+
+
+class NvmlError(RuntimeError):
+    """An NVML call failed; `code` is the NVML_ERROR_* value (0 when NVML never answered)."""
+
+    def __init__(self, call: str, code: int, detail: str, subject: str = "") -> None:
+        self.call, self.code, self.subject = call, code, subject
+        where = f" for {subject}" if subject else ""
+        super().__init__(f"{call}{where} failed: {detail} (NVML error {code})")
+
+    @property
+    def gpu_lost(self) -> bool:
+        return self.code in LOST_CODES
+
+
+_load_lock = threading.Lock()
+
+
+def load_library(path: str) -> None:
+    """Make pynvml use the library at `path` (e.g. the lab mock) instead of its search path.
+
+    Must run before the first nvmlInit in this process; later calls with another path fail
+    because pynvml caches function pointers.
+    """
+    with _load_lock:
+        current = pynvml.nvmlLib
+        if current is not None:
+            if getattr(current, "_name", None) != path:
+                raise NvmlError("load_library", 0, f"NVML already loaded from {current._name}")
+            return
+        try:
+            pynvml.nvmlLib = ctypes.CDLL(path)
+        except OSError as exc:
+            raise NvmlError("load_library", pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, str(exc)) from exc
+
+
+def call(name: str, fn: Callable[..., T], *args: Any, subject: str = "") -> T:
+    try:
+        return fn(*args)
+    except pynvml.NVMLError as exc:
+        raise NvmlError(name, int(exc.value), str(exc), subject) from exc
+
+
+def optional(name: str, fn: Callable[..., T], *args: Any, default: T, subject: str = "") -> T:
+    """Like call(), but NOT_SUPPORTED / FUNCTION_NOT_FOUND / NOT_FOUND give `default`."""
+    try:
+        return fn(*args)
+    except pynvml.NVMLError as exc:
+        if exc.value in (
+            pynvml.NVML_ERROR_NOT_SUPPORTED,
+            pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+            pynvml.NVML_ERROR_NOT_FOUND,
+            pynvml.NVML_ERROR_INVALID_ARGUMENT,
+        ):
+            return default
+        raise NvmlError(name, int(exc.value), str(exc), subject) from exc
+    except pynvml.NVMLLibraryMismatchError:
+        return default
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def normalize_bus_id(bus_id: str) -> str:
+    """NVML mixes 8- and 4-digit PCI domains; compare as `dddd:bb:dd.f`, lower case."""
+    m = _BUS_ID.match(bus_id.strip())
+    if not m:
+        return bus_id.strip().lower()
+    domain, bus, dev, fn = m.groups()
+    return f"{int(domain or '0', 16):04x}:{int(bus, 16):02x}:{int(dev, 16):02x}.{int(fn, 16):x}"
+
+
+def init() -> None:
+    """nvmlInit; raises NvmlError with a message that says what to check."""
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        hint = ""
+        if exc.value == pynvml.NVML_ERROR_LIBRARY_NOT_FOUND:
+            hint = " (is libnvidia-ml.so.1 on the library path, or GPUKIT_NVML_LIB set?)"
+        elif exc.value == pynvml.NVML_ERROR_DRIVER_NOT_LOADED:
+            hint = " (is the NVIDIA kernel driver loaded?)"
+        raise NvmlError("nvmlInit", int(exc.value), f"{exc}{hint}") from exc
+
+
+def shutdown() -> None:
+    try:
+        pynvml.nvmlShutdown()
+    except pynvml.NVMLError as exc:
+        log.warning("nvmlShutdown failed: %s", exc)
+
+
+def discover(with_topology: bool = True) -> Inventory:
+    """Enumerate GPUs and MIG devices. A GPU that NVML reports lost is left out and its index
+    recorded in `lost_indices`; any other failure raises NvmlError."""
+    count = call("nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount)
+    gpus: list[Gpu] = []
+    handles: dict[str, Any] = {}
+    lost: list[int] = []
+    for index in range(count):
+        try:
+            handle = call("nvmlDeviceGetHandleByIndex", pynvml.nvmlDeviceGetHandleByIndex, index,
+                          subject=f"GPU {index}")
+            gpu = _describe_gpu(index, handle)
+        except NvmlError as exc:
+            if exc.gpu_lost:
+                log.warning("GPU %d is lost: %s", index, exc)
+                lost.append(index)
+                continue
+            raise
+        gpus.append(gpu)
+        handles[gpu.uuid] = handle
+    driver = _text(optional("nvmlSystemGetDriverVersion", pynvml.nvmlSystemGetDriverVersion,
+                            default=""))
+    cuda = optional("nvmlSystemGetCudaDriverVersion", pynvml.nvmlSystemGetCudaDriverVersion,
+                    default=0)
+    links = _links(gpus, handles) if with_topology else {}
+    return Inventory(
+        gpus=tuple(gpus), driver_version=driver, cuda_driver_version=int(cuda), links=links,
+        lost_indices=tuple(lost),
+    )
+
+
+def _describe_gpu(index: int, handle: Any) -> Gpu:
+    subject = f"GPU {index}"
+    uuid = _text(call("nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID, handle, subject=subject))
+    subject = f"GPU {index} ({uuid})"
+    name = _text(call("nvmlDeviceGetName", pynvml.nvmlDeviceGetName, handle, subject=subject))
+    minor = call("nvmlDeviceGetMinorNumber", pynvml.nvmlDeviceGetMinorNumber, handle,
+                 subject=subject)
+    mem = call("nvmlDeviceGetMemoryInfo", pynvml.nvmlDeviceGetMemoryInfo, handle, subject=subject)
+    pci = optional("nvmlDeviceGetPciInfo", pynvml.nvmlDeviceGetPciInfo, handle, default=None,
+                   subject=subject)
+    bus_id = normalize_bus_id(_text(pci.busId)) if pci is not None else ""
+    numa = optional("nvmlDeviceGetNumaNodeId", pynvml.nvmlDeviceGetNumaNodeId, handle,
+                    default=-1, subject=subject)
+    major, minor_cc = optional(
+        "nvmlDeviceGetCudaComputeCapability", pynvml.nvmlDeviceGetCudaComputeCapability, handle,
+        default=(0, 0), subject=subject,
+    )
+    arch = optional("nvmlDeviceGetArchitecture", pynvml.nvmlDeviceGetArchitecture, handle,
+                    default=-1, subject=subject)
+    current_mode, _pending = optional(
+        "nvmlDeviceGetMigMode", pynvml.nvmlDeviceGetMigMode, handle, default=(-1, -1),
+        subject=subject,
+    )
+    mig_capable = current_mode != -1
+    mig_enabled = current_mode == pynvml.NVML_DEVICE_MIG_ENABLE
+    migs = _mig_devices(index, uuid, handle, int(mem.total)) if mig_enabled else ()
+    return Gpu(
+        index=index, uuid=uuid, minor=int(minor), name=name,
+        memory_mb=int(mem.total) // (1024 * 1024), pci_bus_id=bus_id,
+        numa_node=int(numa) if numa is not None and numa >= 0 else None,
+        compute_major=int(major), compute_minor=int(minor_cc),
+        architecture=_ARCHITECTURES.get(int(arch), ""), mig_capable=mig_capable,
+        mig_enabled=mig_enabled, mig_devices=migs,
+    )
+
+
+def _mig_devices(index: int, parent_uuid: str, handle: Any, total_bytes: int
+                 ) -> tuple[MigDevice, ...]:
+    subject = f"GPU {index} ({parent_uuid})"
+    slots = call("nvmlDeviceGetMaxMigDeviceCount", pynvml.nvmlDeviceGetMaxMigDeviceCount, handle,
+                 subject=subject)
+    out: list[MigDevice] = []
+    for slot in range(int(slots)):
+        mig = optional("nvmlDeviceGetMigDeviceHandleByIndex",
+                       pynvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, slot, default=None,
+                       subject=subject)
+        if mig is None:
+            continue
+        out.append(_describe_mig(index, parent_uuid, len(out), mig, total_bytes))
+    return tuple(out)
+
+
+def _describe_mig(parent_index: int, parent_uuid: str, position: int, mig: Any,
+                  total_bytes: int) -> MigDevice:
+    subject = f"MIG device {parent_index}:{position}"
+    uuid = _text(call("nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID, mig, subject=subject))
+    subject = f"MIG device {parent_index}:{position} ({uuid})"
+    gi = call("nvmlDeviceGetGpuInstanceId", pynvml.nvmlDeviceGetGpuInstanceId, mig,
+              subject=subject)
+    ci = call("nvmlDeviceGetComputeInstanceId", pynvml.nvmlDeviceGetComputeInstanceId, mig,
+              subject=subject)
+    attrs = call("nvmlDeviceGetAttributes", pynvml.nvmlDeviceGetAttributes, mig, subject=subject)
+    name = _text(optional("nvmlDeviceGetName", pynvml.nvmlDeviceGetName, mig, default="",
+                          subject=subject))
+    memory_mb = int(attrs.memorySizeMB)
+    # The driver names MIG devices "<product> MIG 3g.20gb": that is the profile string users
+    # know (including "+me"). Compute it from the attributes only when the name lacks it.
+    m = _MIG_NAME.search(name)
+    profile = m.group(1) if m else profile_name(
+        int(attrs.gpuInstanceSliceCount), int(attrs.computeInstanceSliceCount),
+        mig_memory_gb(total_bytes, memory_mb),
+    )
+    return MigDevice(
+        uuid=uuid, parent_uuid=parent_uuid, parent_index=parent_index, index=position,
+        gi=int(gi), ci=int(ci), profile=profile, memory_mb=memory_mb,
+        multiprocessors=int(attrs.multiprocessorCount),
+        slices_gi=int(attrs.gpuInstanceSliceCount), slices_ci=int(attrs.computeInstanceSliceCount),
+        engines_copy=int(attrs.sharedCopyEngineCount),
+        engines_decoder=int(attrs.sharedDecoderCount),
+        engines_encoder=int(attrs.sharedEncoderCount),
+        engines_jpeg=int(attrs.sharedJpegCount), engines_ofa=int(attrs.sharedOfaCount),
+    )
+
+
+def _links(gpus: list[Gpu], handles: dict[str, Any]) -> dict[frozenset[str], Link]:
+    by_bus = {g.pci_bus_id: g.uuid for g in gpus if g.pci_bus_id}
+    nvlinks: dict[frozenset[str], int] = {}
+    for gpu in gpus:
+        for peer in _nvlink_peers(gpu, handles[gpu.uuid], by_bus):
+            key = frozenset((gpu.uuid, peer))
+            nvlinks[key] = nvlinks.get(key, 0) + 1
+    links: dict[frozenset[str], Link] = {}
+    for i, a in enumerate(gpus):
+        for b in gpus[i + 1:]:
+            level = optional(
+                "nvmlDeviceGetTopologyCommonAncestor", pynvml.nvmlDeviceGetTopologyCommonAncestor,
+                handles[a.uuid], handles[b.uuid], default=None,
+                subject=f"GPUs {a.index} and {b.index}",
+            )
+            key = frozenset((a.uuid, b.uuid))
+            # Each link is seen from both ends; count it once.
+            links[key] = Link(nvlinks=nvlinks.get(key, 0) // 2,
+                              ancestor=int(level) if level is not None else None)
+    return links
+
+
+def _nvlink_peers(gpu: Gpu, handle: Any, by_bus: dict[str, str]) -> list[str]:
+    peers: list[str] = []
+    for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+        state = optional("nvmlDeviceGetNvLinkState", pynvml.nvmlDeviceGetNvLinkState, handle,
+                         link, default=None, subject=f"GPU {gpu.index} link {link}")
+        if state is None:
+            break  # no more links (or no NVLink at all)
+        if state != pynvml.NVML_FEATURE_ENABLED:
+            continue
+        remote = optional("nvmlDeviceGetNvLinkRemotePciInfo",
+                          pynvml.nvmlDeviceGetNvLinkRemotePciInfo, handle, link, default=None,
+                          subject=f"GPU {gpu.index} link {link}")
+        if remote is None:
+            continue
+        peer = by_bus.get(normalize_bus_id(_text(remote.busId)))
+        if peer and peer != gpu.uuid:
+            peers.append(peer)
+    return peers

@@ -1,0 +1,133 @@
+"""Factories for the device plugin tests: hand-made inventories (no NVML needed)."""
+
+from __future__ import annotations
+
+import queue
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from gpukit.plugin.api import deviceplugin_grpc
+from gpukit.plugin.api import deviceplugin_pb2 as pb
+from gpukit.plugin.config import Config, parse_config
+from gpukit.plugin.inventory import (
+    TOPOLOGY_NODE,
+    TOPOLOGY_SINGLE,
+    TOPOLOGY_SYSTEM,
+    Gpu,
+    Inventory,
+    Link,
+    MigDevice,
+)
+
+A100 = "NVIDIA A100-SXM4-40GB"
+T4 = "Tesla T4"
+MIG_SHAPES = {  # profile -> (memory MB, SMs, gi slices)
+    "1g.5gb": (4864, 14, 1),
+    "2g.10gb": (9856, 28, 2),
+    "3g.20gb": (19968, 42, 3),
+    "7g.40gb": (40192, 98, 7),
+}
+
+
+def gpu_uuid(i: int) -> str:
+    return f"GPU-{i:08x}-1111-2222-3333-444444444444"
+
+
+def mig_uuid(i: int, j: int) -> str:
+    return f"MIG-{i:08x}-{j:04x}-2222-3333-444444444444"
+
+
+def make_gpu(index: int, name: str = A100, migs: tuple[str, ...] | None = None,
+             numa: int | None = 0) -> Gpu:
+    devices = []
+    for j, profile in enumerate(migs or ()):
+        mem, sms, g = MIG_SHAPES[profile]
+        devices.append(MigDevice(
+            uuid=mig_uuid(index, j), parent_uuid=gpu_uuid(index), parent_index=index, index=j,
+            gi=j + 1, ci=0, profile=profile, memory_mb=mem, multiprocessors=sms, slices_gi=g,
+            slices_ci=g, engines_copy=g, engines_decoder=0, engines_encoder=0, engines_jpeg=0,
+            engines_ofa=0,
+        ))
+    is_a100 = name == A100
+    return Gpu(
+        index=index, uuid=gpu_uuid(index), minor=index, name=name,
+        memory_mb=40960 if is_a100 else 15360, pci_bus_id=f"0000:{index + 7:02x}:00.0",
+        numa_node=numa, compute_major=8 if is_a100 else 7, compute_minor=0 if is_a100 else 5,
+        architecture="ampere" if is_a100 else "turing", mig_capable=is_a100,
+        mig_enabled=migs is not None, mig_devices=tuple(devices),
+    )
+
+
+def make_inventory(gpus: list[Gpu], links: dict[frozenset[str], Link] | None = None
+                   ) -> Inventory:
+    return Inventory(gpus=tuple(gpus), driver_version="550.54.15", cuda_driver_version=12040,
+                     links=links or {})
+
+
+def dgx_links(n: int = 8) -> dict[frozenset[str], Link]:
+    """GPUs 0-3 on NUMA 0 and 4-7 on NUMA 1; NVLink pairs (0,1), (2,3), (4,5), (6,7) with 2
+    links each, plus one link between 1 and 2; same PCIe switch for pairs."""
+    links: dict[frozenset[str], Link] = {}
+    for a in range(n):
+        for b in range(a + 1, n):
+            same_numa = (a < 4) == (b < 4)
+            ancestor = TOPOLOGY_NODE if same_numa else TOPOLOGY_SYSTEM
+            nv = 0
+            if b == a + 1 and a % 2 == 0:
+                nv, ancestor = 2, TOPOLOGY_SINGLE
+            if (a, b) == (1, 2):
+                nv = 1
+            links[frozenset((gpu_uuid(a), gpu_uuid(b)))] = Link(nvlinks=nv, ancestor=ancestor)
+    return links
+
+
+def cfg(doc: dict[str, Any] | None = None) -> Config:
+    return parse_config(doc or {})
+
+
+class FakeKubelet:
+    """Implements only Registration.Register, recording every request."""
+
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / "kubelet.sock"
+        self.requests: queue.Queue[Any] = queue.Queue()
+        self.server: Any = None
+
+    def Register(self, request: Any, context: Any) -> Any:
+        self.requests.put(request)
+        return pb.Empty()
+
+    def start(self) -> None:
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        deviceplugin_grpc.add_RegistrationServicer_to_server(self, self.server)
+        self.server.add_insecure_port(f"unix://{self.path}")
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop(0).wait()
+        self.path.unlink(missing_ok=True)
+
+    def next_request(self, timeout: float = 10) -> Any:
+        return self.requests.get(timeout=timeout)
+
+
+class FakeBackend:
+    def __init__(self, inv: Inventory) -> None:
+        self.inv = inv
+
+    def init(self) -> None:
+        pass
+
+    def discover(self, with_topology: bool) -> Inventory:
+        return self.inv
+
+    def shutdown(self) -> None:
+        pass
+
+
+def dial(path: str) -> tuple[Any, Any]:
+    channel = grpc.insecure_channel(f"unix://{path}")
+    return channel, deviceplugin_grpc.DevicePluginStub(channel)
