@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import uuid
@@ -184,6 +185,9 @@ def _write_nvml_profile(node: NodeSpec, r: Path) -> None:
     src = PROFILES_DIR / f"{node.profile}.yaml"
     dst = r / "etc/gpukit-lab/nvml/profile.yaml"
     dst.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(src, dst)
-    _write(r / "etc/gpukit-lab/nvml/seed", node.name + "\n")
+    # Same hardware, different boards: each node's UUIDs and serials derive from its own seed.
+    text = re.sub(r"(?m)^seed:.*$", f"seed: {node.profile}@{node.name}", src.read_text())
+    if not re.search(r"(?m)^seed:", text):
+        text = f"seed: {node.profile}@{node.name}\n" + text
+    _write(dst, text)
     _write(r / "etc/gpukit-lab/nvml/profile-name", node.profile + "\n")

@@ -1,0 +1,42 @@
+"""`lab down` leaves nothing behind, and a second `lab up` works (runs last in tests/lab)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpukit.lab import cgroups, cluster, network
+from gpukit.lab.config import load_spec, state_dir
+
+pytestmark = pytest.mark.lab
+
+
+def test_down_cleans_everything_and_up_again_works(lab_cluster: object) -> None:
+    spec = load_spec()
+    t = cluster.table()
+    procs = [p for n in t.names() if (p := t.get(n)) is not None]
+    node_pids = {n.name: cgroups.procs(n.name) for n in spec.nodes}
+    saved = json.loads((state_dir() / "sysctls.json").read_text())
+    assert procs and all(node_pids.values())
+
+    cluster.down(spec, say=lambda _m: None)
+
+    assert not [p for p in procs if p.alive()], "a lab process outlived `lab down`"
+    for name, pids in node_pids.items():
+        alive = [pid for pid in pids if Path(f"/proc/{pid}").exists()
+                 and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"]  # fmt: skip
+        assert not alive, f"node {name}: processes {alive} outlived `lab down`"
+        assert not any(d.exists() for d in cgroups.node_dirs(name).values())
+    for n in spec.nodes:
+        assert not network.netns_path(n).exists()
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert spec.bridge not in links and "gk-" not in links
+    for key, value in saved.items():
+        assert Path("/proc/sys", key).read_text().strip() == value, f"sysctl {key} not restored"
+    assert not (state_dir() / "sysctls.json").exists()
+
+    cluster.up(spec, say=lambda _m: None)
+    assert cluster.status(spec).up
