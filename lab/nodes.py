@@ -191,3 +191,12 @@ def _write_nvml_profile(node: NodeSpec, r: Path) -> None:
         text = f"seed: {node.profile}@{node.name}\n" + text
     _write(dst, text)
     _write(r / "etc/gpukit-lab/nvml/profile-name", node.profile + "\n")
+    # The simulated driver's user-space library, where a driver install puts it.
+    from gpukit.lab import nvml
+
+    lib = nvml.library_path()
+    if lib is not None:
+        dst_lib = r / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+        tmp = dst_lib.with_suffix(".gpukit-new")
+        shutil.copyfile(lib, tmp)
+        tmp.replace(dst_lib)

@@ -62,4 +62,7 @@ mkdir -p .oldroot
 pivot_root . .oldroot
 umount -l /.oldroot
 rmdir /.oldroot
+# Shared within the node (as systemd makes a real host's /), so the kubelet can give
+# containers HostToContainer propagation; the node's namespace keeps it off the host.
+mount --make-rshared /
 exec env -i container=lab container_uuid="$(cat /etc/machine-id)" TERM=dumb /lib/systemd/systemd --log-target=journal-or-kmsg
