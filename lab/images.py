@@ -215,7 +215,10 @@ def build_agent(out_dir: Path, repo: Path, cache: Path) -> Path:
         shutil.rmtree(target, ignore_errors=True)
     # The image's root filesystem is read-only: its gRPC stubs must exist before copying.
     subprocess.run(
-        [sys.executable, "-m", "gpukit.plugin.api.generate"], check=True, cwd=repo, capture_output=True
+        [sys.executable, "-m", "gpukit.plugin.api.generate"],
+        check=True,
+        cwd=repo,
+        capture_output=True,
     )
     code = out_dir / "agent-code"
     shutil.rmtree(code, ignore_errors=True)

@@ -1,0 +1,223 @@
+/*
+ * gpukit mock NVML: lab control entry points (not NVML).
+ *
+ * These are what `python -m gpukit.lab.nvml` calls through ctypes, so the state format has one
+ * owner: this library. Each works whether or not nvmlInit was called in the process (without it,
+ * the profile and state dir come from gpukitMockConfigure, the environment or the defaults).
+ */
+#include "mock.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define CTL(expr)                                                                                  \
+    do {                                                                                           \
+        pthread_mutex_lock(&g_mu);                                                                 \
+        nvmlReturn_t r_ = g_refcount ? NVML_SUCCESS : mock_load_config();                          \
+        if (r_ == NVML_SUCCESS)                                                                    \
+            r_ = (expr);                                                                           \
+        pthread_mutex_unlock(&g_mu);                                                               \
+        return r_;                                                                                 \
+    } while (0)
+
+static nvmlReturn_t inject(unsigned gpu, unsigned long long type, unsigned long long data,
+                           unsigned gi, unsigned ci)
+{
+    if (gpu >= g_prof.ngpu || !type || (type & ~mock_supported_events()))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    int fd;
+    nvmlReturn_t rc = state_lock(&fd);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    rc = mock_emit("E", gpu, type, data, gi, ci);
+    state_unlock(fd);
+    return rc;
+}
+
+EXPORT nvmlReturn_t gpukitMockInjectEvent(unsigned int gpu, unsigned long long eventType,
+                                          unsigned long long eventData, unsigned int gpuInstanceId,
+                                          unsigned int computeInstanceId)
+{
+    CTL(inject(gpu, eventType, eventData, gpuInstanceId, computeInstanceId));
+}
+
+EXPORT nvmlReturn_t gpukitMockInjectXid(unsigned int gpu, unsigned long long xid,
+                                        unsigned int gpuInstanceId, unsigned int computeInstanceId)
+{
+    CTL(inject(gpu, nvmlEventTypeXidCriticalError, xid, gpuInstanceId, computeInstanceId));
+}
+
+static nvmlReturn_t set_lost(unsigned gpu, int lost)
+{
+    if (gpu >= g_prof.ngpu)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    int fd;
+    nvmlReturn_t rc = state_lock(&fd);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    int was = g_state.gpu[gpu].lost;
+    g_state.gpu[gpu].lost = lost != 0;
+    if (lost && !was && (rc = mock_emit("L", gpu, 0, 0, 0, 0)) != NVML_SUCCESS) {
+        state_unlock(fd);
+        return rc;
+    }
+    return state_commit(fd);
+}
+
+EXPORT nvmlReturn_t gpukitMockSetLost(unsigned int gpu, int lost) { CTL(set_lost(gpu, lost)); }
+
+static nvmlReturn_t set_process(unsigned gpu, unsigned pid, unsigned long long bytes, unsigned gi,
+                                unsigned ci, const char *name)
+{
+    if (gpu >= g_prof.ngpu || pid == 0 || (gi == MOCK_NO_ID && ci != MOCK_NO_ID))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    int fd;
+    nvmlReturn_t rc = state_lock(&fd);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    mock_gpu_state *gs = &g_state.gpu[gpu];
+    const mock_gpu *p = &g_prof.gpu[gpu];
+    unsigned long long limit = p->memory_mib << 20;
+    if (gs->lost)
+        rc = NVML_ERROR_GPU_IS_LOST;
+    else if (gi != MOCK_NO_ID) {
+        if (gs->mig_current != NVML_DEVICE_MIG_ENABLE || gi >= MOCK_MAX_GI || !gs->gi[gi].used ||
+            (ci != MOCK_NO_ID && (ci >= MOCK_MAX_CI || !gs->gi[gi].ci[ci].used)))
+            rc = NVML_ERROR_NOT_FOUND;
+        else {
+            const mock_gi_profile *gp = mig_gi_profile(p->mig, gs->gi[gi].profile_id);
+            limit = gp ? gp->memory_mb << 20 : limit;
+        }
+    }
+    if (rc == NVML_SUCCESS && bytes > limit)
+        rc = NVML_ERROR_INSUFFICIENT_RESOURCES;
+    mock_proc *slot = NULL;
+    for (unsigned i = 0; rc == NVML_SUCCESS && i < gs->nproc && !slot; i++)
+        if (gs->proc[i].pid == pid)
+            slot = &gs->proc[i];
+    if (rc == NVML_SUCCESS && !slot) {
+        if (gs->nproc >= MOCK_MAX_PROCS)
+            rc = NVML_ERROR_INSUFFICIENT_SIZE;
+        else
+            slot = &gs->proc[gs->nproc++];
+    }
+    if (rc != NVML_SUCCESS) {
+        state_unlock(fd);
+        return rc;
+    }
+    memset(slot, 0, sizeof *slot);
+    slot->pid = pid;
+    slot->used_bytes = bytes;
+    slot->gi = gi;
+    slot->ci = ci;
+    for (size_t i = 0; name && name[i] && i < sizeof slot->name - 1; i++)
+        slot->name[i] = (name[i] <= ' ') ? '_' : name[i]; /* one token in the state file */
+    return state_commit(fd);
+}
+
+EXPORT nvmlReturn_t gpukitMockSetProcess(unsigned int gpu, unsigned int pid,
+                                         unsigned long long usedBytes, unsigned int gpuInstanceId,
+                                         unsigned int computeInstanceId, const char *name)
+{
+    CTL(set_process(gpu, pid, usedBytes, gpuInstanceId, computeInstanceId, name));
+}
+
+static nvmlReturn_t clear_processes(unsigned gpu, unsigned pid)
+{
+    if (gpu != MOCK_NO_ID && gpu >= g_prof.ngpu)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    int fd;
+    nvmlReturn_t rc = state_lock(&fd);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    unsigned removed = 0;
+    for (unsigned g = 0; g < g_prof.ngpu; g++) {
+        if (gpu != MOCK_NO_ID && g != gpu)
+            continue;
+        mock_gpu_state *gs = &g_state.gpu[g];
+        unsigned k = 0;
+        for (unsigned i = 0; i < gs->nproc; i++) {
+            if (pid == 0 || gs->proc[i].pid == pid) {
+                removed++;
+                continue;
+            }
+            gs->proc[k++] = gs->proc[i];
+        }
+        gs->nproc = k;
+    }
+    if (pid != 0 && removed == 0) {
+        state_unlock(fd);
+        return NVML_ERROR_NOT_FOUND;
+    }
+    return state_commit(fd);
+}
+
+EXPORT nvmlReturn_t gpukitMockClearProcesses(unsigned int gpu, unsigned int pid)
+{
+    CTL(clear_processes(gpu, pid));
+}
+
+static nvmlReturn_t reset_gpu(unsigned gpu)
+{
+    if (gpu >= g_prof.ngpu)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    int fd;
+    nvmlReturn_t rc = state_lock(&fd);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    mock_gpu_state *gs = &g_state.gpu[gpu];
+    if (gs->lost)
+        rc = NVML_ERROR_GPU_IS_LOST;
+    else if (mock_gpu_busy(gs))
+        rc = NVML_ERROR_IN_USE; /* like nvidia-smi -r: processes must go first */
+    if (rc != NVML_SUCCESS) {
+        state_unlock(fd);
+        return rc;
+    }
+    mock_apply_reset(gpu);
+    return state_commit(fd);
+}
+
+EXPORT nvmlReturn_t gpukitMockResetGpu(unsigned int gpu) { CTL(reset_gpu(gpu)); }
+
+static nvmlReturn_t boot(void)
+{
+    int fd;
+    nvmlReturn_t rc = state_lock(&fd);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    for (unsigned g = 0; g < g_prof.ngpu; g++) {
+        mock_gpu_state *gs = &g_state.gpu[g];
+        gs->nproc = 0;
+        gs->lost = 0;
+        mock_apply_reset(g);
+    }
+    events_truncate(); /* nobody from before the boot is waiting */
+    return state_commit(fd);
+}
+
+EXPORT nvmlReturn_t gpukitMockBoot(void) { CTL(boot()); }
+
+static nvmlReturn_t status(char *buf, unsigned int *size)
+{
+    if (!size)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = state_refresh();
+    if (rc != NVML_SUCCESS)
+        return rc;
+    size_t len = 0;
+    char *json = mock_status_json(&len);
+    if (!json)
+        return NVML_ERROR_MEMORY;
+    if (!buf || *size < len + 1) {
+        *size = (unsigned)len + 1;
+        free(json);
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    memcpy(buf, json, len + 1);
+    *size = (unsigned)len + 1;
+    free(json);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t gpukitMockStatusJson(char *buf, unsigned int *size) { CTL(status(buf, size)); }

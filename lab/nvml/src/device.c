@@ -1,0 +1,915 @@
+/*
+ * gpukit mock NVML: device handles and device queries.
+ */
+#include "mock.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+struct nvmlDevice_st g_dev_handles[MOCK_MAX_GPUS];
+struct nvmlDevice_st g_mig_handles[MOCK_MAX_GPUS][MOCK_MAX_GI][MOCK_MAX_CI];
+struct nvmlGpuInstance_st g_gi_handles[MOCK_MAX_GPUS][MOCK_MAX_GI];
+struct nvmlComputeInstance_st g_ci_handles[MOCK_MAX_GPUS][MOCK_MAX_GI][MOCK_MAX_CI];
+
+void handles_init(void)
+{
+    for (unsigned i = 0; i < MOCK_MAX_GPUS; i++) {
+        g_dev_handles[i] = (struct nvmlDevice_st){HANDLE_GPU, i, 0, 0};
+        for (unsigned g = 0; g < MOCK_MAX_GI; g++) {
+            g_gi_handles[i][g] = (struct nvmlGpuInstance_st){i, g};
+            for (unsigned c = 0; c < MOCK_MAX_CI; c++) {
+                g_mig_handles[i][g][c] = (struct nvmlDevice_st){HANDLE_MIG, i, g, c};
+                g_ci_handles[i][g][c] = (struct nvmlComputeInstance_st){i, g, c};
+            }
+        }
+    }
+}
+
+/* A handle is valid only if it points at one of our handle slots. */
+static int slot(const void *p, const void *base, size_t total, size_t elem)
+{
+    uintptr_t a = (uintptr_t)p, b = (uintptr_t)base;
+    return a >= b && a < b + total && (a - b) % elem == 0;
+}
+
+nvmlReturn_t dev_get(nvmlDevice_t d, devref *out, int flags)
+{
+    if (!d)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    memset(out, 0, sizeof *out);
+    if (slot(d, g_dev_handles, sizeof g_dev_handles, sizeof g_dev_handles[0])) {
+        out->gpu = d->gpu;
+    } else if (slot(d, g_mig_handles, sizeof g_mig_handles, sizeof(struct nvmlDevice_st))) {
+        out->gpu = d->gpu;
+        out->mig = 1;
+        out->gi = d->gi;
+        out->ci = d->ci;
+    } else {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    if (out->gpu >= g_prof.ngpu)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = state_refresh();
+    if (rc != NVML_SUCCESS)
+        return rc;
+    out->p = &g_prof.gpu[out->gpu];
+    out->s = &g_state.gpu[out->gpu];
+    if (out->s->lost && !(flags & DEV_ALLOW_LOST))
+        return NVML_ERROR_GPU_IS_LOST;
+    if (out->mig) {
+        if (!(flags & DEV_ALLOW_MIG))
+            return NVML_ERROR_NOT_SUPPORTED;
+        if (out->s->mig_current != NVML_DEVICE_MIG_ENABLE || !out->s->gi[out->gi].used ||
+            !out->s->gi[out->gi].ci[out->ci].used)
+            return NVML_ERROR_INVALID_ARGUMENT; /* the compute instance is gone */
+    }
+    return NVML_SUCCESS;
+}
+
+/* The GPU- and compute-instance profiles behind a MIG device handle. */
+static void mig_profiles_of(const devref *r, const mock_gi_profile **gp, const mock_ci_profile **cp)
+{
+    const mock_gi_state *gi = &r->s->gi[r->gi];
+    *gp = mig_gi_profile(r->p->mig, gi->profile_id);
+    *cp = mig_ci_profile(*gp, gi->ci[r->ci].profile_id);
+}
+
+/* ---- count and handles ---- */
+static nvmlReturn_t count_impl(unsigned int *n)
+{
+    if (!n)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *n = g_prof.ngpu;
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount) { LOCKED(count_impl(deviceCount)); }
+EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int *deviceCount) { LOCKED(count_impl(deviceCount)); }
+
+static nvmlReturn_t by_index(unsigned int index, nvmlDevice_t *device)
+{
+    if (!device || index >= g_prof.ngpu)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = state_refresh();
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (g_state.gpu[index].lost)
+        return NVML_ERROR_GPU_IS_LOST;
+    *device = &g_dev_handles[index];
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device)
+{
+    LOCKED(by_index(index, device));
+}
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device)
+{
+    LOCKED(by_index(index, device));
+}
+
+static nvmlReturn_t by_uuid(const char *uuid, nvmlDevice_t *device)
+{
+    if (!uuid || !device)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = state_refresh();
+    if (rc != NVML_SUCCESS)
+        return rc;
+    for (unsigned i = 0; i < g_prof.ngpu; i++) {
+        const mock_gpu_state *gs = &g_state.gpu[i];
+        if (!strcasecmp(uuid, g_prof.gpu[i].uuid)) {
+            if (gs->lost)
+                return NVML_ERROR_GPU_IS_LOST;
+            *device = &g_dev_handles[i];
+            return NVML_SUCCESS;
+        }
+        if (gs->mig_current != NVML_DEVICE_MIG_ENABLE)
+            continue;
+        for (unsigned g = 0; g < MOCK_MAX_GI; g++)
+            for (unsigned c = 0; gs->gi[g].used && c < MOCK_MAX_CI; c++)
+                if (gs->gi[g].ci[c].used && !strcasecmp(uuid, gs->gi[g].ci[c].uuid)) {
+                    if (gs->lost)
+                        return NVML_ERROR_GPU_IS_LOST;
+                    *device = &g_mig_handles[i][g][c];
+                    return NVML_SUCCESS;
+                }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
+{
+    LOCKED(by_uuid(uuid, device));
+}
+
+static nvmlReturn_t by_serial(const char *serial, nvmlDevice_t *device)
+{
+    if (!serial || !device)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = state_refresh();
+    if (rc != NVML_SUCCESS)
+        return rc;
+    for (unsigned i = 0; i < g_prof.ngpu; i++)
+        if (!strcmp(serial, g_prof.gpu[i].serial)) {
+            if (g_state.gpu[i].lost)
+                return NVML_ERROR_GPU_IS_LOST;
+            *device = &g_dev_handles[i];
+            return NVML_SUCCESS;
+        }
+    return NVML_ERROR_NOT_FOUND;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetHandleBySerial(const char *serial, nvmlDevice_t *device)
+{
+    LOCKED(by_serial(serial, device));
+}
+
+static nvmlReturn_t by_pci(const char *bus_id, nvmlDevice_t *device)
+{
+    if (!bus_id || !device)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned dom = 0, bus, dev, fn = 0;
+    if (sscanf(bus_id, "%x:%x:%x.%x", &dom, &bus, &dev, &fn) < 3) {
+        dom = 0;
+        if (sscanf(bus_id, "%x:%x.%x", &bus, &dev, &fn) < 2)
+            return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    nvmlReturn_t rc = state_refresh();
+    if (rc != NVML_SUCCESS)
+        return rc;
+    for (unsigned i = 0; i < g_prof.ngpu; i++) {
+        const mock_gpu *g = &g_prof.gpu[i];
+        if (g->domain == dom && g->bus == bus && g->device == dev && fn == 0) {
+            if (g_state.gpu[i].lost)
+                return NVML_ERROR_GPU_IS_LOST;
+            *device = &g_dev_handles[i];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, nvmlDevice_t *device)
+{
+    LOCKED(by_pci(pciBusId, device));
+}
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *pciBusId, nvmlDevice_t *device)
+{
+    LOCKED(by_pci(pciBusId, device));
+}
+
+/* ---- identity ---- */
+static nvmlReturn_t name_impl(nvmlDevice_t d, char *name, unsigned int length)
+{
+    devref r;
+    nvmlReturn_t rc = dev_get(d, &r, DEV_ALLOW_MIG);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!r.mig)
+        return copy_str(name, length, r.p->name);
+    const mock_gi_profile *gp;
+    const mock_ci_profile *cp;
+    mig_profiles_of(&r, &gp, &cp);
+    char buf[NVML_DEVICE_NAME_V2_BUFFER_SIZE * 2];
+    if (cp && gp && cp->slices < gp->compute_slices)
+        snprintf(buf, sizeof buf, "%s MIG %uc.%s", r.p->name, cp->slices, gp->name);
+    else
+        snprintf(buf, sizeof buf, "%s MIG %s", r.p->name, gp ? gp->name : "?");
+    return copy_str(name, length, buf);
+}
+EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
+{
+    LOCKED(name_impl(device, name, length));
+}
+
+static nvmlReturn_t uuid_impl(nvmlDevice_t d, char *uuid, unsigned int length)
+{
+    devref r;
+    nvmlReturn_t rc = dev_get(d, &r, DEV_ALLOW_MIG);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    return copy_str(uuid, length, r.mig ? r.s->gi[r.gi].ci[r.ci].uuid : r.p->uuid);
+}
+EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
+{
+    LOCKED(uuid_impl(device, uuid, length));
+}
+
+static nvmlReturn_t serial_impl(nvmlDevice_t d, char *serial, unsigned int length)
+{
+    devref r;
+    nvmlReturn_t rc = dev_get(d, &r, 0);
+    return rc != NVML_SUCCESS ? rc : copy_str(serial, length, r.p->serial);
+}
+EXPORT nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t device, char *serial, unsigned int length)
+{
+    LOCKED(serial_impl(device, serial, length));
+}
+
+static nvmlReturn_t vbios_impl(nvmlDevice_t d, char *v, unsigned int length)
+{
+    devref r;
+    nvmlReturn_t rc = dev_get(d, &r, 0);
+    return rc != NVML_SUCCESS ? rc : copy_str(v, length, r.p->vbios);
+}
+EXPORT nvmlReturn_t nvmlDeviceGetVbiosVersion(nvmlDevice_t device, char *version, unsigned int length)
+{
+    LOCKED(vbios_impl(device, version, length));
+}
+
+static nvmlReturn_t part_impl(nvmlDevice_t d, char *v, unsigned int length)
+{
+    devref r;
+    nvmlReturn_t rc = dev_get(d, &r, 0);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    return r.p->part_number[0] ? copy_str(v, length, r.p->part_number) : NVML_ERROR_NOT_SUPPORTED;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetBoardPartNumber(nvmlDevice_t device, char *partNumber,
+                                                 unsigned int length)
+{
+    LOCKED(part_impl(device, partNumber, length));
+}
+
+/* One helper for the many "unsigned property of a full GPU" queries. */
+enum prop {
+    P_INDEX,
+    P_MINOR,
+    P_BRAND,
+    P_ARCH,
+    P_NUMA,
+    P_POWER,
+    P_POWER_LIMIT,
+    P_PERSISTENCE,
+    P_PSTATE,
+    P_COMPUTE_MODE,
+    P_DISPLAY,
+    P_PCIE_GEN,
+    P_PCIE_WIDTH,
+};
+
+static nvmlReturn_t prop_impl(nvmlDevice_t d, enum prop which, unsigned *out)
+{
+    if (!out)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    devref r;
+    int allow = (which == P_ARCH) ? DEV_ALLOW_MIG : 0;
+    nvmlReturn_t rc = dev_get(d, &r, allow);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    switch (which) {
+    case P_INDEX: *out = r.gpu; break;
+    case P_MINOR: *out = r.p->minor; break;
+    case P_BRAND: *out = r.p->brand; break;
+    case P_ARCH: *out = r.p->arch; break;
+    case P_NUMA:
+        if (r.p->numa_node < 0)
+            return NVML_ERROR_NOT_SUPPORTED;
+        *out = (unsigned)r.p->numa_node;
+        break;
+    case P_POWER: *out = r.p->power_usage_mw; break;
+    case P_POWER_LIMIT: *out = r.p->power_limit_mw; break;
+    case P_PERSISTENCE: *out = r.p->persistence ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED; break;
+    case P_PSTATE: *out = NVML_PSTATE_0; break;
+    case P_COMPUTE_MODE: *out = NVML_COMPUTEMODE_DEFAULT; break;
+    case P_DISPLAY: *out = NVML_FEATURE_DISABLED; break;
+    case P_PCIE_GEN: *out = r.p->pcie_gen; break;
+    case P_PCIE_WIDTH: *out = r.p->pcie_width; break;
+    }
+    return NVML_SUCCESS;
+}
+
+#define PROP_API(fn, which, type)                                                                  \
+    EXPORT nvmlReturn_t fn(nvmlDevice_t device, type *out)                                         \
+    {                                                                                              \
+        _Static_assert(sizeof(type) == sizeof(unsigned), "enum size");                             \
+        LOCKED(prop_impl(device, which, (unsigned *)out));                                         \
+    }
+
+PROP_API(nvmlDeviceGetIndex, P_INDEX, unsigned int)
+PROP_API(nvmlDeviceGetMinorNumber, P_MINOR, unsigned int)
+PROP_API(nvmlDeviceGetBrand, P_BRAND, nvmlBrandType_t)
+PROP_API(nvmlDeviceGetArchitecture, P_ARCH, nvmlDeviceArchitecture_t)
+PROP_API(nvmlDeviceGetNumaNodeId, P_NUMA, unsigned int)
+PROP_API(nvmlDeviceGetPowerUsage, P_POWER, unsigned int)
+PROP_API(nvmlDeviceGetPowerManagementLimit, P_POWER_LIMIT, unsigned int)
+PROP_API(nvmlDeviceGetEnforcedPowerLimit, P_POWER_LIMIT, unsigned int)
+PROP_API(nvmlDeviceGetPersistenceMode, P_PERSISTENCE, nvmlEnableState_t)
+PROP_API(nvmlDeviceGetPerformanceState, P_PSTATE, nvmlPstates_t)
+PROP_API(nvmlDeviceGetComputeMode, P_COMPUTE_MODE, nvmlComputeMode_t)
+PROP_API(nvmlDeviceGetDisplayMode, P_DISPLAY, nvmlEnableState_t)
+PROP_API(nvmlDeviceGetDisplayActive, P_DISPLAY, nvmlEnableState_t)
+PROP_API(nvmlDeviceGetCurrPcieLinkGeneration, P_PCIE_GEN, unsigned int)
+PROP_API(nvmlDeviceGetMaxPcieLinkGeneration, P_PCIE_GEN, unsigned int)
+PROP_API(nvmlDeviceGetCurrPcieLinkWidth, P_PCIE_WIDTH, unsigned int)
+PROP_API(nvmlDeviceGetMaxPcieLinkWidth, P_PCIE_WIDTH, unsigned int)
+
+static nvmlReturn_t temp_impl(nvmlDevice_t d, nvmlTemperatureSensors_t sensor, unsigned int *temp)
+{
+    if (!temp || sensor != NVML_TEMPERATURE_GPU)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    devref r;
+    nvmlReturn_t rc = dev_get(d, &r, 0);
+    if (rc == NVML_SUCCESS)
+        *temp = r.p->temperature_c;
+    return rc;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, nvmlTemperatureSensors_t sensorType,
+                                             unsigned int *temp)
+{
+    LOCKED(temp_impl(device, sensorType, temp));
+}
+
+static nvmlReturn_t util_impl(nvmlDevice_t d, nvmlUtilization_t *u)
+{
+    if (!u)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    devref r;
+    nvmlReturn_t rc = dev_get(d, &r, 0);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    u->gpu = r.p->util_gpu;
+    u->memory = r.p->util_mem;
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization)
+{
+    LOCKED(util_impl(device, utilization));
+}
+
+static nvmlReturn_t ecc_impl(nvmlDevice_t d, nvmlEnableState_t *cur, nvmlEnableState_t *pend)
+{
+    if (!cur || !pend)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    devref r;
+    nvmlReturn_t rc = dev_get(d, &r, 0);
+    if (rc == NVML_SUCCESS)
+        *cur = *pend = NVML_FEATURE_ENABLED;
+    return rc;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, nvmlEnableState_t *current,
+                                         nvmlEnableState_t *pending)
+{
+    LOCKED(ecc_impl(device, current, pending));
+}
+
+static nvmlReturn_t cc_impl(nvmlDevice_t d, int *major, int *minor)
+{
+    if (!major || !minor)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    devref r;
+    nvmlReturn_t rc = dev_get(d, &r, DEV_ALLOW_MIG);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    *major = (int)r.p->cc_major;
+    *minor = (int)r.p->cc_minor;
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major, int *minor)
+{
+    LOCKED(cc_impl(device, major, minor));
+}
+
+/* ---- memory ---- */
+static unsigned long long procs_bytes(const devref *r)
+{
+    unsigned long long sum = 0;
+    for (unsigned i = 0; i < r->s->nproc; i++) {
+        const mock_proc *p = &r->s->proc[i];
+        if (!r->mig || (p->gi == r->gi && (p->ci == r->ci || p->ci == MOCK_NO_ID)))
+            sum += p->used_bytes;
+    }
+    return sum;
+}
+
+static nvmlReturn_t memory_impl(nvmlDevice_t d, unsigned long long *total,
+                                unsigned long long *reserved, unsigned long long *used)
+{
+    devref r;
+    nvmlReturn_t rc = dev_get(d, &r, DEV_ALLOW_MIG);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (r.mig) {
+        const mock_gi_profile *gp;
+        const mock_ci_profile *cp;
+        mig_profiles_of(&r, &gp, &cp);
+        *total = (gp ? gp->memory_mb : 0) << 20;
+        *reserved = 0;
+    } else {
+        *total = r.p->memory_mib << 20;
+        *reserved = r.p->memory_reserved_mib << 20;
+    }
+    *used = procs_bytes(&r);
+    if (*used + *reserved > *total)
+        *used = *total - *reserved;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t mem_v1(nvmlDevice_t d, nvmlMemory_t *m)
+{
+    if (!m)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned long long total, reserved, used;
+    nvmlReturn_t rc = memory_impl(d, &total, &reserved, &used);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    m->total = total;
+    m->used = used + reserved; /* v1 counts reserved memory as used */
+    m->free = total - m->used;
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
+{
+    LOCKED(mem_v1(device, memory));
+}
+
+static nvmlReturn_t mem_v2(nvmlDevice_t d, nvmlMemory_v2_t *m)
+{
+    if (!m)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (m->version != nvmlMemory_v2)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    unsigned long long total, reserved, used;
+    nvmlReturn_t rc = memory_impl(d, &total, &reserved, &used);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    m->total = total;
+    m->reserved = reserved;
+    m->used = used;
+    m->free = total - reserved - used;
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
+{
+    LOCKED(mem_v2(device, memory));
+}
+
+/* ---- PCI ---- */
+static void fill_pci(const mock_gpu *g, nvmlPciInfo_t *pci)
+{
+    memset(pci, 0, sizeof *pci);
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.0", g->domain & 0xffff,
+             g->bus, g->device);
+    snprintf(pci->busId, sizeof pci->busId, "%s", g->pci_bus_id);
+    pci->domain = g->domain;
+    pci->bus = g->bus;
+    pci->device = g->device;
+    pci->pciDeviceId = g->pci_device_id;
+    pci->pciSubSystemId = g->pci_subsystem_id;
+}
+
+static nvmlReturn_t pci_impl(nvmlDevice_t d, nvmlPciInfo_t *pci)
+{
+    if (!pci)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    devref r;
+    nvmlReturn_t rc = dev_get(d, &r, 0);
+    if (rc == NVML_SUCCESS)
+        fill_pci(r.p, pci);
+    return rc;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci) { LOCKED(pci_impl(device, pci)); }
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, nvmlPciInfo_t *pci) { LOCKED(pci_impl(device, pci)); }
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_t *pci) { LOCKED(pci_impl(device, pci)); }
+
+static nvmlReturn_t pci_ext_impl(nvmlDevice_t d, nvmlPciInfoExt_t *pci)
+{
+    if (!pci)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (pci->version != nvmlPciInfoExt_v1)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    devref r;
+    nvmlReturn_t rc = dev_get(d, &r, 0);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    pci->domain = r.p->domain;
+    pci->bus = r.p->bus;
+    pci->device = r.p->device;
+    pci->pciDeviceId = r.p->pci_device_id;
+    pci->pciSubSystemId = r.p->pci_subsystem_id;
+    pci->baseClass = 0x03; /* display controller */
+    pci->subClass = 0x02;  /* 3D controller */
+    snprintf(pci->busId, sizeof pci->busId, "%s", r.p->pci_bus_id);
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfoExt(nvmlDevice_t device, nvmlPciInfoExt_t *pci)
+{
+    LOCKED(pci_ext_impl(device, pci));
+}
+
+/* ---- NUMA, affinity, topology ---- */
+static const mock_numa *numa_of(const mock_gpu *g)
+{
+    for (unsigned i = 0; g->numa_node >= 0 && i < g_prof.nnuma; i++)
+        if (g_prof.numa[i].id == g->numa_node)
+            return &g_prof.numa[i];
+    return NULL;
+}
+
+static nvmlReturn_t cpu_affinity_impl(nvmlDevice_t d, unsigned int size, unsigned long *set)
+{
+    if (!set || size == 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    devref r;
+    nvmlReturn_t rc = dev_get(d, &r, 0);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    const mock_numa *n = numa_of(r.p);
+    if (!n)
+        return NVML_ERROR_NOT_SUPPORTED;
+    for (unsigned i = 0; i < size; i++)
+        set[i] = i < MOCK_CPU_WORDS ? n->cpus[i] : 0;
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetCpuAffinity(nvmlDevice_t device, unsigned int cpuSetSize,
+                                             unsigned long *cpuSet)
+{
+    LOCKED(cpu_affinity_impl(device, cpuSetSize, cpuSet));
+}
+EXPORT nvmlReturn_t nvmlDeviceGetCpuAffinityWithinScope(nvmlDevice_t device, unsigned int cpuSetSize,
+                                                        unsigned long *cpuSet,
+                                                        nvmlAffinityScope_t scope)
+{
+    if (scope != NVML_AFFINITY_SCOPE_NODE && scope != NVML_AFFINITY_SCOPE_SOCKET)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    LOCKED(cpu_affinity_impl(device, cpuSetSize, cpuSet));
+}
+
+static nvmlReturn_t mem_affinity_impl(nvmlDevice_t d, unsigned int size, unsigned long *set)
+{
+    if (!set || size == 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    devref r;
+    nvmlReturn_t rc = dev_get(d, &r, 0);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (r.p->numa_node < 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    unsigned bits = 8 * sizeof(unsigned long), node = (unsigned)r.p->numa_node;
+    for (unsigned i = 0; i < size; i++)
+        set[i] = (node / bits == i) ? 1UL << (node % bits) : 0;
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryAffinity(nvmlDevice_t device, unsigned int nodeSetSize,
+                                                unsigned long *nodeSet, nvmlAffinityScope_t scope)
+{
+    if (scope != NVML_AFFINITY_SCOPE_NODE && scope != NVML_AFFINITY_SCOPE_SOCKET)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    LOCKED(mem_affinity_impl(device, nodeSetSize, nodeSet));
+}
+
+static nvmlGpuTopologyLevel_t level_between(unsigned a, unsigned b)
+{
+    const mock_gpu *x = &g_prof.gpu[a], *y = &g_prof.gpu[b];
+    if (a == b)
+        return NVML_TOPOLOGY_INTERNAL;
+    if (x->pcie_switch >= 0 && x->pcie_switch == y->pcie_switch)
+        return NVML_TOPOLOGY_SINGLE;
+    if (x->numa_node >= 0 && x->numa_node == y->numa_node)
+        return NVML_TOPOLOGY_NODE;
+    return NVML_TOPOLOGY_SYSTEM;
+}
+
+static nvmlReturn_t ancestor_impl(nvmlDevice_t d1, nvmlDevice_t d2, nvmlGpuTopologyLevel_t *level)
+{
+    if (!level)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    devref a, b;
+    nvmlReturn_t rc = dev_get(d1, &a, 0);
+    if (rc == NVML_SUCCESS)
+        rc = dev_get(d2, &b, 0);
+    if (rc == NVML_SUCCESS)
+        *level = level_between(a.gpu, b.gpu);
+    return rc;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t device1, nvmlDevice_t device2,
+                                                        nvmlGpuTopologyLevel_t *pathInfo)
+{
+    LOCKED(ancestor_impl(device1, device2, pathInfo));
+}
+
+static nvmlReturn_t fill_devices(const int *match, unsigned int *count, nvmlDevice_t *arr)
+{
+    unsigned n = 0;
+    for (unsigned i = 0; i < g_prof.ngpu; i++)
+        n += match[i] != 0;
+    if (*count == 0) {
+        *count = n;
+        return NVML_SUCCESS;
+    }
+    if (!arr)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned k = 0;
+    for (unsigned i = 0; i < g_prof.ngpu && k < *count; i++)
+        if (match[i])
+            arr[k++] = &g_dev_handles[i];
+    *count = k;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t nearest_impl(nvmlDevice_t d, nvmlGpuTopologyLevel_t level, unsigned int *count,
+                                 nvmlDevice_t *arr)
+{
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    devref r;
+    nvmlReturn_t rc = dev_get(d, &r, 0);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    int match[MOCK_MAX_GPUS] = {0};
+    for (unsigned i = 0; i < g_prof.ngpu; i++)
+        match[i] = i != r.gpu && level_between(r.gpu, i) <= level;
+    return fill_devices(match, count, arr);
+}
+EXPORT nvmlReturn_t nvmlDeviceGetTopologyNearestGpus(nvmlDevice_t device, nvmlGpuTopologyLevel_t level,
+                                                     unsigned int *count, nvmlDevice_t *deviceArray)
+{
+    LOCKED(nearest_impl(device, level, count, deviceArray));
+}
+
+static nvmlReturn_t gpuset_impl(unsigned int cpu, unsigned int *count, nvmlDevice_t *arr)
+{
+    if (!count || cpu >= MOCK_MAX_CPUS)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    int match[MOCK_MAX_GPUS] = {0};
+    unsigned bits = 8 * sizeof(unsigned long);
+    for (unsigned i = 0; i < g_prof.ngpu; i++) {
+        const mock_numa *n = numa_of(&g_prof.gpu[i]);
+        match[i] = n && (n->cpus[cpu / bits] >> (cpu % bits) & 1UL);
+    }
+    return fill_devices(match, count, arr);
+}
+EXPORT nvmlReturn_t nvmlSystemGetTopologyGpuSet(unsigned int cpuNumber, unsigned int *count,
+                                                nvmlDevice_t *deviceArray)
+{
+    LOCKED(gpuset_impl(cpuNumber, count, deviceArray));
+}
+
+/* ---- NVLink: links 0..nvlink_links-1, link i wired to nvlink_peers[i % n] ---- */
+static nvmlReturn_t link_get(nvmlDevice_t d, unsigned int link, devref *r, int *peer)
+{
+    nvmlReturn_t rc = dev_get(d, r, 0);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!r->p->nvlink_links)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (link >= r->p->nvlink_links)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *peer = r->p->n_nvlink_peers ? r->p->nvlink_peers[link % r->p->n_nvlink_peers] : -1;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t link_state_impl(nvmlDevice_t d, unsigned int link, nvmlEnableState_t *active)
+{
+    if (!active)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    devref r;
+    int peer;
+    nvmlReturn_t rc = link_get(d, link, &r, &peer);
+    if (rc == NVML_SUCCESS)
+        *active = (peer >= 0 && !g_state.gpu[peer].lost) ? NVML_FEATURE_ENABLED
+                                                          : NVML_FEATURE_DISABLED;
+    return rc;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link,
+                                             nvmlEnableState_t *isActive)
+{
+    LOCKED(link_state_impl(device, link, isActive));
+}
+
+static nvmlReturn_t link_version_impl(nvmlDevice_t d, unsigned int link, unsigned int *version)
+{
+    if (!version)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    devref r;
+    int peer;
+    nvmlReturn_t rc = link_get(d, link, &r, &peer);
+    if (rc == NVML_SUCCESS)
+        *version = r.p->nvlink_version;
+    return rc;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkVersion(nvmlDevice_t device, unsigned int link,
+                                               unsigned int *version)
+{
+    LOCKED(link_version_impl(device, link, version));
+}
+
+static nvmlReturn_t link_cap_impl(nvmlDevice_t d, unsigned int link, nvmlNvLinkCapability_t cap,
+                                  unsigned int *result)
+{
+    if (!result || (unsigned)cap >= NVML_NVLINK_CAP_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    devref r;
+    int peer;
+    nvmlReturn_t rc = link_get(d, link, &r, &peer);
+    if (rc == NVML_SUCCESS)
+        *result = peer >= 0;
+    return rc;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkCapability(nvmlDevice_t device, unsigned int link,
+                                                  nvmlNvLinkCapability_t capability,
+                                                  unsigned int *capResult)
+{
+    LOCKED(link_cap_impl(device, link, capability, capResult));
+}
+
+static nvmlReturn_t link_remote_impl(nvmlDevice_t d, unsigned int link, nvmlPciInfo_t *pci)
+{
+    if (!pci)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    devref r;
+    int peer;
+    nvmlReturn_t rc = link_get(d, link, &r, &peer);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (peer < 0)
+        return NVML_ERROR_NOT_FOUND;
+    fill_pci(&g_prof.gpu[peer], pci);
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link,
+                                                        nvmlPciInfo_t *pci)
+{
+    LOCKED(link_remote_impl(device, link, pci));
+}
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo(nvmlDevice_t device, unsigned int link,
+                                                     nvmlPciInfo_t *pci)
+{
+    LOCKED(link_remote_impl(device, link, pci));
+}
+
+static nvmlReturn_t p2p_impl(nvmlDevice_t d1, nvmlDevice_t d2, nvmlGpuP2PCapsIndex_t idx,
+                             nvmlGpuP2PStatus_t *status)
+{
+    if (!status || idx >= NVML_P2P_CAPS_INDEX_UNKNOWN)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    devref a, b;
+    nvmlReturn_t rc = dev_get(d1, &a, 0);
+    if (rc == NVML_SUCCESS)
+        rc = dev_get(d2, &b, 0);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    int linked = 0;
+    for (unsigned i = 0; i < a.p->n_nvlink_peers; i++)
+        linked |= a.p->nvlink_peers[i] == (int)b.gpu;
+    if (idx == NVML_P2P_CAPS_INDEX_NVLINK)
+        *status = linked ? NVML_P2P_STATUS_OK : NVML_P2P_STATUS_NOT_SUPPORTED;
+    else
+        *status = NVML_P2P_STATUS_OK;
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_t device2,
+                                           nvmlGpuP2PCapsIndex_t p2pIndex,
+                                           nvmlGpuP2PStatus_t *p2pStatus)
+{
+    LOCKED(p2p_impl(device1, device2, p2pIndex, p2pStatus));
+}
+
+/* ---- processes ---- */
+static nvmlReturn_t procs_impl(nvmlDevice_t d, unsigned int *count, void *infos, int version,
+                               int graphics)
+{
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    devref r;
+    nvmlReturn_t rc = dev_get(d, &r, DEV_ALLOW_MIG);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    const mock_proc *match[MOCK_MAX_PROCS];
+    unsigned n = 0;
+    for (unsigned i = 0; !graphics && i < r.s->nproc; i++) {
+        const mock_proc *p = &r.s->proc[i];
+        if (!r.mig || (p->gi == r.gi && (p->ci == r.ci || p->ci == MOCK_NO_ID)))
+            match[n++] = p;
+    }
+    if (*count < n) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    if (n && !infos)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned i = 0; i < n; i++) {
+        if (version == 1) {
+            nvmlProcessInfo_v1_t *o = (nvmlProcessInfo_v1_t *)infos + i;
+            o->pid = match[i]->pid;
+            o->usedGpuMemory = match[i]->used_bytes;
+        } else {
+            nvmlProcessInfo_t *o = (nvmlProcessInfo_t *)infos + i;
+            o->pid = match[i]->pid;
+            o->usedGpuMemory = match[i]->used_bytes;
+            o->gpuInstanceId = match[i]->gi;
+            o->computeInstanceId = match[i]->ci;
+        }
+    }
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                            nvmlProcessInfo_t *infos)
+{
+    LOCKED(procs_impl(device, infoCount, infos, 3, 0));
+}
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount,
+                                                            nvmlProcessInfo_v2_t *infos)
+{
+    LOCKED(procs_impl(device, infoCount, infos, 2, 0));
+}
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *infoCount,
+                                                         nvmlProcessInfo_v1_t *infos)
+{
+    LOCKED(procs_impl(device, infoCount, infos, 1, 0));
+}
+EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                             nvmlProcessInfo_t *infos)
+{
+    LOCKED(procs_impl(device, infoCount, infos, 3, 1));
+}
+EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount,
+                                                             nvmlProcessInfo_v2_t *infos)
+{
+    LOCKED(procs_impl(device, infoCount, infos, 2, 1));
+}
+EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t device, unsigned int *infoCount,
+                                                          nvmlProcessInfo_v1_t *infos)
+{
+    LOCKED(procs_impl(device, infoCount, infos, 1, 1));
+}
+EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                               nvmlProcessInfo_t *infos)
+{
+    LOCKED(procs_impl(device, infoCount, infos, 3, 1));
+}
+
+/* ---- attributes (MIG device handles only, as on real NVML) ---- */
+static nvmlReturn_t attributes_impl(nvmlDevice_t d, nvmlDeviceAttributes_t *a)
+{
+    if (!a)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    devref r;
+    nvmlReturn_t rc = dev_get(d, &r, DEV_ALLOW_MIG);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!r.mig)
+        return NVML_ERROR_NOT_SUPPORTED;
+    const mock_gi_profile *gp;
+    const mock_ci_profile *cp;
+    mig_profiles_of(&r, &gp, &cp);
+    if (!gp || !cp)
+        return NVML_ERROR_UNKNOWN;
+    memset(a, 0, sizeof *a);
+    a->multiprocessorCount = cp->slices * (gp->multiprocessors / gp->compute_slices);
+    a->sharedCopyEngineCount = gp->engines.copy;
+    a->sharedDecoderCount = gp->engines.decoder;
+    a->sharedEncoderCount = gp->engines.encoder;
+    a->sharedJpegCount = gp->engines.jpeg;
+    a->sharedOfaCount = gp->engines.ofa;
+    a->gpuInstanceSliceCount = gp->compute_slices;
+    a->computeInstanceSliceCount = cp->slices;
+    a->memorySizeMB = gp->memory_mb;
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device, nvmlDeviceAttributes_t *attributes)
+{
+    LOCKED(attributes_impl(device, attributes));
+}
+EXPORT nvmlReturn_t nvmlDeviceGetAttributes(nvmlDevice_t device, nvmlDeviceAttributes_t *attributes)
+{
+    LOCKED(attributes_impl(device, attributes));
+}

@@ -1,0 +1,220 @@
+/*
+ * gpukit mock NVML: internal declarations.
+ *
+ * The library is compiled against the real nvml.h (nvidia-nvml-dev) with
+ * NVML_NO_UNVERSIONED_FUNC_DEFS, so both the versioned (_v2, _v3) and the old unversioned entry
+ * points are declared and implemented. Everything is hidden except nvml* and gpukitMock* symbols.
+ */
+#ifndef GPUKIT_MOCK_H
+#define GPUKIT_MOCK_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+
+#include <limits.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nvml.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+#define MOCK_MAX_GPUS 64
+#define MOCK_MAX_GI 15 /* GPU instance ids 0..14 */
+#define MOCK_MAX_CI 8  /* compute instance ids 0..7 per GPU instance */
+#define MOCK_MAX_PROCS 32
+#define MOCK_MAX_NUMA 16
+#define MOCK_MAX_CPUS 1024
+#define MOCK_CPU_WORDS (MOCK_MAX_CPUS / (8 * sizeof(unsigned long)))
+#define MOCK_MAX_NVLINK_PEERS 8
+#define MOCK_NO_ID 0xFFFFFFFFu
+
+#define MOCK_DEFAULT_PROFILE "/etc/gpukit-lab/nvml/profile.yaml"
+#define MOCK_DEFAULT_STATE_DIR "/var/lib/gpukit-lab/nvml"
+
+/* ---- MIG tables (data generated from gpukit/data/mig_profiles.yaml) ---- */
+typedef struct {
+    unsigned copy, decoder, encoder, jpeg, ofa;
+} mock_engines;
+
+typedef struct {
+    unsigned profile_id, slices, max_count, nplacements;
+    unsigned placements[8];
+} mock_ci_profile;
+
+typedef struct {
+    const char *name;
+    unsigned profile_id, compute_slices, memory_slices, multiprocessors;
+    unsigned long long memory_mb;
+    unsigned max_count, nplacements;
+    unsigned placements[8];
+    mock_engines engines;
+    unsigned p2p;
+    unsigned nci;
+    mock_ci_profile ci[8];
+} mock_gi_profile;
+
+typedef struct {
+    const char *key;
+    unsigned memory_slices, compute_slices, multiprocessors;
+    mock_engines engines;
+    unsigned ngi;
+    mock_gi_profile gi[NVML_GPU_INSTANCE_PROFILE_COUNT];
+} mock_mig_table;
+
+const mock_mig_table *mock_mig_table_find(const char *key);
+const char *mock_mig_table_keys(void);
+const mock_gi_profile *mig_gi_profile(const mock_mig_table *t, unsigned profile_id);
+const mock_ci_profile *mig_ci_profile(const mock_gi_profile *g, unsigned ci_profile_id);
+
+/* ---- the node's GPU profile (read from YAML at nvmlInit) ---- */
+typedef struct {
+    char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
+    char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+    char serial[NVML_DEVICE_SERIAL_BUFFER_SIZE];
+    char pci_bus_id[NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE];
+    char vbios[NVML_DEVICE_NAME_BUFFER_SIZE];
+    char part_number[NVML_DEVICE_NAME_BUFFER_SIZE];
+    unsigned domain, bus, device;
+    unsigned pci_device_id, pci_subsystem_id;
+    unsigned long long memory_mib, memory_reserved_mib;
+    unsigned cc_major, cc_minor, arch, brand, multiprocessors;
+    int numa_node;   /* -1: none */
+    int pcie_switch; /* -1: own switch */
+    unsigned minor;
+    const mock_mig_table *mig; /* NULL: not MIG capable */
+    int mig_enabled;           /* MIG mode at first boot */
+    int mig_immediate;         /* mode change applies without a reset */
+    unsigned nvlink_version, nvlink_links, n_nvlink_peers;
+    int nvlink_peers[MOCK_MAX_NVLINK_PEERS];
+    unsigned power_usage_mw, power_limit_mw, temperature_c, util_gpu, util_mem;
+    int persistence;
+    unsigned pcie_gen, pcie_width;
+} mock_gpu;
+
+typedef struct {
+    int id;
+    unsigned long cpus[MOCK_CPU_WORDS];
+} mock_numa;
+
+typedef struct {
+    char path[PATH_MAX];
+    char name[128];
+    char seed[128];
+    char driver_version[NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE];
+    char nvml_version[NVML_SYSTEM_NVML_VERSION_BUFFER_SIZE];
+    int cuda_version;
+    unsigned ngpu;
+    mock_gpu gpu[MOCK_MAX_GPUS];
+    unsigned nnuma;
+    mock_numa numa[MOCK_MAX_NUMA];
+} mock_profile;
+
+/* ---- persistent device state (state file in the state dir) ---- */
+typedef struct {
+    int used;
+    unsigned profile_id, start, size;
+    char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+} mock_ci_state;
+
+typedef struct {
+    int used;
+    unsigned profile_id, start, size;
+    mock_ci_state ci[MOCK_MAX_CI];
+} mock_gi_state;
+
+typedef struct {
+    unsigned pid;
+    unsigned long long used_bytes;
+    unsigned gi, ci; /* MOCK_NO_ID when not in a MIG instance */
+    char name[64];
+} mock_proc;
+
+typedef struct {
+    unsigned mig_current, mig_pending;
+    int lost;
+    unsigned long long mig_counter; /* bumps per compute instance created: MIG UUID material */
+    mock_gi_state gi[MOCK_MAX_GI];
+    unsigned nproc;
+    mock_proc proc[MOCK_MAX_PROCS];
+} mock_gpu_state;
+
+typedef struct {
+    unsigned long long serial;
+    mock_gpu_state gpu[MOCK_MAX_GPUS];
+} mock_state;
+
+/* ---- opaque handle types of nvml.h ---- */
+enum { HANDLE_GPU = 0x47505531u, HANDLE_MIG = 0x4d494731u };
+struct nvmlDevice_st {
+    unsigned kind, gpu, gi, ci;
+};
+struct nvmlGpuInstance_st {
+    unsigned gpu, gi;
+};
+struct nvmlComputeInstance_st {
+    unsigned gpu, gi, ci;
+};
+
+/* ---- globals (mock.c) ---- */
+extern pthread_mutex_t g_mu;
+extern unsigned g_refcount;
+extern mock_profile g_prof;
+extern mock_state g_state;
+extern char g_state_dir[PATH_MAX];
+extern struct nvmlDevice_st g_dev_handles[MOCK_MAX_GPUS];
+extern struct nvmlDevice_st g_mig_handles[MOCK_MAX_GPUS][MOCK_MAX_GI][MOCK_MAX_CI];
+extern struct nvmlGpuInstance_st g_gi_handles[MOCK_MAX_GPUS][MOCK_MAX_GI];
+extern struct nvmlComputeInstance_st g_ci_handles[MOCK_MAX_GPUS][MOCK_MAX_GI][MOCK_MAX_CI];
+
+void mock_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void mock_report_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+nvmlReturn_t mock_load_config(void); /* profile + state dir from overrides/env/defaults */
+const char *mock_profile_path(void);
+const char *mock_state_dir_path(void);
+
+/* profile.c */
+nvmlReturn_t profile_load(const char *path, mock_profile *out);
+void mock_uuid(char *out, size_t n, const char *prefix, const char *material);
+
+/* state.c */
+nvmlReturn_t state_refresh(void);
+nvmlReturn_t state_lock(int *fd);
+nvmlReturn_t state_commit(int fd);
+void state_unlock(int fd);
+void state_defaults(mock_state *s);
+unsigned mock_gi_count(const mock_gpu_state *gs);
+int mock_gpu_busy(const mock_gpu_state *gs);
+void mock_apply_reset(unsigned gpu);
+nvmlReturn_t events_append(const char *line);
+void events_truncate(void);
+nvmlReturn_t mock_emit(const char *kind, unsigned gpu, unsigned long long type,
+                       unsigned long long edata, unsigned gi, unsigned ci);
+unsigned long long mock_supported_events(void);
+char *mock_status_json(size_t *len); /* malloc'd */
+
+/* device.c: handle decoding */
+typedef struct {
+    unsigned gpu;
+    int mig;
+    unsigned gi, ci;
+    const mock_gpu *p;
+    mock_gpu_state *s;
+} devref;
+enum { DEV_ALLOW_MIG = 1, DEV_ALLOW_LOST = 2 };
+nvmlReturn_t dev_get(nvmlDevice_t d, devref *out, int flags);
+void handles_init(void);
+nvmlReturn_t copy_str(char *dst, unsigned int len, const char *src);
+
+/* Run an implementation under the library lock, refusing when not initialised. */
+#define LOCKED(expr)                                                                               \
+    do {                                                                                           \
+        pthread_mutex_lock(&g_mu);                                                                 \
+        nvmlReturn_t r_ = g_refcount ? (expr) : NVML_ERROR_UNINITIALIZED;                          \
+        pthread_mutex_unlock(&g_mu);                                                               \
+        return r_;                                                                                 \
+    } while (0)
+
+#endif

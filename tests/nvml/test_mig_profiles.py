@@ -1,0 +1,85 @@
+"""gpukit.mig_profiles: the MIG tables as typed data for the planner."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pynvml
+import pytest
+
+from gpukit import mig_profiles as mp
+
+pytestmark = pytest.mark.nvml
+
+
+def test_tables_and_lookup() -> None:
+    assert set(mp.tables().gpus) == {"A100-SXM4-40GB", "A100-80GB", "H100-80GB"}
+    a100 = mp.for_product("NVIDIA A100-SXM4-40GB")
+    assert a100 is not None and a100.key == "A100-SXM4-40GB"
+    assert mp.for_product("Tesla T4") is None
+    assert [p.name for p in a100.gpu_instance_profiles] == [
+        "1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"]
+    me = a100.gpu_instance_profile("1g.5gb.me")
+    assert me is a100.gpu_instance_profile("1g.5gb+me") is a100.gpu_instance_profile(7)
+    assert me.media_extensions and me.resource_suffix == "1g.5gb.me"
+    with pytest.raises(KeyError, match=r"known: 1g\.5gb, 1g\.5gb\+me"):
+        a100.gpu_instance_profile("8g.80gb")
+    h100 = mp.gpu("H100-80GB")
+    plain = [p for p in h100.gpu_instance_profiles if not p.media_extensions]
+    assert [(p.name, p.multiprocessors) for p in plain] == [
+        ("1g.10gb", 16), ("1g.20gb", 16), ("2g.20gb", 32), ("3g.40gb", 48), ("4g.40gb", 64),
+        ("7g.80gb", 112)]
+    assert [p.name for p in mp.gpu("A100-80GB").gpu_instance_profiles] == [
+        "1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]
+
+
+def test_values_are_nvml_constants() -> None:
+    for gpu in mp.tables().gpus.values():
+        for p in gpu.gpu_instance_profiles:
+            assert getattr(pynvml, p.nvml_constant) == p.profile_id
+            for c in p.compute_instance_profiles:
+                assert getattr(pynvml, c.nvml_constant) == c.profile_id
+
+
+def test_design_table_a100_40gb() -> None:
+    a = mp.gpu("A100-SXM4-40GB")
+    rows = {p.name: (p.max_count, p.multiprocessors, p.memory_mb, [pl.start for pl in p.placements],
+                     p.memory_slices) for p in a.gpu_instance_profiles}
+    assert rows == {
+        "1g.5gb": (7, 14, 4864, [0, 1, 2, 3, 4, 5, 6], 1),
+        "1g.5gb+me": (1, 14, 4864, [0, 1, 2, 3, 4, 5, 6], 1),
+        "1g.10gb": (4, 14, 9856, [0, 2, 4, 6], 2),
+        "2g.10gb": (3, 28, 9856, [0, 2, 4], 2),
+        "3g.20gb": (2, 42, 19968, [0, 4], 4),
+        "4g.20gb": (1, 56, 19968, [0], 4),
+        "7g.40gb": (1, 98, 40192, [0], 8),
+    }
+
+
+def test_fits() -> None:
+    a = mp.gpu("A100-SXM4-40GB")
+    g = a.gpu_instance_profile
+    P = mp.Placement
+    assert a.fits([(g("3g.20gb"), P(0, 4)), (g("3g.20gb"), P(4, 4))])
+    assert a.fits([(g("4g.20gb"), P(0, 4)), (g("3g.20gb"), P(4, 4))])
+    assert a.fits([(g("4g.20gb"), P(0, 4)), (g("2g.10gb"), P(4, 2)), (g("1g.5gb"), P(6, 1))])
+    assert not a.fits([(g("3g.20gb"), P(2, 4))])  # not a placement of 3g
+    assert not a.fits([(g("3g.20gb"), P(0, 4)), (g("2g.10gb"), P(2, 2))])  # overlap
+    assert not a.fits([(g("1g.5gb+me"), P(0, 1)), (g("1g.5gb+me"), P(1, 1))])  # one +me
+    assert a.fits([(g("1g.5gb+me"), P(0, 1))] + [(g("1g.5gb"), P(i, 1)) for i in range(1, 7)])
+    ci = g("3g.20gb").compute_instance_profile(1)
+    assert (ci.name_in(g("3g.20gb")), ci.max_count) == ("1c.3g.20gb", 3)
+    assert g("3g.20gb").compute_instance_profile(3).name_in(g("3g.20gb")) == "3g.20gb"
+
+
+def test_malformed_table_names_file_and_field(tmp_path: Path) -> None:
+    bad = tmp_path / "t.yaml"
+    good = mp.DATA_FILE.read_text()
+    bad.write_text(good.replace("memory_mb: 19968, max_count: 2", "memory_mb: many, max_count: 2"))
+    with pytest.raises(mp.MigTableError) as e:
+        mp.load(bad)
+    field = "gpus.A100-SXM4-40GB.gpu_instance_profiles[4].memory_mb"
+    assert str(e.value).startswith(f"{bad}: {field}: expected an integer, got 'many'")
+    bad.write_text(good.replace("placements: [0, 4], engines", "placements: [0, 5], engines", 1))
+    with pytest.raises(mp.MigTableError, match=r"placements: start 5 \(size 4\) is invalid"):
+        mp.load(bad)

@@ -1,0 +1,110 @@
+"""gpukit.lab.nvidia_smi: nvidia-smi's -L, summary table and --query-gpu over pynvml."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nvmltest import enable_mig
+
+from gpukit.lab import nvidia_smi
+from gpukit.lab import nvml as mock
+from gpukit.lab.nvml.control import MockControl
+
+pytestmark = pytest.mark.nvml
+
+
+def smi(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    code = nvidia_smi.main(list(args))
+    return code, capsys.readouterr().out
+
+
+def _mig_node(nvml: Any, ctl: MockControl) -> Any:
+    h = enable_mig(nvml, ctl, 0)
+    for profile, ci in ((2, 2), (2, 2)):  # two 3g.20gb, each one full compute instance
+        gi = nvml.nvmlDeviceCreateGpuInstance(h, profile)
+        nvml.nvmlGpuInstanceCreateComputeInstance(gi, ci)
+    return h
+
+
+def test_list_gpus_like_nvidia_smi(nvml: Any, ctl: MockControl, capsys: Any) -> None:
+    h = _mig_node(nvml, ctl)
+    code, out = smi(capsys, "-L")
+    assert code == 0
+    lines = out.splitlines()
+    assert len(lines) == 10
+    assert lines[0] == f"GPU 0: NVIDIA A100-SXM4-40GB (UUID: {nvml.nvmlDeviceGetUUID(h)})"
+    for k in (0, 1):
+        uuid = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetMigDeviceHandleByIndex(h, k))
+        assert lines[1 + k] == f"  MIG 3g.20gb     Device  {k}: (UUID: {uuid})"
+    assert re.fullmatch(r"GPU 7: NVIDIA A100-SXM4-40GB \(UUID: GPU-[0-9a-f-]{36}\)", lines[9])
+
+
+def test_list_shows_lost_gpus_and_exits_with_the_nvml_code(
+    nvml: Any, ctl: MockControl, capsys: Any
+) -> None:
+    ctl.lose(1)
+    code, out = smi(capsys, "-L", "-i", "0,1")
+    assert code == 15
+    assert out.splitlines()[1] == "Unable to determine the device handle for GPU 1: GPU is lost"
+
+
+def test_query_gpu_csv(nvml: Any, ctl: MockControl, capsys: Any) -> None:
+    _mig_node(nvml, ctl)
+    fields = "name,uuid,driver_version,memory.total,mig.mode.current"
+    code, out = smi(capsys, f"--query-gpu={fields}", "--format=csv,noheader", "-i", "0,3")
+    assert code == 0
+    u0, u3 = (nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i)) for i in (0, 3))
+    assert out.splitlines() == [
+        f"NVIDIA A100-SXM4-40GB, {u0}, 550.90.07, 40960 MiB, Enabled",
+        f"NVIDIA A100-SXM4-40GB, {u3}, 550.90.07, 40960 MiB, Disabled",
+    ]
+    code, out = smi(capsys, "--query-gpu=index,memory.total,power.draw,mig.mode.pending",
+                    "--format=csv")
+    assert out.splitlines()[0] == "index, memory.total [MiB], power.draw [W], mig.mode.pending"
+    assert out.splitlines()[1] == "0, 40960 MiB, 62.00 W, Enabled"
+    code, out = smi(capsys, "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0")
+    assert out.strip() == "424"
+    code, out = smi(capsys, "--query-gpu=name,flux", "--format=csv")
+    assert code == 2 and 'Field "flux" is not a valid field to query.' in out
+
+
+@pytest.mark.parametrize("profile_name", ["t4-x2"])
+def test_query_mig_mode_on_t4_is_not_available(nvml: Any, capsys: Any) -> None:
+    code, out = smi(capsys, "--query-gpu=name,mig.mode.current", "--format=csv,noheader")
+    assert code == 0
+    assert out.splitlines() == ["Tesla T4, [N/A]", "Tesla T4, [N/A]"]
+
+
+def test_summary_table(nvml: Any, ctl: MockControl, capsys: Any) -> None:
+    _mig_node(nvml, ctl)
+    ctl.set_process(0, pid=4242, mem_mb=300, gi=1, ci=0, name="trainer")
+    code, out = smi(capsys, "-i", "0,1")
+    assert code == 0
+    assert "Driver Version: 550.90.07" in out and "CUDA Version: 12.4" in out
+    assert "|   0  NVIDIA A100-SXM4-40GB          On  |   00000000:07:00.0 Off |" in out
+    assert "MIG devices:" in out
+    assert re.search(r"\|\s+0\s+1\s+0\s+4242\s+C\s+trainer\s+300MiB \|", out)
+    widths = {len(line) for line in out.splitlines()[1:] if line.startswith(("|", "+"))}
+    assert widths == {91}, widths
+
+
+def test_without_a_driver(mock_lib: Path, tmp_path: Path) -> None:
+    env = mock.env("t4-x2", tmp_path, library=mock_lib)
+    env[mock.ENV_PROFILE] = str(tmp_path / "none.yaml")
+    r = subprocess.run([sys.executable, "-m", "gpukit.lab.nvidia_smi", "-L"], env=env,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 9
+    assert "couldn't communicate with the NVIDIA driver" in r.stdout
+
+
+def test_runs_as_a_program_against_libnvidia_ml(nvml_env: dict[str, str]) -> None:
+    """Unchanged pynvml in a fresh process, finding libnvidia-ml.so.1 by the library path."""
+    r = subprocess.run([sys.executable, "-m", "gpukit.lab.nvidia_smi", "-L", "-i", "2"],
+                       env=nvml_env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("GPU 2: NVIDIA A100-SXM4-40GB (UUID: GPU-")
