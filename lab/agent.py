@@ -43,7 +43,8 @@ def lab_deployment(
 
 def kubectl(lab: LabSpec, *args: str, stdin: str | None = None) -> str:
     r = subprocess.run(
-        [str(kubernetes_bindir(lab) / "kubectl"), f"--kubeconfig={paths().admin_kubeconfig}", *args],
+        [str(kubernetes_bindir(lab) / "kubectl"),
+         f"--kubeconfig={paths().admin_kubeconfig}", *args],
         input=stdin, capture_output=True, text=True,
     )  # fmt: skip
     if r.returncode != 0:

@@ -11,6 +11,8 @@ import json
 import os
 from pathlib import Path
 
+from gpukit.lab.config import load_spec, state_dir
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
@@ -42,8 +44,6 @@ def own_paths() -> dict[str, str]:
 
 
 def _record(node: str) -> Path:
-    from gpukit.lab.config import state_dir
-
     return state_dir() / "cgroups" / f"{node}.json"
 
 
@@ -60,7 +60,7 @@ def node_dirs(node: str) -> dict[str, Path]:
     dirs: dict[str, Path] = {}
     for key, mnt in mounts.items():
         base = own.get(key, "/").lstrip("/")
-        dirs[key] = mnt / base / "gpukit-lab" / node
+        dirs[key] = mnt / base / f"{load_spec().prefix}-lab" / node
     return dirs
 
 

@@ -323,7 +323,7 @@ def down(lab: LabSpec, say: Progress = _say, purge: bool = False) -> None:
     for n in lab.nodes:
         say(f"stopping node {n.name}")
         _stop_node(n, t)
-        network.remove_node_netns(n)
+        network.remove_node_netns(lab, n)
     for c in reversed(COMPONENTS):
         if t.get(c) is not None:
             say(f"stopping {c}")

@@ -23,8 +23,17 @@ def cache_dir() -> Path:
     return Path(os.environ.get("GPUKIT_CACHE", Path.home() / ".cache" / "gpukit"))
 
 
+def instance() -> int:
+    """Which lab on this machine (GPUKIT_LAB_INSTANCE, 0-9): several can run side by side."""
+    raw = os.environ.get("GPUKIT_LAB_INSTANCE", "0")
+    if not raw.isdigit() or int(raw) > 9:
+        raise LabConfigError(f"GPUKIT_LAB_INSTANCE: {raw!r} is not a number from 0 to 9")
+    return int(raw)
+
+
 def state_dir() -> Path:
-    return Path(os.environ.get("GPUKIT_LAB_DIR", "/var/lib/gpukit-lab"))
+    default = "/var/lib/gpukit-lab" + (f"-{instance()}" if instance() else "")
+    return Path(os.environ.get("GPUKIT_LAB_DIR", default))
 
 
 @dataclass(frozen=True)
@@ -40,14 +49,45 @@ class NodeSpec:
 @dataclass(frozen=True)
 class LabSpec:
     nodes: tuple[NodeSpec, ...]
-    network: ipaddress.IPv4Network = ipaddress.IPv4Network("10.244.77.0/24")  # noqa: RUF009
-    service_cidr: ipaddress.IPv4Network = ipaddress.IPv4Network("198.18.0.0/24")  # noqa: RUF009
-    bridge: str = "gpukit0"
-    etcd_client_port: int = 23790
-    etcd_peer_port: int = 23800
+    instance: int = 0
     apiserver_port: int = 443
     k8s_version: str = K8S_VERSION
+    etcd_client_port_override: int | None = None
     extra: dict[str, str] = field(default_factory=dict)
+
+    # Everything a lab claims on the machine derives from its instance number.
+    @property
+    def network(self) -> ipaddress.IPv4Network:
+        return ipaddress.IPv4Network(f"10.244.{77 + self.instance}.0/24")
+
+    @property
+    def service_cidr(self) -> ipaddress.IPv4Network:
+        return ipaddress.IPv4Network(f"198.18.{self.instance}.0/24")
+
+    @property
+    def bridge(self) -> str:
+        return f"gpukit{self.instance}"
+
+    @property
+    def prefix(self) -> str:
+        """Names of host-side objects (netns, veths, cgroups) start with this."""
+        return "gpukit" if self.instance == 0 else f"gpukit{self.instance}"
+
+    @property
+    def etcd_client_port(self) -> int:
+        return self.etcd_client_port_override or 23790 + 10 * self.instance
+
+    @property
+    def etcd_peer_port(self) -> int:
+        return 23800 + 10 * self.instance
+
+    @property
+    def controller_manager_port(self) -> int:
+        return 10257 + 100 * self.instance
+
+    @property
+    def scheduler_port(self) -> int:
+        return 10259 + 100 * self.instance
 
     @property
     def host_address(self) -> str:
@@ -104,4 +144,6 @@ def parse_nodes(text: str) -> tuple[NodeSpec, ...]:
 
 
 def load_spec() -> LabSpec:
-    return LabSpec(nodes=parse_nodes(os.environ.get("GPUKIT_LAB_NODES", DEFAULT_NODES)))
+    return LabSpec(
+        nodes=parse_nodes(os.environ.get("GPUKIT_LAB_NODES", DEFAULT_NODES)), instance=instance()
+    )

@@ -124,6 +124,7 @@ def argv(lab: LabSpec, component: str, bindir: Path) -> list[str]:
         kc = k / "controller-manager.kubeconfig"
         return [
             str(bindir / component), *common, f"--kubeconfig={kc}",
+            f"--secure-port={lab.controller_manager_port}",
             f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
             f"--service-account-private-key-file={k / 'sa.key'}",
             f"--root-ca-file={k / 'ca.crt'}", "--use-service-account-credentials=true",
@@ -135,6 +136,7 @@ def argv(lab: LabSpec, component: str, bindir: Path) -> list[str]:
         kc = k / "scheduler.kubeconfig"
         return [
             str(bindir / component), *common, f"--kubeconfig={kc}",
+            f"--secure-port={lab.scheduler_port}",
             f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
         ]  # fmt: skip
     raise LabError(f"unknown control-plane component {component!r}")
@@ -145,8 +147,8 @@ def ports(lab: LabSpec) -> dict[str, tuple[str, int]]:
         "etcd": ("127.0.0.1", lab.etcd_client_port),
         "etcd-peer": ("127.0.0.1", lab.etcd_peer_port),
         "kube-apiserver": (lab.api_address, lab.apiserver_port),
-        "kube-controller-manager": ("127.0.0.1", 10257),
-        "kube-scheduler": ("127.0.0.1", 10259),
+        "kube-controller-manager": ("127.0.0.1", lab.controller_manager_port),
+        "kube-scheduler": ("127.0.0.1", lab.scheduler_port),
     }
 
 

@@ -10,19 +10,23 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from gpukit.lab.config import LabSpec, NodeSpec
+from gpukit.lab.config import LabSpec, NodeSpec, load_spec
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["ip", *args], check=check, capture_output=True, text=True)
 
 
-def netns_name(node: NodeSpec) -> str:
-    return f"gpukit-{node.name}"
+def netns_name(node: NodeSpec, lab: LabSpec | None = None) -> str:
+    return f"{(lab or load_spec()).prefix}-{node.name}"
 
 
-def netns_path(node: NodeSpec) -> Path:
-    return Path("/run/netns") / netns_name(node)
+def netns_path(node: NodeSpec, lab: LabSpec | None = None) -> Path:
+    return Path("/run/netns") / netns_name(node, lab)
+
+
+def _host_if(lab: LabSpec, node: NodeSpec) -> str:
+    return f"gk{lab.instance}-{node.name}"[:15]
 
 
 def _link_exists(name: str, netns: str | None = None) -> bool:
@@ -42,10 +46,10 @@ def ensure_bridge(lab: LabSpec) -> None:
 
 
 def ensure_node_netns(lab: LabSpec, node: NodeSpec) -> None:
-    ns = netns_name(node)
-    if not netns_path(node).exists():
+    ns = netns_name(node, lab)
+    if not netns_path(node, lab).exists():
         _ip("netns", "add", ns)
-    host_if = f"gk-{node.name}"[:15]
+    host_if = _host_if(lab, node)
     if not _link_exists("eth0", ns):
         if _link_exists(host_if):
             _ip("link", "del", host_if)
@@ -61,12 +65,12 @@ def ensure_node_netns(lab: LabSpec, node: NodeSpec) -> None:
     _ip("-n", ns, "route", "replace", str(lab.service_cidr), "via", lab.host_address)
 
 
-def remove_node_netns(node: NodeSpec) -> None:
-    host_if = f"gk-{node.name}"[:15]
+def remove_node_netns(lab: LabSpec, node: NodeSpec) -> None:
+    host_if = _host_if(lab, node)
     if _link_exists(host_if):
         _ip("link", "del", host_if, check=False)
-    if netns_path(node).exists():
-        _ip("netns", "del", netns_name(node), check=False)
+    if netns_path(node, lab).exists():
+        _ip("netns", "del", netns_name(node, lab), check=False)
 
 
 def remove_bridge(lab: LabSpec) -> None:

@@ -109,6 +109,15 @@ def _first_boot_identity(node: NodeSpec, r: Path) -> None:
         r / "etc/cni/net.d/99-loopback.conflist", (NODE_FILES / "99-loopback.conflist").read_text()
     )
     _write(r / "etc/systemd/system/kubelet.service", (NODE_FILES / "kubelet.service").read_text())
+    _write(
+        r / "etc/systemd/system/gpukit-lab-reboot.service",
+        (NODE_FILES / "gpukit-lab-reboot.service").read_text(),
+    )
+    rb = wants / "reboot.target.wants"
+    rb.mkdir(parents=True, exist_ok=True)
+    (rb / "gpukit-lab-reboot.service").unlink(missing_ok=True)
+    (rb / "gpukit-lab-reboot.service").symlink_to("/etc/systemd/system/gpukit-lab-reboot.service")
+    (r / "var/lib/gpukit-lab").mkdir(parents=True, exist_ok=True)
     mu = wants / "multi-user.target.wants"
     mu.mkdir(parents=True, exist_ok=True)
     (mu / "kubelet.service").unlink(missing_ok=True)

@@ -64,8 +64,9 @@ def main(name: str) -> int:
     boots = 0
     while not stopping:
         boots += 1
+        _power_on_gpus(ndir / "root")
         argv = [
-            "nsenter", f"--net={netns_path(node)}", "--",
+            "nsenter", f"--net={netns_path(node, lab)}", "--",
             "unshare", "--pid", "--fork", "--mount", "--uts", "--ipc", "--cgroup",
             "--propagation", "private", "--",
             "bash", str(BOOT), name, str(ndir / "root"), str(shared), str(gpus),
@@ -87,10 +88,32 @@ def main(name: str) -> int:
         rc = _wait(child, lambda: stopping, init_pid)
         init_pid = None
         init_record(name).unlink(missing_ok=True)
-        print(f"gpukit-lab: node {name} init ended (status {rc}, boot {boots})", flush=True)
-        if rc != -signal.SIGHUP:
+        marker = ndir / "root/var/lib/gpukit-lab/reboot-requested"
+        rebooting = marker.exists() or rc == -signal.SIGHUP
+        marker.unlink(missing_ok=True)
+        print(
+            f"gpukit-lab: node {name} init ended (status {rc}, boot {boots},"
+            f" {'reboot' if rebooting else 'stop'})",
+            flush=True,
+        )
+        if not rebooting or stopping:
             break  # poweroff, halt or a failure: the supervisor ends; `lab up` repairs
     return 0
+
+
+def _power_on_gpus(root: Path) -> None:
+    """A (re)boot resets the node's GPUs, as loading the driver does: pending MIG
+    modes take effect, processes and lost-GPU flags are gone."""
+    profile = root / "etc/gpukit-lab/nvml/profile.yaml"
+    if not profile.exists():
+        return
+    r = subprocess.run(
+        [sys.executable, "-m", "gpukit.lab.nvml", "--profile", str(profile),
+         "--state-dir", str(root / "var/lib/gpukit-lab/nvml"), "boot"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if r.returncode != 0:
+        print(f"gpukit-lab: GPU power-on failed: {r.stderr.strip()}", flush=True)
 
 
 def _wait(child: subprocess.Popen[bytes], stopping: object, init_pid: int | None) -> int:

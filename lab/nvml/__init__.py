@@ -53,9 +53,7 @@ def profile_path(name_or_path: str | os.PathLike[str]) -> Path:
         return p
     candidate = PROFILES_DIR / f"{name_or_path}.yaml"
     if not candidate.exists():
-        raise FileNotFoundError(
-            f"no GPU profile {name_or_path!r} (known: {', '.join(profiles())})"
-        )
+        raise FileNotFoundError(f"no GPU profile {name_or_path!r} (known: {', '.join(profiles())})")
     return candidate
 
 

@@ -18,8 +18,11 @@ from gpukit.lab.nvml.control import EVENT_TYPES, MockControl, MockNvmlError, Not
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m gpukit.lab.nvml", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m gpukit.lab.nvml",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--lib", help="the mock libnvidia-ml.so.1 to use")
     p.add_argument("--profile", help="node GPU profile (name in lab/profiles or path)")
     p.add_argument("--state-dir", help="device state directory")
@@ -32,9 +35,11 @@ def _parser() -> argparse.ArgumentParser:
     x.add_argument("--gi", type=int, help="GPU instance the error belongs to (MIG)")
     x.add_argument("--ci", type=int, help="compute instance the error belongs to (MIG)")
     x.add_argument("--type", choices=sorted(EVENT_TYPES), default="xid", help="event type")
-    for name, text in (("lose", "the GPU falls off the bus (GPU_IS_LOST)"),
-                       ("restore", "a lost GPU comes back"),
-                       ("reset", "nvidia-smi -r: apply pending MIG mode (refused while busy)")):
+    for name, text in (
+        ("lose", "the GPU falls off the bus (GPU_IS_LOST)"),
+        ("restore", "a lost GPU comes back"),
+        ("reset", "nvidia-smi -r: apply pending MIG mode (refused while busy)"),
+    ):
         sp = sub.add_parser(name, help=text)
         sp.add_argument("--gpu", type=int, required=True)
     sp = sub.add_parser("set-processes", help="add or update a compute process on a GPU")

@@ -45,7 +45,7 @@ def render(tables: mig_profiles.MigTables, source: str) -> str:
                     f".placements = {_list([pl.start for pl in c.placements])} }}"
                 )
             gis.append(
-                "      {{ .name = \"{name}\", .profile_id = {const}, .compute_slices = {cs}, "
+                '      {{ .name = "{name}", .profile_id = {const}, .compute_slices = {cs}, '
                 ".memory_slices = {ms}, .multiprocessors = {sm}, .memory_mb = {mb}ULL, "
                 ".max_count = {mx}, .nplacements = {npl}, .placements = {pl}, "
                 ".engines = {eng}, .p2p = 0, .nci = {nci},\n        .ci = {{ {cis} }} }}".format(
@@ -64,7 +64,7 @@ def render(tables: mig_profiles.MigTables, source: str) -> str:
                 )
             )
         rows.append(
-            f"  {{ .key = \"{gpu.key}\", .memory_slices = {gpu.memory_slices}, "
+            f'  {{ .key = "{gpu.key}", .memory_slices = {gpu.memory_slices}, '
             f".compute_slices = {gpu.compute_slices}, .multiprocessors = {gpu.multiprocessors}, "
             f".engines = {_engines(gpu.engines)}, .ngi = {len(gpu.gpu_instance_profiles)},\n"
             f"    .gi = {{\n" + ",\n".join(gis) + "\n    } }"

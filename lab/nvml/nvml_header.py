@@ -1,10 +1,10 @@
 """Build helpers around the real nvml.h (from the nvidia-nvml-dev wheel).
 
-    python nvml_header.py include-dir            print the directory holding nvml.h
-    python nvml_header.py stubs NVML_H IMPLEMENTED OUT.c
-        write NVML_ERROR_NOT_SUPPORTED stubs for every function nvml.h declares that the mock
-        does not implement (IMPLEMENTED: one defined symbol per line), so every NVML entry point
-        exists in the library, as in the real one.
+python nvml_header.py include-dir            print the directory holding nvml.h
+python nvml_header.py stubs NVML_H IMPLEMENTED OUT.c
+    write NVML_ERROR_NOT_SUPPORTED stubs for every function nvml.h declares that the mock
+    does not implement (IMPLEMENTED: one defined symbol per line), so every NVML entry point
+    exists in the library, as in the real one.
 """
 
 from __future__ import annotations

@@ -119,7 +119,7 @@ def test_no_lab_process_talks_to_anything_off_the_machine(lab_cluster: object) -
     host_pids = {p.pid for name in t.names() if (p := t.get(name)) is not None}
     checked = 0
     for netns, pids in [(None, host_pids)] + [
-        (network.netns_path(n), cgroups.procs(n.name)) for n in spec.nodes
+        (network.netns_path(n, spec), cgroups.procs(n.name)) for n in spec.nodes
     ]:
         assert pids
         for host, pid in _remote_addresses(netns, pids):

@@ -31,9 +31,9 @@ def test_down_cleans_everything_and_up_again_works(lab_cluster: object) -> None:
         assert not alive, f"node {name}: processes {alive} outlived `lab down`"
         assert not any(d.exists() for d in cgroups.node_dirs(name).values())
     for n in spec.nodes:
-        assert not network.netns_path(n).exists()
+        assert not network.netns_path(n, spec).exists()
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    assert spec.bridge not in links and "gk-" not in links
+    assert f" {spec.bridge}:" not in links and f"gk{spec.instance}-" not in links
     for key, value in saved.items():
         assert Path("/proc/sys", key).read_text().strip() == value, f"sysctl {key} not restored"
     assert not (state_dir() / "sysctls.json").exists()

@@ -52,7 +52,7 @@ def test_an_occupied_port_is_refused_before_anything_starts(tmp_path: Path) -> N
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        spec = LabSpec(nodes=(NodeSpec("n", "t4-x2", 1),), etcd_client_port=port)
+        spec = LabSpec(nodes=(NodeSpec("n", "t4-x2", 1),), etcd_client_port_override=port)
         table = ProcTable(tmp_path / "pids")
         with pytest.raises(LabError, match=rf"port 127.0.0.1:{port} is in use"):
             controlplane.start(spec, table, "etcd", tmp_path)
@@ -78,3 +78,19 @@ def test_unknown_profile_from_the_cli_is_a_clear_error() -> None:
     )  # fmt: skip
     assert r.returncode == 2
     assert "unknown profile 'h200-x99'" in r.stderr
+
+
+def test_two_lab_instances_claim_nothing_in_common(monkeypatch: pytest.MonkeyPatch) -> None:
+    nodes = parse_nodes(config.DEFAULT_NODES)
+    a, b = LabSpec(nodes=nodes, instance=0), LabSpec(nodes=nodes, instance=3)
+    assert not a.network.overlaps(b.network)
+    assert not a.service_cidr.overlaps(b.service_cidr)
+    assert a.bridge != b.bridge and a.prefix != b.prefix
+    ports_a = {a.etcd_client_port, a.etcd_peer_port, a.controller_manager_port, a.scheduler_port}
+    ports_b = {b.etcd_client_port, b.etcd_peer_port, b.controller_manager_port, b.scheduler_port}
+    assert not ports_a & ports_b
+    monkeypatch.setenv("GPUKIT_LAB_INSTANCE", "3")
+    assert config.state_dir() == Path("/var/lib/gpukit-lab-3")
+    monkeypatch.setenv("GPUKIT_LAB_INSTANCE", "12")
+    with pytest.raises(LabConfigError, match="GPUKIT_LAB_INSTANCE: '12'"):
+        config.load_spec()
