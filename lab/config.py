@@ -65,6 +65,14 @@ class LabSpec:
         return ipaddress.IPv4Network(f"198.18.{self.instance}.0/24")
 
     @property
+    def pod_network(self) -> ipaddress.IPv4Network:
+        """Pods' addresses; each node bridges its own /24 inside its own namespace."""
+        return ipaddress.IPv4Network(f"10.{100 + self.instance}.0.0/16")
+
+    def pod_cidr(self, node: NodeSpec) -> ipaddress.IPv4Network:
+        return ipaddress.IPv4Network(f"10.{100 + self.instance}.{node.index}.0/24")
+
+    @property
     def bridge(self) -> str:
         return f"gpukit{self.instance}"
 
@@ -79,7 +87,7 @@ class LabSpec:
 
     @property
     def etcd_peer_port(self) -> int:
-        return 23800 + 10 * self.instance
+        return 23795 + 10 * self.instance
 
     @property
     def controller_manager_port(self) -> int:

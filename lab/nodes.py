@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -105,9 +106,6 @@ def _first_boot_identity(node: NodeSpec, r: Path) -> None:
         link.unlink(missing_ok=True)
         link.symlink_to("/dev/null")
     _write(r / "etc/containerd/config.toml", (NODE_FILES / "containerd.toml").read_text())
-    _write(
-        r / "etc/cni/net.d/99-loopback.conflist", (NODE_FILES / "99-loopback.conflist").read_text()
-    )
     _write(r / "etc/systemd/system/kubelet.service", (NODE_FILES / "kubelet.service").read_text())
     _write(
         r / "etc/systemd/system/gpukit-lab-reboot.service",
@@ -148,6 +146,23 @@ def _write_kubernetes_node(lab: LabSpec, node: NodeSpec, r: Path, ca: pki.CA) ->
         f"system:node:{node.name}",
     )
     _write(r / "etc/default/kubelet", f"NODE_IP={ip}\nNODE_NAME={node.name}\n")
+    # Pods get addresses on a bridge inside the node's own namespace and no route at
+    # all beyond it (no gateway, no forwarding, no masquerading): they reach nothing.
+    (r / "etc/cni/net.d/99-loopback.conflist").unlink(missing_ok=True)
+    cni = {
+        "cniVersion": "1.0.0",
+        "name": "gpukit-lab",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": "cni0",
+                "isGateway": False,
+                "ipMasq": False,
+                "ipam": {"type": "host-local", "ranges": [[{"subnet": str(lab.pod_cidr(node))}]]},
+            }
+        ],
+    }
+    _write(r / "etc/cni/net.d/10-gpukit-lab.conflist", json.dumps(cni, indent=2) + "\n")
     config = {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -184,6 +199,7 @@ def _write_kubernetes_node(lab: LabSpec, node: NodeSpec, r: Path, ca: pki.CA) ->
         "serializeImagePulls": False,
         "registerNode": True,
         "nodeStatusReportFrequency": "10s",
+        "nodeStatusUpdateFrequency": "4s",
         "localStorageCapacityIsolation": False,
     }
     _write(r / "var/lib/kubelet/config.yaml", yaml.safe_dump(config, sort_keys=False))

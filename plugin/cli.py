@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     rt.add_argument("--node-labels", action="store_true",
                     default=env("GPUKIT_NODE_LABELS", "") in ("1", "true"),
                     help="patch GFD labels onto --node-name [GPUKIT_NODE_LABELS]")
+    rt.add_argument("--pause-file", default=env("GPUKIT_PLUGIN_PAUSE_FILE",
+                                                "/run/gpukit/plugin.pause"),
+                    help="MIG manager pause file ('' disables) [GPUKIT_PLUGIN_PAUSE_FILE]")
     rt.add_argument("--proc-root", default="/", help=argparse.SUPPRESS)
     rt.add_argument("--check-config", action="store_true",
                     help="print the resolved config as JSON and exit (2 if invalid)")
@@ -138,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     manager = PluginManager(
         source, PynvmlBackend(args.nvml_library), metrics,
         ManagerOptions(proc_root=args.proc_root, labels_file=args.labels_file,
-                       node_labels=args.node_labels),
+                       node_labels=args.node_labels, pause_file=args.pause_file or None),
         node_client=node_client,
     )
     try:

@@ -171,6 +171,8 @@ def daemonset(d: AgentDeployment) -> dict[str, Any]:
          "mountPropagation": "HostToContainer"},
         {"name": "configs", "mountPath": "/etc/gpukit/configs", "readOnly": True},
         {"name": "tmp", "mountPath": "/tmp"},
+        # The MIG manager pauses the plugin through a file here (see plugin/mig/pause.py).
+        {"name": "run-gpukit", "mountPath": "/run/gpukit"},
     ]  # fmt: skip
     volumes: list[dict[str, Any]] = [
         {"name": "device-plugins",
@@ -178,6 +180,7 @@ def daemonset(d: AgentDeployment) -> dict[str, Any]:
         {"name": "driver-root", "hostPath": {"path": d.driver_root, "type": "Directory"}},
         {"name": "configs", "configMap": {"name": f"{APP}-configs"}},
         {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
+        {"name": "run-gpukit", "hostPath": {"path": "/run/gpukit", "type": "DirectoryOrCreate"}},
     ]  # fmt: skip
     for m in d.host_mounts:
         mounts.append({"name": m.name, "mountPath": m.mount_path, "readOnly": m.read_only})

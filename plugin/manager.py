@@ -34,6 +34,7 @@ from .inventory import Inventory
 from .kube import NodeClient
 from .labels import compute_labels, label_changes, write_labels_file
 from .metrics import PluginMetrics
+from .mig.pause import PauseWatcher
 from .resources import Resource, ResourceError, ResourceSet, Unit, build_resources
 from .server import DeviceView, PluginServer, ResourceState, inode, register
 
@@ -79,6 +80,7 @@ class ManagerOptions:
     labels_file: str | None = None
     node_labels: bool = False
     health: bool = True
+    pause_file: str | None = None  # the MIG manager's pause file (gpukit.plugin.mig.hooks)
 
 
 RegisterFn = Callable[[str, str, str, float], None]
@@ -123,6 +125,7 @@ class PluginManager:
         self._config_fingerprint: tuple[object, ...] = ()
         self._last_labels: dict[str, str] | None = None
         self._last_cdi: dict[str, object] | None = None
+        self.pause = PauseWatcher(self.options.pause_file) if self.options.pause_file else None
 
     # -- properties ---------------------------------------------------------------------------
 
@@ -294,7 +297,10 @@ class PluginManager:
         self._next_rescan = time.monotonic() + self.config.gpukit.rescan_interval_seconds
 
     def _views(self, resource: Resource) -> list[DeviceView]:
-        return [DeviceView(d.id, self.tracker.unit_healthy(d.unit), d.unit.numa_node)
+        pause = self.pause
+        return [DeviceView(d.id, self.tracker.unit_healthy(d.unit)
+                           and not (pause is not None and pause.covers(d.unit.gpu.uuid)),
+                           d.unit.numa_node)
                 for d in resource.devices]
 
     def _reconcile(self) -> None:
@@ -476,6 +482,14 @@ class PluginManager:
         while not self._stop.wait(self.options.tick):
             try:
                 self.check_kubelet()
+                if self.pause is not None:
+                    if self.pause.poll():
+                        if self.pause.paused:  # MIG change starting: its GPUs Unhealthy now
+                            self.refresh_health()
+                        else:  # MIG change done: re-enumerate at once
+                            self._rescan_requested.set()
+                    if self.pause.paused:
+                        continue  # no rescan or reload mid-change; requests stay queued
                 now = time.monotonic()
                 if self.source.config_dir is not None and now >= self._next_config_poll:
                     self._next_config_poll = now + self.options.config_poll_seconds

@@ -114,7 +114,7 @@ def _remote_addresses(netns: Path | None, pids: set[int]) -> list[tuple[str, int
 
 def test_no_lab_process_talks_to_anything_off_the_machine(lab_cluster: object) -> None:
     spec = load_spec()
-    allowed = [*_ALLOWED, spec.network, spec.service_cidr]
+    allowed = [*_ALLOWED, spec.network, spec.service_cidr, spec.pod_network]
     t = cluster.table()
     host_pids = {p.pid for name in t.names() if (p := t.get(name)) is not None}
     checked = 0

@@ -80,15 +80,19 @@ def test_unknown_profile_from_the_cli_is_a_clear_error() -> None:
     assert "unknown profile 'h200-x99'" in r.stderr
 
 
-def test_two_lab_instances_claim_nothing_in_common(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_lab_instances_claim_nothing_in_common(monkeypatch: pytest.MonkeyPatch) -> None:
     nodes = parse_nodes(config.DEFAULT_NODES)
-    a, b = LabSpec(nodes=nodes, instance=0), LabSpec(nodes=nodes, instance=3)
-    assert not a.network.overlaps(b.network)
-    assert not a.service_cidr.overlaps(b.service_cidr)
-    assert a.bridge != b.bridge and a.prefix != b.prefix
-    ports_a = {a.etcd_client_port, a.etcd_peer_port, a.controller_manager_port, a.scheduler_port}
-    ports_b = {b.etcd_client_port, b.etcd_peer_port, b.controller_manager_port, b.scheduler_port}
-    assert not ports_a & ports_b
+    specs = [LabSpec(nodes=nodes, instance=i) for i in range(10)]
+    ports: list[int] = []
+    for s in specs:
+        ports += [s.etcd_client_port, s.etcd_peer_port, s.controller_manager_port, s.scheduler_port]
+    assert len(ports) == len(set(ports)), "two instances share a port"
+    for a in specs:
+        for b in specs:
+            if a is not b:
+                assert not a.network.overlaps(b.network)
+                assert not a.service_cidr.overlaps(b.service_cidr)
+                assert a.bridge != b.bridge and a.prefix != b.prefix
     monkeypatch.setenv("GPUKIT_LAB_INSTANCE", "3")
     assert config.state_dir() == Path("/var/lib/gpukit-lab-3")
     monkeypatch.setenv("GPUKIT_LAB_INSTANCE", "12")

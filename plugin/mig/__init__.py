@@ -1,0 +1,35 @@
+"""The MIG manager (gpukit's mig-parted): plan, validate, apply and converge MIG layouts.
+
+Modules, one concept each:
+
+* ``schema``    mig-parted ``version: v1`` configs (and the inventory's ``gpukit_mig_configs``)
+* ``state``     what a node's GPUs look like (plain data)
+* ``device``    the GPU backend protocol and its pynvml implementation
+* ``placement`` packing GPU instances into the placement tables (search with backtracking)
+* ``planner``   config + GPUs -> validated plan (targets and the minimal actions)
+* ``applier``   apply a plan: process check, pause, actions, reset, verify; converges on rerun
+* ``hooks``     GPU reset, plugin pause (file protocol) and ``mig.config.state`` reporting
+* ``pause``     the device plugin's side of the pause protocol
+* ``export``    the current layout as a config
+* ``report``, ``cli``  output and ``python -m gpukit.plugin.mig``
+
+Library use::
+
+    from gpukit.plugin.mig import schema, planner, applier, device, hooks
+
+    configs = schema.load_file("mig.yaml")
+    with device.open_nvml() as gpus:
+        print(planner.plan(configs, "all-3g.20gb", gpus.gpus()).changed)
+        applier.apply(configs, "all-3g.20gb", gpus, hooks.command_reset(hooks.NVIDIA_SMI_RESET))
+"""
+
+from .applier import ApplyError, ApplyResult, ProcessesRunning, VerifyError, apply, verify
+from .export import export_config
+from .planner import Action, ActionKind, GpuPlan, LayoutError, Plan, plan
+from .schema import MigConfigError, MigConfigs, load_file, load_text, parse
+
+__all__ = [
+    "Action", "ActionKind", "ApplyError", "ApplyResult", "GpuPlan", "LayoutError",
+    "MigConfigError", "MigConfigs", "Plan", "ProcessesRunning", "VerifyError", "apply",
+    "export_config", "load_file", "load_text", "parse", "plan", "verify",
+]

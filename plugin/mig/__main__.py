@@ -1,0 +1,7 @@
+"""`python -m gpukit.plugin.mig`: the MIG manager (see cli.py)."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

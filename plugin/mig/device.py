@@ -1,0 +1,257 @@
+"""The GPU side of the MIG manager: a small protocol (read the node, change one thing) and its
+pynvml implementation, for the real libnvidia-ml.so.1 and the lab's mock alike.
+
+The backend speaks the table's profile ids (``NVML_GPU_INSTANCE_PROFILE_*`` and
+``NVML_COMPUTE_INSTANCE_PROFILE_*`` constants). Real drivers number the profiles they create
+and list differently (an A100's 1g.5gb is profile id 19), so the pynvml backend maps constants to
+the ids ``nvmlDeviceGetGpuInstanceProfileInfo`` reports and back. Handles are looked up again for
+every call: a GPU reset invalidates them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import pynvml
+
+from gpukit import mig_profiles
+from gpukit.plugin import nvml
+
+from .state import ComputeInstance, GpuInstance, GpuState, Process
+
+NO_ID = 0xFFFFFFFF
+_ENGINE_SHARED = 0  # NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+
+
+class MigBackend(Protocol):
+    """Read the node's GPUs; make one change at a time. Implementations raise
+    ``gpukit.plugin.nvml.NvmlError`` (or any exception) on failure."""
+
+    def gpus(self) -> tuple[GpuState, ...]: ...
+
+    def gpu(self, index: int) -> GpuState: ...
+
+    def set_mig_mode(self, index: int, enabled: bool) -> None: ...
+
+    def create_gpu_instance(self, index: int, profile_id: int, start: int, size: int) -> int:
+        """Create at exactly this placement; returns the GPU instance id."""
+        ...
+
+    def create_compute_instance(self, index: int, gi_id: int, profile_id: int) -> int:
+        """Create a compute instance in a GPU instance; returns its id."""
+        ...
+
+    def destroy_compute_instance(self, index: int, gi_id: int, ci_id: int) -> None: ...
+
+    def destroy_gpu_instance(self, index: int, gi_id: int) -> None: ...
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _opt_id(value: Any) -> int | None:
+    v = int(value) if value is not None else NO_ID
+    return None if v == NO_ID else v
+
+
+class PynvmlBackend:
+    """MigBackend over pynvml. NVML must be initialised (see :func:`open_nvml`)."""
+
+    def _handle(self, index: int) -> Any:
+        return nvml.call("nvmlDeviceGetHandleByIndex", pynvml.nvmlDeviceGetHandleByIndex, index,
+                         subject=f"GPU {index}")
+
+    @staticmethod
+    def _table(index: int, handle: Any) -> mig_profiles.MigGpu:
+        name = _text(nvml.call("nvmlDeviceGetName", pynvml.nvmlDeviceGetName, handle,
+                               subject=f"GPU {index}"))
+        table = mig_profiles.for_product(name)
+        if table is None:
+            raise nvml.NvmlError("mig tables", pynvml.NVML_ERROR_NOT_SUPPORTED,
+                                 f"no MIG table for {name}", f"GPU {index}")
+        return table
+
+    # -- ids: table constants <-> the driver's profile ids -------------------------------------
+
+    def _gi_ids(self, index: int, handle: Any, table: mig_profiles.MigGpu) -> dict[int, int]:
+        """table profile_id -> driver profile id, for the profiles this GPU supports."""
+        out: dict[int, int] = {}
+        for p in table.gpu_instance_profiles:
+            info = nvml.optional("nvmlDeviceGetGpuInstanceProfileInfo",
+                                 pynvml.nvmlDeviceGetGpuInstanceProfileInfo, handle, p.profile_id,
+                                 default=None, subject=f"GPU {index}")
+            if info is not None:
+                out[p.profile_id] = int(info.id)
+        return out
+
+    @staticmethod
+    def _ci_id(index: int, gi: Any, profile_id: int) -> int:
+        info = nvml.call("nvmlGpuInstanceGetComputeInstanceProfileInfo",
+                         pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo, gi, profile_id,
+                         _ENGINE_SHARED, subject=f"GPU {index}")
+        return int(info.id)
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def gpus(self) -> tuple[GpuState, ...]:
+        count = nvml.call("nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount)
+        return tuple(self.gpu(i) for i in range(int(count)))
+
+    def gpu(self, index: int) -> GpuState:
+        h = self._handle(index)
+        subject = f"GPU {index}"
+        uuid = _text(nvml.call("nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID, h, subject=subject))
+        name = _text(nvml.call("nvmlDeviceGetName", pynvml.nvmlDeviceGetName, h, subject=subject))
+        pci = nvml.optional("nvmlDeviceGetPciInfo", pynvml.nvmlDeviceGetPciInfo, h, default=None,
+                            subject=subject)
+        mode = nvml.optional("nvmlDeviceGetMigMode", pynvml.nvmlDeviceGetMigMode, h,
+                             default=None, subject=subject)
+        current = pending = None
+        if mode is not None:
+            current = int(mode[0]) == pynvml.NVML_DEVICE_MIG_ENABLE
+            pending = int(mode[1]) == pynvml.NVML_DEVICE_MIG_ENABLE
+        table = mig_profiles.for_product(name)
+        gis: tuple[GpuInstance, ...] = ()
+        if current and table is not None:
+            gis = self._gpu_instances(index, h, table)
+        return GpuState(
+            index=index, uuid=uuid, product=name,
+            pci_device_id=int(pci.pciDeviceId) if pci is not None else None,
+            mig_current=current, mig_pending=pending, gpu_instances=gis,
+            processes=self._processes(index, h),
+        )
+
+    def _gpu_instances(self, index: int, h: Any, table: mig_profiles.MigGpu
+                       ) -> tuple[GpuInstance, ...]:
+        subject = f"GPU {index}"
+        out: list[GpuInstance] = []
+        for p in table.gpu_instance_profiles:
+            info = nvml.optional("nvmlDeviceGetGpuInstanceProfileInfo",
+                                 pynvml.nvmlDeviceGetGpuInstanceProfileInfo, h, p.profile_id,
+                                 default=None, subject=subject)
+            if info is None:
+                continue
+            arr = (pynvml.c_nvmlGpuInstance_t * max(1, int(info.instanceCount)))()
+            n = ctypes.c_uint(0)
+            nvml.call("nvmlDeviceGetGpuInstances", pynvml.nvmlDeviceGetGpuInstances, h,
+                      int(info.id), arr, ctypes.byref(n), subject=subject)
+            for k in range(n.value):
+                gi = arr[k]
+                gi_info = nvml.call("nvmlGpuInstanceGetInfo", pynvml.nvmlGpuInstanceGetInfo, gi,
+                                    subject=subject)
+                out.append(GpuInstance(
+                    id=int(gi_info.id), profile=p.name, profile_id=p.profile_id,
+                    start=int(gi_info.placement.start), size=int(gi_info.placement.size),
+                    compute_instances=self._compute_instances(index, gi, p),
+                ))
+        return tuple(sorted(out, key=lambda g: (g.start, g.id)))
+
+    def _compute_instances(self, index: int, gi: Any, p: mig_profiles.GpuInstanceProfile
+                           ) -> tuple[ComputeInstance, ...]:
+        subject = f"GPU {index}"
+        out: list[ComputeInstance] = []
+        for cp in p.compute_instance_profiles:
+            info = nvml.optional("nvmlGpuInstanceGetComputeInstanceProfileInfo",
+                                 pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo, gi,
+                                 cp.profile_id, _ENGINE_SHARED, default=None, subject=subject)
+            if info is None:
+                continue
+            arr = (pynvml.c_nvmlComputeInstance_t * max(1, int(info.instanceCount)))()
+            n = ctypes.c_uint(0)
+            nvml.call("nvmlGpuInstanceGetComputeInstances",
+                      pynvml.nvmlGpuInstanceGetComputeInstances, gi, int(info.id), arr,
+                      ctypes.byref(n), subject=subject)
+            for k in range(n.value):
+                ci_info = nvml.call("nvmlComputeInstanceGetInfo",
+                                    pynvml.nvmlComputeInstanceGetInfo, arr[k], subject=subject)
+                out.append(ComputeInstance(
+                    id=int(ci_info.id), profile_id=cp.profile_id,
+                    start=int(ci_info.placement.start), size=int(ci_info.placement.size),
+                ))
+        return tuple(sorted(out, key=lambda c: (c.start, c.id)))
+
+    @staticmethod
+    def _processes(index: int, h: Any) -> tuple[Process, ...]:
+        seen: dict[int, Process] = {}
+        for name, fn in (
+            ("nvmlDeviceGetComputeRunningProcesses", pynvml.nvmlDeviceGetComputeRunningProcesses),
+            ("nvmlDeviceGetGraphicsRunningProcesses",
+             pynvml.nvmlDeviceGetGraphicsRunningProcesses),
+        ):
+            procs: list[Any] = nvml.optional(name, fn, h, default=[], subject=f"GPU {index}")
+            for proc in procs:
+                used = getattr(proc, "usedGpuMemory", None)
+                seen.setdefault(int(proc.pid), Process(
+                    pid=int(proc.pid),
+                    used_mb=int(used) >> 20 if used is not None else None,
+                    gi=_opt_id(getattr(proc, "gpuInstanceId", None)),
+                    ci=_opt_id(getattr(proc, "computeInstanceId", None)),
+                ))
+        return tuple(sorted(seen.values(), key=lambda p: p.pid))
+
+    # -- changing --------------------------------------------------------------------------------
+
+    def set_mig_mode(self, index: int, enabled: bool) -> None:
+        mode = pynvml.NVML_DEVICE_MIG_ENABLE if enabled else pynvml.NVML_DEVICE_MIG_DISABLE
+        # returns the activation status: RESET_REQUIRED (pending) or IN_USE are not failures;
+        # the mode is read back by the caller.
+        nvml.call("nvmlDeviceSetMigMode", pynvml.nvmlDeviceSetMigMode, self._handle(index), mode,
+                  subject=f"GPU {index}")
+
+    def create_gpu_instance(self, index: int, profile_id: int, start: int, size: int) -> int:
+        h = self._handle(index)
+        ids = self._gi_ids(index, h, self._table(index, h))
+        if profile_id not in ids:
+            raise nvml.NvmlError("nvmlDeviceCreateGpuInstanceWithPlacement",
+                                 pynvml.NVML_ERROR_NOT_SUPPORTED,
+                                 f"profile {profile_id} not supported", f"GPU {index}")
+        where = pynvml.c_nvmlGpuInstancePlacement_t()
+        where.start, where.size = start, size
+        gi = nvml.call("nvmlDeviceCreateGpuInstanceWithPlacement",
+                       pynvml.nvmlDeviceCreateGpuInstanceWithPlacement, h, ids[profile_id],
+                       ctypes.byref(where), subject=f"GPU {index}")
+        info = nvml.call("nvmlGpuInstanceGetInfo", pynvml.nvmlGpuInstanceGetInfo, gi,
+                         subject=f"GPU {index}")
+        return int(info.id)
+
+    def _gi(self, index: int, gi_id: int) -> Any:
+        return nvml.call("nvmlDeviceGetGpuInstanceById", pynvml.nvmlDeviceGetGpuInstanceById,
+                         self._handle(index), gi_id, subject=f"GPU {index} GPU instance {gi_id}")
+
+    def create_compute_instance(self, index: int, gi_id: int, profile_id: int) -> int:
+        gi = self._gi(index, gi_id)
+        ci = nvml.call("nvmlGpuInstanceCreateComputeInstance",
+                       pynvml.nvmlGpuInstanceCreateComputeInstance, gi,
+                       self._ci_id(index, gi, profile_id),
+                       subject=f"GPU {index} GPU instance {gi_id}")
+        info = nvml.call("nvmlComputeInstanceGetInfo", pynvml.nvmlComputeInstanceGetInfo, ci,
+                         subject=f"GPU {index} GPU instance {gi_id}")
+        return int(info.id)
+
+    def destroy_compute_instance(self, index: int, gi_id: int, ci_id: int) -> None:
+        subject = f"GPU {index} GPU instance {gi_id} compute instance {ci_id}"
+        ci = nvml.call("nvmlGpuInstanceGetComputeInstanceById",
+                       pynvml.nvmlGpuInstanceGetComputeInstanceById, self._gi(index, gi_id), ci_id,
+                       subject=subject)
+        nvml.call("nvmlComputeInstanceDestroy", pynvml.nvmlComputeInstanceDestroy, ci,
+                  subject=subject)
+
+    def destroy_gpu_instance(self, index: int, gi_id: int) -> None:
+        nvml.call("nvmlGpuInstanceDestroy", pynvml.nvmlGpuInstanceDestroy, self._gi(index, gi_id),
+                  subject=f"GPU {index} GPU instance {gi_id}")
+
+
+@contextlib.contextmanager
+def open_nvml(library: str | None = None) -> Iterator[PynvmlBackend]:
+    """nvmlInit (loading ``library`` first when given, e.g. the lab mock) ... nvmlShutdown."""
+    if library:
+        nvml.load_library(library)
+    nvml.init()
+    try:
+        yield PynvmlBackend()
+    finally:
+        nvml.shutdown()

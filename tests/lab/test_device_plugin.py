@@ -1,0 +1,458 @@
+"""The device plugin served by the real kubelet on the lab's nodes.
+
+The node agent runs as its DaemonSet (unprivileged, read-only root); the kubelet
+is the judge: capacity, admission, Allocate into real containers, health.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from gpukit.lab import agent, cluster, images, kube, network, nodes
+from gpukit.lab.config import LabSpec, NodeSpec, load_spec
+from gpukit.lab.controlplane import paths
+from gpukit.plugin.deploy import AgentDeployment
+
+pytestmark = pytest.mark.lab
+
+CONFIGS: dict[str, dict[str, Any]] = {
+    "default": {
+        "version": "v1",
+        "flags": {"migStrategy": "none", "plugin": {"passDeviceSpecs": True}},
+    },
+    "ts": {
+        "version": "v1",
+        "flags": {"plugin": {"passDeviceSpecs": True}},
+        "sharing": {
+            "timeSlicing": {
+                "failRequestsGreaterThanOne": True,
+                "resources": [{"name": "nvidia.com/gpu", "replicas": 4}],
+            }
+        },
+    },
+    "mixed": {
+        "version": "v1",
+        "flags": {"migStrategy": "mixed", "plugin": {"passDeviceSpecs": True}},
+    },
+}
+CONFIG_LABEL = "nvidia.com/device-plugin.config"
+NS = "default"
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 60, every: float = 0.5) -> Any:
+    """Poll `check` until it returns something truthy (bounded)."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(every)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+@pytest.fixture(scope="module")
+def core(lab_cluster: object) -> client.CoreV1Api:
+    return kube.api(paths().admin_kubeconfig)
+
+
+def node_of(spec: LabSpec, name: str) -> NodeSpec:
+    return spec.node(name)
+
+
+def resources(core: client.CoreV1Api, node: str, field: str = "allocatable") -> dict[str, int]:
+    n = core.read_node(node)
+    values = getattr(n.status, field) or {}
+    return {k: int(v) for k, v in values.items() if k.startswith("nvidia.com/")}
+
+
+def set_config(core: client.CoreV1Api, node: str, name: str | None) -> None:
+    core.patch_node(node, {"metadata": {"labels": {CONFIG_LABEL: name}}})
+
+
+def nvml_cli(node: str, *args: str) -> str:
+    root = nodes.node_dir(load_spec().node(node)) / "root"
+    r = subprocess.run(
+        [sys.executable, "-m", "gpukit.lab.nvml",
+         "--profile", str(root / "etc/gpukit-lab/nvml/profile.yaml"),
+         "--state-dir", str(root / "var/lib/gpukit-lab/nvml"), *args],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return r.stdout
+
+
+def gpu_uuids(node: str) -> list[str]:
+    return [g["uuid"] for g in json.loads(nvml_cli(node, "status"))["gpus"]]
+
+
+@pytest.fixture(scope="module")
+def deployed(core: client.CoreV1Api) -> Iterator[AgentDeployment]:
+    spec = load_spec()
+    d = agent.lab_deployment(
+        CONFIGS,
+        default_config="default",
+        GPUKIT_RECOVERY_SECONDS="20",
+        GPUKIT_HEALTH_PROBE_INTERVAL_SECONDS="1",
+        GPUKIT_RESCAN_INTERVAL_SECONDS="2",
+    )
+    set_config(core, "gpu-t4", "ts")
+    agent.apply(spec, d)
+    agent.wait_rolled_out(spec, d, timeout=120)
+    wait_for("gpu-a100: 8 GPUs", lambda: resources(core, "gpu-a100").get("nvidia.com/gpu") == 8)
+    wait_for("gpu-t4: 8 replicas", lambda: resources(core, "gpu-t4").get("nvidia.com/gpu") == 8)
+    yield d
+    agent.remove(spec, d)
+    set_config(core, "gpu-t4", None)
+
+
+def gpu_pod(name: str, node: str, count: int, resource: str = "nvidia.com/gpu") -> client.V1Pod:
+    script = 'echo "NVD=$NVIDIA_VISIBLE_DEVICES"; echo "DEV=$(ls /dev | grep nvidia | tr "\\n" " ")"; exec sleep 3600'
+    return client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name, labels={"gpukit-test": "device-plugin"}),
+        spec=client.V1PodSpec(
+            node_selector={"kubernetes.io/hostname": node},
+            restart_policy="Never",
+            termination_grace_period_seconds=0,
+            containers=[
+                client.V1Container(
+                    name="c",
+                    image=images.SHELL,
+                    command=["sh", "-c", script],
+                    resources=client.V1ResourceRequirements(limits={resource: str(count)}),
+                )
+            ],
+        ),
+    )
+
+
+def pod_report(core: client.CoreV1Api, name: str) -> tuple[list[str], set[str]]:
+    def logged() -> str | None:
+        out = core.read_namespaced_pod_log(name, NS)
+        return out if "DEV=" in out else None
+
+    out = wait_for(f"{name} to log its devices", logged, timeout=30)
+    nvd = re.search(r"NVD=(.*)", out)
+    dev = re.search(r"DEV=(.*)", out)
+    assert nvd and dev, out
+    return [x for x in nvd.group(1).split(",") if x], set(dev.group(1).split())
+
+
+@pytest.fixture
+def pods(core: client.CoreV1Api) -> Iterator[list[str]]:
+    created: list[str] = []
+    yield created
+    for name in created:
+        try:
+            core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
+        except client.ApiException:
+            pass
+    wait_for(
+        "test pods to be gone",
+        lambda: not core.list_namespaced_pod(NS, label_selector="gpukit-test=device-plugin").items,
+        timeout=60,
+    )
+
+
+def start(
+    core: client.CoreV1Api, pods: list[str], node: str, count: int, resource: str = "nvidia.com/gpu"
+) -> str:
+    name = f"gpu-{node}-{uuid.uuid4().hex[:6]}"
+    core.create_namespaced_pod(NS, gpu_pod(name, node, count, resource))
+    pods.append(name)
+    return name
+
+
+def running(core: client.CoreV1Api, name: str, timeout: float = 60) -> Any:
+    return kube.wait_pod_phase(core, NS, name, {"Running", "Failed", "Succeeded"}, timeout)
+
+
+def test_capacity_and_labels_follow_hardware_and_named_config(
+    core: client.CoreV1Api, deployed: AgentDeployment
+) -> None:
+    assert resources(core, "gpu-a100", "capacity")["nvidia.com/gpu"] == 8
+    assert resources(core, "gpu-t4", "capacity")["nvidia.com/gpu"] == 2 * 4
+    labels = core.read_node("gpu-t4").metadata.labels
+    assert labels["nvidia.com/gpu.product"] == "Tesla-T4-SHARED"
+    assert labels["nvidia.com/gpu.replicas"] == "4"
+    assert labels["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
+    labels = core.read_node("gpu-a100").metadata.labels
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB"
+    assert labels["nvidia.com/gpu.count"] == "8"
+    assert labels["nvidia.com/mig.capable"] == "true"
+
+
+def test_pods_get_disjoint_gpus_and_see_only_their_device_nodes(
+    core: client.CoreV1Api, deployed: AgentDeployment, pods: list[str]
+) -> None:
+    uuids = gpu_uuids("gpu-a100")
+    names = [start(core, pods, "gpu-a100", 2) for _ in range(4)]
+    seen: list[str] = []
+    for name in names:
+        assert running(core, name).status.phase == "Running"
+        ids, devs = pod_report(core, name)
+        assert len(ids) == 2, ids
+        seen += ids
+        want = {f"nvidia{uuids.index(u)}" for u in ids} | {
+            "nvidiactl",
+            "nvidia-uvm",
+            "nvidia-uvm-tools",
+        }
+        assert devs == want, f"{name}: sees {sorted(devs)}, assigned {ids}"
+    assert sorted(seen) == sorted(uuids), "every GPU exactly once"
+
+    extra = start(core, pods, "gpu-a100", 1)
+
+    def unschedulable() -> str | None:
+        pod = core.read_namespaced_pod(extra, NS)
+        for c in pod.status.conditions or []:
+            if (
+                c.type == "PodScheduled"
+                and c.status == "False"
+                and "Insufficient nvidia.com/gpu" in (c.message or "")
+            ):
+                return str(c.message)
+        return None
+
+    wait_for("the 9th GPU request to be unschedulable", unschedulable, timeout=30)
+    core.delete_namespaced_pod(names[0], NS, grace_period_seconds=0)
+    assert running(core, extra, timeout=90).status.phase == "Running"
+    ids, _ = pod_report(core, extra)
+    freed, _ = pod_report(core, names[1])
+    assert len(ids) == 1 and ids[0] not in freed
+
+
+def test_a_pod_without_a_gpu_request_sees_no_gpu(
+    core: client.CoreV1Api, deployed: AgentDeployment, pods: list[str]
+) -> None:
+    name = start(core, pods, "gpu-a100", 0)
+    assert running(core, name).status.phase == "Running"
+    ids, devs = pod_report(core, name)
+    assert ids == [] and devs == set()
+
+
+def test_time_sliced_replicas_spread_and_reject_more_than_one(
+    core: client.CoreV1Api, deployed: AgentDeployment, pods: list[str]
+) -> None:
+    two = start(core, pods, "gpu-t4", 2)
+    pod = running(core, two)
+    assert pod.status.phase == "Failed"
+    assert pod.status.reason == "UnexpectedAdmissionError", pod.status
+    assert "request for 'nvidia.com/gpu: 2' too large" in (pod.status.message or "")
+
+    names = [start(core, pods, "gpu-t4", 1) for _ in range(8)]
+    per_gpu: dict[str, int] = {}
+    for name in names:
+        assert running(core, name).status.phase == "Running"
+        ids, _ = pod_report(core, name)
+        assert len(ids) == 1
+        per_gpu[ids[0]] = per_gpu.get(ids[0], 0) + 1
+    assert per_gpu == {u: 4 for u in gpu_uuids("gpu-t4")}
+
+
+def _metrics(node: str) -> str:
+    spec = load_spec()
+    code = "import urllib.request;print(urllib.request.urlopen('http://127.0.0.1:9402/metrics',timeout=5).read().decode())"
+    r = subprocess.run(
+        ["nsenter", f"--net={network.netns_path(spec.node(node), spec)}", sys.executable, "-c", code],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return r.stdout
+
+
+def test_critical_xid_takes_a_gpu_out_and_it_comes_back(
+    core: client.CoreV1Api, deployed: AgentDeployment
+) -> None:
+    nvml_cli("gpu-a100", "inject-xid", "--gpu", "3", "--xid", "13")  # application error: ignored
+    wait_for(
+        "XID 13 counted",
+        lambda: re.search(
+            r'gpukit_plugin_xid_events_total\{critical="false".*xid="13"', _metrics("gpu-a100")
+        ),
+    )
+    assert resources(core, "gpu-a100")["nvidia.com/gpu"] == 8
+    nvml_cli("gpu-a100", "inject-xid", "--gpu", "3", "--xid", "79")  # fallen off the bus
+    wait_for(
+        "GPU 3 unhealthy", lambda: resources(core, "gpu-a100")["nvidia.com/gpu"] == 7, timeout=30
+    )
+    wait_for(
+        "GPU 3 healthy again",
+        lambda: resources(core, "gpu-a100")["nvidia.com/gpu"] == 8,
+        timeout=60,
+    )
+
+
+def test_a_lost_gpu_is_unhealthy_without_bringing_the_plugin_down(
+    core: client.CoreV1Api, deployed: AgentDeployment
+) -> None:
+    pods_before = {p.metadata.name: p.status.container_statuses[0].restart_count
+                   for p in core.list_namespaced_pod(deployed.namespace).items}  # fmt: skip
+    nvml_cli("gpu-a100", "lose", "--gpu", "5")
+    try:
+        wait_for(
+            "GPU 5 unhealthy",
+            lambda: resources(core, "gpu-a100")["nvidia.com/gpu"] == 7,
+            timeout=30,
+        )
+    finally:
+        nvml_cli("gpu-a100", "restore", "--gpu", "5")
+    wait_for("GPU 5 back", lambda: resources(core, "gpu-a100")["nvidia.com/gpu"] == 8, timeout=60)
+    after = {p.metadata.name: p.status.container_statuses[0].restart_count
+             for p in core.list_namespaced_pod(deployed.namespace).items}  # fmt: skip
+    assert after == pods_before, "the plugin must not restart for a lost GPU"
+
+
+def _registrations(node: str) -> float:
+    total = 0.0
+    for line in _metrics(node).splitlines():
+        if line.startswith("gpukit_plugin_registrations_total{") and 'result="ok"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_the_plugin_registers_again_when_the_kubelet_restarts(
+    core: client.CoreV1Api, deployed: AgentDeployment, pods: list[str]
+) -> None:
+    node = load_spec().node("gpu-t4")
+    before = _registrations("gpu-t4")
+    assert before >= 1
+    r = cluster.node_exec(node, ["systemctl", "restart", "kubelet"])
+    assert r.returncode == 0, r.stderr
+    wait_for("the plugin to register again", lambda: _registrations("gpu-t4") > before, timeout=60)
+    wait_for(
+        "gpu-t4 replicas served again",
+        lambda: resources(core, "gpu-t4").get("nvidia.com/gpu") == 8,
+        timeout=60,
+    )
+    name = start(core, pods, "gpu-t4", 1)
+    assert running(core, name, timeout=90).status.phase == "Running"
+    ids, _ = pod_report(core, name)
+    assert len(ids) == 1 and ids[0] in gpu_uuids("gpu-t4"), ids
+
+
+def test_plugin_socket_and_pod_are_locked_down(
+    core: client.CoreV1Api, deployed: AgentDeployment
+) -> None:
+    root = nodes.root(load_spec().node("gpu-a100"))
+    sock = root / "var/lib/kubelet/device-plugins/gpukit-gpu.sock"
+    st = sock.stat()
+    assert (st.st_mode & 0o777, st.st_uid) == (0o600, 0)
+    pod = core.list_namespaced_pod(deployed.namespace).items[0]
+    sc = pod.spec.containers[0].security_context
+    assert sc.privileged is False and sc.read_only_root_filesystem is True
+    assert sc.capabilities.drop == ["ALL"] and sc.allow_privilege_escalation is False
+
+
+def _agent_pod(core: client.CoreV1Api, d: AgentDeployment, node: str) -> str:
+    for p in core.list_namespaced_pod(d.namespace).items:
+        if p.spec.node_name == node:
+            return str(p.metadata.name)
+    raise AssertionError(f"no agent pod on {node}")
+
+
+def _patch_from_agent(
+    core: client.CoreV1Api, d: AgentDeployment, on: str, target: str, label: str
+) -> str:
+    code = textwrap.dedent(f"""
+        from kubernetes import client, config
+        config.load_incluster_config()
+        try:
+            client.CoreV1Api().patch_node({target!r}, {{"metadata": {{"labels": {{{label!r}: "x"}}}}}})
+            print("ALLOWED")
+        except client.ApiException as e:
+            print("DENIED", e.status, e.body)
+    """)
+    spec = load_spec()
+    return agent.kubectl(
+        spec, "-n", d.namespace, "exec", _agent_pod(core, d, on), "--", "python3", "-c", code
+    )
+
+
+def test_the_agent_may_label_only_its_own_node(
+    core: client.CoreV1Api, deployed: AgentDeployment
+) -> None:
+    other = _patch_from_agent(core, deployed, "gpu-a100", "gpu-t4", "nvidia.com/probe")
+    assert other.startswith("DENIED"), other
+    assert "only the node its pod runs on" in other
+    non_nvidia = _patch_from_agent(core, deployed, "gpu-a100", "gpu-a100", "example.com/probe")
+    assert non_nvidia.startswith("DENIED") and "only nvidia.com/ labels" in non_nvidia
+    own = _patch_from_agent(core, deployed, "gpu-a100", "gpu-a100", "nvidia.com/probe")
+    assert own.startswith("ALLOWED"), own
+    core.patch_node("gpu-a100", {"metadata": {"labels": {"nvidia.com/probe": None}}})
+
+
+MIG_SCRIPT = """
+import sys, pynvml as n
+n.nvmlInit()
+n.nvmlDeviceSetMigMode(n.nvmlDeviceGetHandleByIndex(0), 1 if sys.argv[1] == "create" else 0)
+"""
+
+MIG_CREATE = """
+import pynvml as n
+n.nvmlInit()
+h = n.nvmlDeviceGetHandleByIndex(0)
+info = n.nvmlDeviceGetGpuInstanceProfileInfo(h, n.NVML_GPU_INSTANCE_PROFILE_3_SLICE)
+for _ in range(2):
+    gi = n.nvmlDeviceCreateGpuInstance(h, info.id)
+    ci = n.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, n.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE, 0)
+    n.nvmlGpuInstanceCreateComputeInstance(gi, ci.id)
+"""
+
+
+def _node_pynvml(node: str, code: str, *args: str) -> None:
+    from gpukit.lab import nvml
+
+    root = nodes.node_dir(load_spec().node(node)) / "root"
+    env = nvml.env(root / "etc/gpukit-lab/nvml/profile.yaml", root / "var/lib/gpukit-lab/nvml")
+    subprocess.run([sys.executable, "-c", code, *args], env=env, check=True)
+
+
+@pytest.fixture
+def mig_gpu0(core: client.CoreV1Api, deployed: AgentDeployment) -> Iterator[None]:
+    _node_pynvml("gpu-a100", MIG_SCRIPT, "create")
+    nvml_cli("gpu-a100", "reset", "--gpu", "0")
+    _node_pynvml("gpu-a100", MIG_CREATE)
+    yield
+    set_config(core, "gpu-a100", None)
+    nvml_cli("gpu-a100", "reset", "--gpu", "0")  # a GPU reset destroys its MIG instances
+    _node_pynvml("gpu-a100", MIG_SCRIPT, "destroy")
+    nvml_cli("gpu-a100", "reset", "--gpu", "0")
+    wait_for(
+        "gpu-a100 back to 8 whole GPUs",
+        lambda: resources(core, "gpu-a100").get("nvidia.com/gpu") == 8,
+    )
+
+
+def test_mixed_strategy_serves_mig_devices_of_the_right_parent(
+    core: client.CoreV1Api, deployed: AgentDeployment, mig_gpu0: None, pods: list[str]
+) -> None:
+    set_config(core, "gpu-a100", "mixed")
+    wait_for(
+        "mig-3g.20gb resources",
+        lambda: (
+            resources(core, "gpu-a100").get("nvidia.com/mig-3g.20gb") == 2
+            and resources(core, "gpu-a100").get("nvidia.com/gpu") == 7
+        ),
+        timeout=60,
+    )
+    labels = core.read_node("gpu-a100").metadata.labels
+    assert labels["nvidia.com/mig.strategy"] == "mixed"
+    assert labels["nvidia.com/mig-3g.20gb.count"] == "2"
+    name = start(core, pods, "gpu-a100", 1, "nvidia.com/mig-3g.20gb")
+    assert running(core, name).status.phase == "Running"
+    ids, devs = pod_report(core, name)
+    assert len(ids) == 1 and ids[0].startswith("MIG-"), ids
+    assert "nvidia0" in devs and not ({f"nvidia{i}" for i in range(1, 8)} & devs), devs
+    status = json.loads(nvml_cli("gpu-a100", "status"))
+    mig_uuids = json.dumps(status["gpus"][0]["mig"])
+    assert ids[0] in mig_uuids, "the MIG UUID must belong to GPU 0"
