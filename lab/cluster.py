@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -12,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gpukit.lab import cgroups, controlplane, images, network, nodes
 from gpukit.lab.config import LabSpec, NodeSpec, cache_dir, state_dir
@@ -65,25 +67,54 @@ def check_prerequisites(lab: LabSpec) -> None:
 # --- sysctls -------------------------------------------------------------------
 
 
-def _sysctl_record() -> Path:
-    return state_dir() / "sysctls.json"
+# One record for the whole machine: kernel tunables are host-wide, and several lab
+# instances may hold them. The originals come back when the last instance goes down.
+SYSCTL_RECORD = Path("/var/lib/gpukit-lab-sysctls.json")
 
 
-def apply_sysctls() -> None:
-    rec = _sysctl_record()
-    if not rec.exists():
-        saved = {k: Path("/proc/sys", k).read_text().strip() for k in KUBELET_SYSCTLS}
-        rec.write_text(json.dumps(saved))
-    for k, v in KUBELET_SYSCTLS.items():
-        Path("/proc/sys", k).write_text(v)
+def _locked_record() -> Any:
+    SYSCTL_RECORD.parent.mkdir(parents=True, exist_ok=True)
+    f = open(SYSCTL_RECORD.with_suffix(".lock"), "w")  # noqa: SIM115 (held by the caller)
+    fcntl.flock(f, fcntl.LOCK_EX)
+    return f
 
 
-def restore_sysctls() -> None:
-    rec = _sysctl_record()
-    if rec.exists():
-        for k, v in json.loads(rec.read_text()).items():
+def _read_record() -> dict[str, Any]:
+    try:
+        data: dict[str, Any] = json.loads(SYSCTL_RECORD.read_text())
+        return data
+    except (OSError, ValueError):
+        return {}
+
+
+def apply_sysctls(lab: LabSpec) -> None:
+    with _locked_record():
+        rec = _read_record()
+        if not rec:
+            saved = {k: Path("/proc/sys", k).read_text().strip() for k in KUBELET_SYSCTLS}
+            rec = {"saved": saved, "holders": []}
+        if lab.instance not in rec["holders"]:
+            rec["holders"].append(lab.instance)
+        tmp = SYSCTL_RECORD.with_suffix(".tmp")
+        tmp.write_text(json.dumps(rec))
+        tmp.replace(SYSCTL_RECORD)
+        for k, v in KUBELET_SYSCTLS.items():
             Path("/proc/sys", k).write_text(v)
-        rec.unlink()
+
+
+def restore_sysctls(lab: LabSpec) -> None:
+    with _locked_record():
+        rec = _read_record()
+        if not rec:
+            return
+        holders = [h for h in rec["holders"] if h != lab.instance]
+        if holders:
+            rec["holders"] = holders
+            SYSCTL_RECORD.write_text(json.dumps(rec))
+            return
+        for k, v in rec["saved"].items():
+            Path("/proc/sys", k).write_text(v)
+        SYSCTL_RECORD.unlink()
 
 
 # --- node helpers ----------------------------------------------------------------
@@ -268,7 +299,7 @@ def up(lab: LabSpec, say: Progress = _say, timeout: float = 180) -> Path:
         say("lab is up (nothing to do)")
         return paths().admin_kubeconfig
     t = table()
-    apply_sysctls()
+    apply_sysctls(lab)
     network.ensure_bridge(lab)
     ca = controlplane.make_pki(lab)
     bindir = kubernetes_bindir(lab)
@@ -329,7 +360,7 @@ def down(lab: LabSpec, say: Progress = _say, purge: bool = False) -> None:
             say(f"stopping {c}")
         t.stop(c)
     network.remove_bridge(lab)
-    restore_sysctls()
+    restore_sysctls(lab)
     if purge:
         for n in lab.nodes:
             shutil.rmtree(nodes.node_dir(n), ignore_errors=True)

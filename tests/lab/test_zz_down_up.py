@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpukit.lab import cgroups, cluster, network
-from gpukit.lab.config import load_spec, state_dir
+from gpukit.lab.config import load_spec
 
 pytestmark = pytest.mark.lab
 
@@ -19,7 +19,9 @@ def test_down_cleans_everything_and_up_again_works(lab_cluster: object) -> None:
     t = cluster.table()
     procs = [p for n in t.names() if (p := t.get(n)) is not None]
     node_pids = {n.name: cgroups.procs(n.name) for n in spec.nodes}
-    saved = json.loads((state_dir() / "sysctls.json").read_text())
+    record = json.loads(cluster.SYSCTL_RECORD.read_text())
+    assert spec.instance in record["holders"]
+    others = [h for h in record["holders"] if h != spec.instance]
     assert procs and all(node_pids.values())
 
     cluster.down(spec, say=lambda _m: None)
@@ -34,9 +36,14 @@ def test_down_cleans_everything_and_up_again_works(lab_cluster: object) -> None:
         assert not network.netns_path(n, spec).exists()
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     assert f" {spec.bridge}:" not in links and f"gk{spec.instance}-" not in links
-    for key, value in saved.items():
-        assert Path("/proc/sys", key).read_text().strip() == value, f"sysctl {key} not restored"
-    assert not (state_dir() / "sysctls.json").exists()
+    if others:  # another lab instance still needs the kernel tunables the kubelet wants
+        assert json.loads(cluster.SYSCTL_RECORD.read_text())["holders"] == others
+        for key, value in cluster.KUBELET_SYSCTLS.items():
+            assert Path("/proc/sys", key).read_text().strip() == value
+    else:
+        for key, value in record["saved"].items():
+            assert Path("/proc/sys", key).read_text().strip() == value, f"sysctl {key} not restored"
+        assert not cluster.SYSCTL_RECORD.exists()
 
     cluster.up(spec, say=lambda _m: None)
     assert cluster.status(spec).up
