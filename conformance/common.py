@@ -1,0 +1,65 @@
+"""Small helpers the suite's test modules share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpukit import inventory as inv
+
+from .fill import Seen, strip_replica
+from .host import NvmlSeen
+
+
+def need_decl(suite: Any, node: str) -> inv.NodeDecl:
+    decl: inv.NodeDecl | None = suite.decl(node)
+    if decl is None:
+        pytest.skip(f"node {node}: no --inventory, nothing declared to compare with")
+    return decl
+
+
+def need_expected(suite: Any, node: str) -> dict[str, int]:
+    need_decl(suite, node)
+    expected: dict[str, int] | None = suite.expected_resources(node)
+    if expected is None:
+        pytest.fail(f"node {node}: the inventory's declaration is inconsistent: "
+                    f"{suite.expectation_error(node)}", pytrace=False)
+    return expected
+
+
+def need_host(suite: Any, node: str) -> None:
+    if not suite.options.host_access:
+        pytest.skip(f"node {node}: host access is off (--no-host)")
+
+
+def need_probe(suite: Any, node: str) -> NvmlSeen:
+    need_host(suite, node)
+    probe: NvmlSeen | None = suite.probe(node)
+    if probe is None:
+        pytest.fail(f"node {node}: NVML probe over SSH: expected an answer, observed "
+                    f"{suite.probe_error(node)}", pytrace=False)
+    return probe
+
+
+def visible_uuids(seen: Seen, probe: NvmlSeen | None) -> list[str]:
+    """The container's NVIDIA_VISIBLE_DEVICES as UUIDs (index IDs mapped through NVML)."""
+    ids = seen.visible
+    return [probe.index_to_uuid(i) for i in ids] if probe else ids
+
+
+def allocated_units(seen: Seen, probe: NvmlSeen | None) -> list[str]:
+    """Physical devices the kubelet gave the container (PodResources, replicas stripped),
+    else those the container was told about."""
+    if seen.kubelet_ids:
+        return sorted({strip_replica(i) for i in seen.kubelet_ids})
+    return sorted(set(visible_uuids(seen, probe)))
+
+
+def lab_mode(suite: Any, node: str) -> bool:
+    """The node's NVML is the lab's mock (no real GPU): NVML on the node says so, else --lab."""
+    if suite.options.host_access and suite.decl(node) is not None:
+        probe = suite.probe(node)
+        if probe is not None:
+            return bool(probe.mock)
+    return bool(suite.options.lab)

@@ -1,0 +1,403 @@
+"""Kubernetes access for the suite: the run's namespace, pods, bounded watches, exec.
+
+Every wait is a watch with a deadline (relisting when the watch expires); nothing sleeps
+blindly. Objects are the kubernetes client's models; manifests are plain dicts.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import logging
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes import client, config, watch
+from kubernetes.client.exceptions import ApiException
+from kubernetes.stream import stream
+
+log = logging.getLogger(__name__)
+
+MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGER = "gpukit-conformance"
+RUN_LABEL = "gpukit.io/conformance-run"
+ROLE_LABEL = "gpukit.io/role"
+NODE_LABEL = "gpukit.io/node"
+EXPIRES = "gpukit.io/expires"
+WORKLOAD_SA = "gpukit-conformance-workload"
+
+_BAD_STATES = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerError",
+               "CreateContainerConfigError", "CrashLoopBackOff", "RunContainerError")
+
+
+def dns_name(*parts: str, limit: int = 63) -> str:
+    """A DNS-1123 label from parts: lower-case, '-' for anything else, hashed when too long."""
+    text = "-".join(re.sub(r"[^a-z0-9]+", "-", p.lower()).strip("-") for p in parts if p)
+    if len(text) <= limit:
+        return text
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    return f"{text[: limit - 9].rstrip('-')}-{digest}"
+
+
+def load_api_client(kubeconfig: str | None) -> Any:
+    """An ApiClient from a kubeconfig, else $KUBECONFIG/~/.kube/config, else in-cluster."""
+    if kubeconfig:
+        return config.new_client_from_config(config_file=kubeconfig)
+    try:
+        return config.new_client_from_config()
+    except config.ConfigException:
+        cfg = client.Configuration()
+        config.load_incluster_config(client_configuration=cfg)
+        return client.ApiClient(cfg)
+
+
+@dataclass
+class PodState:
+    """Where a pod got to: Running, Succeeded, Failed, Unschedulable, Deleted, Error, Pending."""
+
+    name: str
+    state: str
+    reason: str = ""
+    message: str = ""
+    pod: Any = None
+
+    def __str__(self) -> str:
+        extra = ": ".join(x for x in (self.reason, self.message) if x)
+        return f"{self.state} ({extra})" if extra else self.state
+
+
+def classify(pod: Any) -> PodState:
+    """The state of a pod as the suite cares about it; `Pending` means keep waiting."""
+    name = pod.metadata.name
+    status = pod.status
+    phase = status.phase if status else None
+    if phase == "Failed":
+        return PodState(name, "Failed", status.reason or "", status.message or "", pod)
+    if phase == "Succeeded":
+        return PodState(name, "Succeeded", pod=pod)
+    statuses = (status.container_statuses or []) if status else []
+    if phase == "Running" and statuses and all(s.state and s.state.running for s in statuses):
+        return PodState(name, "Running", pod=pod)
+    for s in statuses:
+        waiting = s.state.waiting if s.state else None
+        if waiting and waiting.reason in _BAD_STATES:
+            return PodState(name, "Error", waiting.reason, waiting.message or "", pod)
+    for cond in (status.conditions or []) if status else []:
+        unschedulable = cond.status == "False" and cond.reason == "Unschedulable"
+        if cond.type == "PodScheduled" and unschedulable:
+            return PodState(name, "Unschedulable", cond.reason, cond.message or "", pod)
+    return PodState(name, "Pending", phase or "", "", pod)
+
+
+@dataclass
+class ExecResult:
+    rc: int
+    stdout: str
+    stderr: str
+
+
+@dataclass
+class Kube:
+    """The cluster as the suite uses it."""
+
+    api_client: Any
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    _exec_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.core = client.CoreV1Api(self.api_client)
+        # `stream` swaps the transport of the ApiClient it is given: keep it apart.
+        self._exec_core = client.CoreV1Api(_clone(self.api_client))
+
+    # ---- nodes
+
+    def nodes(self) -> dict[str, Any]:
+        return {n.metadata.name: n for n in self.core.list_node().items}
+
+    def node(self, name: str) -> Any | None:
+        try:
+            return self.core.read_node(name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    # ---- namespace
+
+    def create_namespace(self, name: str, ttl: dt.timedelta) -> None:
+        expires = (dt.datetime.now(dt.UTC) + ttl).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": {
+                "name": name,
+                "labels": {
+                    MANAGED_BY: MANAGER, RUN_LABEL: self.run_id,
+                    # Test pods read the kubelet's PodResources socket and the lab's driver
+                    # files through hostPath: that is the privileged level.
+                    "pod-security.kubernetes.io/enforce": "privileged",
+                },
+                "annotations": {EXPIRES: expires},
+            },
+        }
+        self.core.create_namespace(body)
+
+    def ensure_workload_account(self, namespace: str) -> None:
+        """The ServiceAccount test pods run as: no token, no role bound: no API access."""
+        body = {
+            "apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": WORKLOAD_SA, "namespace": namespace,
+                         "labels": {MANAGED_BY: MANAGER}},
+            "automountServiceAccountToken": False,
+        }
+        try:
+            self.core.read_namespaced_service_account(WORKLOAD_SA, namespace)
+            return  # made by the deploy manifest (the in-cluster runner may only read it)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        try:
+            self.core.create_namespaced_service_account(namespace, body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+    def delete_namespace(self, name: str, timeout: float) -> bool:
+        """Delete and wait (bounded; 0: do not wait) until it is gone; True when gone."""
+        try:
+            self.core.delete_namespace(name, propagation_policy="Background")
+        except ApiException as exc:
+            if exc.status == 404:
+                return True
+            raise
+        if timeout <= 0:
+            return False
+        return self._wait_gone(self.core.list_namespace, (), f"metadata.name={name}", timeout)
+
+    def delete_expired_namespaces(self) -> list[str]:
+        """Namespaces of earlier runs that were killed before they could clean up."""
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        gone: list[str] = []
+        try:
+            items = self.core.list_namespace(label_selector=f"{MANAGED_BY}={MANAGER}").items
+        except ApiException:
+            return gone
+        for ns in items:
+            expires = (ns.metadata.annotations or {}).get(EXPIRES, "")
+            if expires and expires < now and ns.metadata.deletion_timestamp is None:
+                try:
+                    self.core.delete_namespace(ns.metadata.name, propagation_policy="Background")
+                    gone.append(ns.metadata.name)
+                except ApiException:
+                    pass
+        return gone
+
+    def _wait_gone(self, lister: Callable[..., Any], args: tuple[Any, ...], selector: str,
+                   timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            listing = lister(*args, field_selector=selector)
+            if not listing.items:
+                return True
+            w = watch.Watch()
+            for ev in w.stream(lister, *args, field_selector=selector,
+                               resource_version=listing.metadata.resource_version,
+                               timeout_seconds=max(1, int(deadline - time.monotonic()))):
+                if ev["type"] == "DELETED":
+                    w.stop()
+                    return True
+        return False
+
+    # ---- pods
+
+    def create_pod(self, namespace: str, manifest: Mapping[str, Any]) -> None:
+        self.core.create_namespaced_pod(namespace, dict(manifest))
+
+    def delete_pods(self, namespace: str, names: Iterable[str], timeout: float) -> list[str]:
+        """Delete pods (graceful) and wait until the API no longer has them; returns those
+        still present at the deadline."""
+        pending = set(names)
+        for name in list(pending):
+            try:
+                self.core.delete_namespaced_pod(name, namespace)
+            except ApiException as exc:
+                if exc.status == 404:
+                    pending.discard(name)
+                else:
+                    raise
+        deadline = time.monotonic() + timeout
+        while pending and time.monotonic() < deadline:
+            listing = self.core.list_namespaced_pod(namespace,
+                                                    label_selector=f"{RUN_LABEL}={self.run_id}")
+            pending &= {p.metadata.name for p in listing.items}
+            if not pending:
+                break
+            w = watch.Watch()
+            for ev in w.stream(self.core.list_namespaced_pod, namespace,
+                               label_selector=f"{RUN_LABEL}={self.run_id}",
+                               resource_version=listing.metadata.resource_version,
+                               timeout_seconds=max(1, int(deadline - time.monotonic()))):
+                if ev["type"] == "DELETED":
+                    pending.discard(ev["object"].metadata.name)
+                    if not pending:
+                        w.stop()
+        return sorted(pending)
+
+    def delete_run_pods(self, namespace: str, timeout: float) -> list[str]:
+        listing = self.core.list_namespaced_pod(namespace,
+                                                label_selector=f"{RUN_LABEL}={self.run_id}")
+        return self.delete_pods(namespace, [p.metadata.name for p in listing.items], timeout)
+
+    def wait_pods(
+        self, namespace: str, names: Iterable[str], timeout: float,
+        done: Callable[[PodState], bool] = lambda s: s.state != "Pending",
+    ) -> dict[str, PodState]:
+        """Watch the pods until `done` holds for each (default: left Pending) or the deadline;
+        returns each pod's last state (`Pending`, or `Missing`, for those that never got
+        there)."""
+        wanted = set(names)
+        states: dict[str, PodState] = {n: PodState(n, "Missing") for n in wanted}
+        deadline = time.monotonic() + timeout
+        selector = f"{RUN_LABEL}={self.run_id}"
+
+        def open_names() -> set[str]:
+            return {n for n in wanted if not done(states[n])}
+
+        while time.monotonic() < deadline:
+            listing = self.core.list_namespaced_pod(namespace, label_selector=selector)
+            for pod in listing.items:
+                if pod.metadata.name in wanted:
+                    states[pod.metadata.name] = classify(pod)
+            if not open_names():
+                return states
+            w = watch.Watch()
+            try:
+                for ev in w.stream(self.core.list_namespaced_pod, namespace,
+                                   label_selector=selector,
+                                   resource_version=listing.metadata.resource_version,
+                                   timeout_seconds=max(1, int(deadline - time.monotonic()))):
+                    pod = ev["object"]
+                    name = pod.metadata.name
+                    if name not in wanted:
+                        continue
+                    states[name] = (PodState(name, "Deleted") if ev["type"] == "DELETED"
+                                    else classify(pod))
+                    if not open_names():
+                        w.stop()
+                        return states
+            except ApiException as exc:
+                if exc.status != 410:  # resourceVersion too old: list again
+                    raise
+        return states
+
+    def exec(self, namespace: str, pod: str, command: list[str], timeout: float = 30,
+             container: str | None = None) -> ExecResult:
+        with self._exec_lock:
+            kwargs: dict[str, Any] = {"command": command, "stderr": True, "stdin": False,
+                                      "stdout": True, "tty": False, "_preload_content": False}
+            if container:
+                kwargs["container"] = container
+            resp = stream(self._exec_core.connect_get_namespaced_pod_exec, pod, namespace,
+                          **kwargs)
+            try:
+                resp.run_forever(timeout=timeout)
+                timed_out = resp.is_open()
+                out = resp.read_stdout(timeout=0)
+                err = resp.read_stderr(timeout=0)
+                rc = 124 if timed_out else resp.returncode
+            finally:
+                resp.close()
+            if timed_out:
+                err += f"exec timed out after {timeout:.0f}s"
+            return ExecResult(rc=int(rc if rc is not None else -1), stdout=str(out),
+                              stderr=str(err))
+
+    def logs(self, namespace: str, pod: str) -> str:
+        text: str = self.core.read_namespaced_pod_log(pod, namespace)
+        return text
+
+
+def _clone(api_client: Any) -> Any:
+    return client.ApiClient(api_client.configuration)
+
+
+def pod_manifest(
+    name: str, *, run_id: str, role: str, node: str, image: str, command: list[str],
+    limits: Mapping[str, int] | None = None, host_network: bool = False,
+    env: Mapping[str, str] | None = None, labels: Mapping[str, str] | None = None,
+    host_paths: Iterable[tuple[str, str, str]] = (), read_only_paths: bool = True,
+    restart: str = "Never", grace: int = 2,
+) -> dict[str, Any]:
+    """A test pod pinned to `node` through the scheduler (node affinity on metadata.name, so
+    resource fit is the scheduler's and the kubelet's to decide), tolerating every taint.
+
+    host_paths: (volume name, host path, hostPath type) mounted at the same path."""
+    container: dict[str, Any] = {
+        "name": "main", "image": image, "imagePullPolicy": "IfNotPresent",
+        "command": command,
+        "env": [{"name": k, "value": v} for k, v in (env or {}).items()],
+        "securityContext": {"allowPrivilegeEscalation": False},
+    }
+    if limits:
+        container["resources"] = {"limits": {k: str(v) for k, v in limits.items()}}
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    for vol, path, kind in host_paths:
+        volumes.append({"name": vol, "hostPath": {"path": path, "type": kind}})
+        mounts.append({"name": vol, "mountPath": path, "readOnly": read_only_paths})
+    if mounts:
+        container["volumeMounts"] = mounts
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [node]}]}]}}}
+    spec: dict[str, Any] = {
+        "restartPolicy": restart,
+        "serviceAccountName": WORKLOAD_SA,
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": grace,
+        "affinity": affinity,
+        "tolerations": [{"operator": "Exists"}],
+        "containers": [container],
+    }
+    if host_network:
+        spec["hostNetwork"] = True
+        spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+    if volumes:
+        spec["volumes"] = volumes
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {MANAGED_BY: MANAGER, RUN_LABEL: run_id,
+                                              ROLE_LABEL: role, NODE_LABEL: dns_name(node),
+                                              **(labels or {})}},
+        "spec": spec,
+    }
+
+
+def allocatable(node: Any, prefix: str = "nvidia.com/") -> dict[str, int]:
+    return _quantities(node.status.allocatable if node and node.status else None, prefix)
+
+
+def capacity(node: Any, prefix: str = "nvidia.com/") -> dict[str, int]:
+    return _quantities(node.status.capacity if node and node.status else None, prefix)
+
+
+def _quantities(values: Mapping[str, Any] | None, prefix: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for key, value in (values or {}).items():
+        if key.startswith(prefix):
+            try:
+                out[key] = int(str(value))
+            except ValueError:
+                out[key] = -1
+    return dict(sorted(out.items()))
+
+
+def node_ready(node: Any) -> tuple[bool, str]:
+    for cond in (node.status.conditions or []) if node and node.status else []:
+        if cond.type == "Ready":
+            return cond.status == "True", f"{cond.reason or ''} {cond.message or ''}".strip()
+    return False, "no Ready condition"

@@ -1,0 +1,289 @@
+"""pytest plugin of the gpukit conformance suite (entry point `gpukit_conformance`).
+
+    pytest conformance --inventory inventories/<x> [--kubeconfig K] [--nodes a,b]
+    pytest conformance --lab                       # the gpukit lab, its inventory
+    pytest --pyargs gpukit.conformance ...         # installed
+
+Options, the area markers, the fixtures (`gpukit_suite`, `check`) and parametrization by node
+and resource, the HTML report (`--report-html`) and JUnit properties (area, node, resource,
+CNCF requirement id, and every expected/observed comparison). Inert unless the suite's own test
+modules are collected: the plugin is installed for every pytest run of the environment.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .checks import AREAS, CNCF_BY_AREA, Check, Row
+from .report import ALL_NODES, Result, write
+
+SUITE_DIR = Path(__file__).resolve().parent
+SUITE_KEY = pytest.StashKey["Any"]()
+CHECK_KEY = pytest.StashKey[Check]()
+RESULTS_KEY = pytest.StashKey[list[Result]]()
+STARTED_KEY = pytest.StashKey[float]()
+MARKERS = {
+    "discovery": "node capacity/allocatable and kubelet view match the declaration",
+    "labels": "GFD and declared node labels and taints",
+    "host": "node host checks over SSH (pytest-testinfra, ansible backend)",
+    "isolation": "allocation isolation: disjoint devices, visibility, PodResources, Pending",
+    "mig": "MIG partitioning matches the declared layout",
+    "timeslicing": "time-slicing replicas, rename, >1 rejection, spread",
+    "workload": "workloads see exactly their devices (pynvml; CUDA on real GPUs)",
+}
+EXTRA_MARKERS = {
+    "per_resource(kind)": "parametrize by (node, resource); kind: all, mig, shared",
+    "exclusive": "needs the node's devices free (runs after the area's other tests)",
+    "cncf(requirement_id)": "CNCF Kubernetes AI Conformance requirement id",
+    "cuda": "needs a real NVIDIA GPU (skipped on the lab's mock NVML)",
+    "needs_inventory": "compares with the inventory; skipped without --inventory",
+}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("gpukit conformance")
+    g.addoption("--inventory", help="Ansible inventory declaring the GPU nodes (expectations)")
+    g.addoption("--kubeconfig", help="kubeconfig of the cluster (default: the inventory's "
+                "gpukit_kubeconfig, $KUBECONFIG, ~/.kube/config, in-cluster)")
+    g.addoption("--nodes", default="", help="comma-separated node names to check (default all)")
+    g.addoption("--lab", action="store_true", help="run against the gpukit lab (pytest-kubernetes "
+                "lab provider; brings it up if needed; default inventory: the lab's)")
+    g.addoption("--report-html", help="write the per-node HTML report to this file")
+    g.addoption("--conformance-namespace", help="use this existing namespace (in-cluster Job) "
+                "instead of creating one per run")
+    g.addoption("--no-host", action="store_true", help="do not reach the nodes over SSH: "
+                "host checks and comparisons with NVML on the node are skipped")
+    g.addoption("--pod-host-network", action="store_true", help="run test pods with "
+                "hostNetwork (clusters without a pod network, like the lab)")
+    g.addoption("--shell-image", help="image with a POSIX shell for device pods "
+                "(default busybox:1.36; lab: its local shell image)")
+    g.addoption("--agent-image", help="gpukit node-agent image: reads the PodResources API and "
+                "runs the pynvml workload (lab default: its local node-agent image)")
+    g.addoption("--cuda-image", help="CUDA sample image for the real-GPU smoke test")
+    g.addoption("--pod-timeout", type=float, default=90.0, help="seconds a test pod may take to "
+                "reach the state waited for (default 90)")
+    g.addoption("--max-fill-pods", type=int, default=32, help="most pods used to fill one "
+                "resource of a node (default 32)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, text in {**MARKERS, **EXTRA_MARKERS}.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+    config.stash[RESULTS_KEY] = []
+    if config.getoption("--inventory", None) or config.getoption("--lab", False):
+        get_suite(config)  # a bad inventory is a usage error, before anything is collected
+
+
+def _is_suite_path(path: Any) -> bool:
+    try:
+        return Path(str(path)).resolve().parent == SUITE_DIR
+    except OSError:
+        return False
+
+
+def _options(config: pytest.Config) -> Any:
+    from .suite import DEFAULT_CUDA_IMAGE, DEFAULT_SHELL_IMAGE, Options
+
+    nodes = [n.strip() for n in (config.getoption("--nodes") or "").split(",") if n.strip()]
+    return Options(
+        inventory=config.getoption("--inventory"),
+        kubeconfig=config.getoption("--kubeconfig"),
+        nodes=nodes,
+        lab=bool(config.getoption("--lab")),
+        namespace=config.getoption("--conformance-namespace"),
+        host_network=bool(config.getoption("--pod-host-network")),
+        host_access=not config.getoption("--no-host"),
+        shell_image=config.getoption("--shell-image") or DEFAULT_SHELL_IMAGE,
+        agent_image=config.getoption("--agent-image"),
+        cuda_image=config.getoption("--cuda-image") or DEFAULT_CUDA_IMAGE,
+        pod_timeout=float(config.getoption("--pod-timeout")),
+        max_fill_pods=int(config.getoption("--max-fill-pods")),
+        report_html=config.getoption("--report-html"),
+    )
+
+
+def get_suite(config: pytest.Config) -> Any:
+    """The run's Suite, made on first use (inventory errors are usage errors)."""
+    suite = config.stash.get(SUITE_KEY, None)
+    if suite is None:
+        from gpukit.inventory import InventoryError
+
+        from .suite import Suite
+
+        try:
+            suite = Suite(_options(config))
+        except InventoryError as exc:
+            raise pytest.UsageError(f"--inventory: {exc}") from exc
+        config.stash[SUITE_KEY] = suite
+    return suite
+
+
+def _resources(suite: Any, node: str, kind: str) -> list[str]:
+    from gpukit import inventory as inv
+
+    resources = sorted(suite.resources(node))
+    if kind == "all":
+        return resources
+    decl = suite.decl(node)
+    if decl is None:
+        return [] if kind != "mig" else [r for r in resources if r.startswith("nvidia.com/mig-")]
+    try:
+        units = inv.expected_units(decl)
+    except inv.InventoryError:
+        return []
+    if kind == "mig":
+        return sorted({u.resource for u in units if u.mig_profile})
+    if kind == "shared":
+        return sorted({u.resource for u in units if u.replicas > 1})
+    raise ValueError(f"unknown per_resource kind {kind!r}")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if not _is_suite_path(metafunc.definition.path):
+        return
+    suite = get_suite(metafunc.config)
+    try:
+        nodes = suite.targets()
+    except Exception as exc:
+        raise pytest.UsageError(f"cannot list the cluster's GPU nodes: {exc}") from exc
+    if "resource" in metafunc.fixturenames:
+        marker = metafunc.definition.get_closest_marker("per_resource")
+        kind = marker.args[0] if marker and marker.args else "all"
+        pairs = [(n, r) for n in nodes for r in _resources(suite, n, kind)]
+        metafunc.parametrize(["node", "resource"], pairs,
+                             ids=[f"{n}-{r.removeprefix('nvidia.com/')}" for n, r in pairs])
+    elif "node" in metafunc.fixturenames:
+        metafunc.parametrize("node", nodes, ids=nodes)
+
+
+def area_of(item: pytest.Item) -> str:
+    for mark in item.iter_markers():
+        if mark.name in AREAS:
+            return mark.name
+    return "other"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    positions = [i for i, it in enumerate(items) if _is_suite_path(it.path)]
+    if not positions:
+        return
+    order = {a: i for i, a in enumerate(AREAS)}
+    mine = [items[i] for i in positions]
+    ranked = sorted(enumerate(mine), key=lambda p: (
+        order.get(area_of(p[1]), len(AREAS)),
+        p[1].get_closest_marker("exclusive") is not None,
+        p[0],
+    ))
+    for pos, (_, item) in zip(positions, ranked, strict=True):
+        items[pos] = item
+
+
+@pytest.fixture(scope="session")
+def gpukit_suite(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The conformance run; its namespace is deleted at the end, also on Ctrl-C or SIGTERM."""
+    suite = get_suite(request.config)
+    previous: Any = None
+    if threading.current_thread() is threading.main_thread():
+        def on_term(signum: int, frame: Any) -> None:
+            raise KeyboardInterrupt(f"signal {signum}")
+
+        previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield suite
+    finally:
+        try:
+            suite.close()
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome: Any = yield
+    if not _is_suite_path(item.path):
+        return
+    report: pytest.TestReport = outcome.get_result()
+    if report.when != "call" and not (report.when == "setup" and not report.passed):
+        return
+    callspec = getattr(item, "callspec", None)
+    params = callspec.params if callspec else {}
+    area = area_of(item)
+    mark = item.get_closest_marker("cncf")
+    cncf = str(mark.args[0]) if mark and mark.args else CNCF_BY_AREA.get(area, "")
+    props: list[tuple[str, object]] = [("area", area), ("node", params.get("node", ALL_NODES))]
+    if "resource" in params:
+        props.append(("resource", params["resource"]))
+    if cncf:
+        props.append(("cncf_ai_conformance", cncf))
+    c = item.stash.get(CHECK_KEY, None)
+    for row in c.rows if c else []:
+        props.append(("check", row.to_json()))
+    report.user_properties.extend(props)
+    item.user_properties.extend(props)  # JUnit writes those of the teardown report
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    props = dict(p for p in report.user_properties if p[0] != "check")
+    if "area" not in props:
+        return
+    wanted = report.when == "call" or (report.when == "setup" and not report.passed) or (
+        report.when == "teardown" and report.failed)
+    if not wanted:
+        return
+    outcome: str = report.outcome
+    if report.when != "call" and report.failed:
+        outcome = "error"
+    message = ""
+    if report.skipped and isinstance(report.longrepr, tuple):
+        message = str(report.longrepr[2])
+    elif report.failed:
+        message = report.longreprtext
+    rows = [Row.from_json(str(v)) for k, v in report.user_properties if k == "check"]
+    name = report.nodeid.split("::")[-1].split("[")[0]
+    results = _results_for(report)
+    if results is None:
+        return
+    results.append(Result(
+        nodeid=report.nodeid, name=name, area=str(props["area"]), node=str(props["node"]),
+        resource=str(props.get("resource", "")), outcome=outcome, duration=report.duration,
+        message=message, cncf=str(props.get("cncf_ai_conformance", "")), rows=rows,
+    ))
+
+
+_CONFIG: list[pytest.Config] = []
+
+
+def _results_for(report: pytest.TestReport) -> list[Result] | None:
+    return _CONFIG[-1].stash.get(RESULTS_KEY, None) if _CONFIG else None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _CONFIG.append(session.config)
+    session.config.stash[STARTED_KEY] = time.monotonic()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    if _CONFIG and _CONFIG[-1] is config:
+        _CONFIG.pop()
+    path = config.getoption("--report-html", None)
+    results = config.stash.get(RESULTS_KEY, [])
+    if not path:
+        return
+    suite = config.stash.get(SUITE_KEY, None)
+    started = config.stash.get(STARTED_KEY, time.monotonic())
+    meta = {"exit status": str(int(exitstatus)),
+            "duration": f"{time.monotonic() - started:.1f}s"}
+    if suite is not None:
+        meta["inventory"] = suite.inventory_path or "none (checks that need none)"
+        meta["nodes"] = ", ".join(suite.targets()) if suite.inventory is not None else "cluster"
+    write(path, results, meta)

@@ -1,0 +1,347 @@
+"""One conformance run: options, the inventory's expectations, the cluster, the run's namespace
+and what was already measured (NVML on each node, filled nodes, helper pods)."""
+
+from __future__ import annotations
+
+import atexit
+import datetime as dt
+import json
+import logging
+import re
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpukit import inventory as inv
+
+from . import fill as fill_mod
+from .host import NvmlSeen, connect, run_probe
+from .kube import Kube, allocatable, dns_name, load_api_client, pod_manifest
+
+log = logging.getLogger(__name__)
+
+LAB_SHELL_IMAGE = "localhost/gpukit-lab/shell:1"
+LAB_AGENT_IMAGE = "localhost/gpukit-lab/node-agent:dev"
+DEFAULT_SHELL_IMAGE = "busybox:1.36"
+DEFAULT_CUDA_IMAGE = "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0"
+POD_RESOURCES_DIR = "/var/lib/kubelet/pod-resources"
+NAMESPACE_TTL = dt.timedelta(hours=2)
+
+PODRESOURCES_SCRIPT = """
+import json, grpc
+from gpukit.plugin.api import podresources_grpc as g, podresources_pb2 as pb
+ch = grpc.insecure_channel("unix://%s/kubelet.sock")
+stub = g.PodResourcesListerStub(ch)
+lst = stub.List(pb.ListPodResourcesRequest(), timeout=10)
+alloc = stub.GetAllocatableResources(pb.AllocatableResourcesRequest(), timeout=10)
+print(json.dumps({
+  "pods": [{"namespace": p.namespace, "name": p.name, "containers": [
+      {"name": c.name, "devices": [{"resource": d.resource_name, "ids": list(d.device_ids)}
+                                   for d in c.devices]} for c in p.containers]}
+           for p in lst.pod_resources],
+  "allocatable": [{"resource": d.resource_name, "ids": list(d.device_ids)}
+                  for d in alloc.devices]}))
+""".replace("%s", POD_RESOURCES_DIR)
+
+
+@dataclass
+class Options:
+    inventory: str | None = None
+    kubeconfig: str | None = None
+    nodes: list[str] = field(default_factory=list)
+    lab: bool = False
+    namespace: str | None = None
+    host_network: bool = False
+    host_access: bool = True
+    shell_image: str = DEFAULT_SHELL_IMAGE
+    agent_image: str | None = None
+    cuda_image: str = DEFAULT_CUDA_IMAGE
+    pod_timeout: float = 90.0
+    max_fill_pods: int = 32
+    report_html: str | None = None
+
+
+@dataclass
+class PodResourcesView:
+    """The kubelet's PodResources answer on one node."""
+
+    pods: dict[tuple[str, str], dict[str, list[str]]]  # (namespace, pod) -> resource -> IDs
+    allocatable: dict[str, list[str]]
+
+    def devices(self, namespace: str, pod: str) -> dict[str, list[str]]:
+        return self.pods.get((namespace, pod), {})
+
+    @staticmethod
+    def parse(doc: dict[str, Any]) -> PodResourcesView:
+        pods: dict[tuple[str, str], dict[str, list[str]]] = {}
+        for p in doc.get("pods", []):
+            per: dict[str, list[str]] = {}
+            for c in p.get("containers", []):
+                for d in c.get("devices", []):
+                    per.setdefault(d["resource"], []).extend(d["ids"])
+            pods[(p["namespace"], p["name"])] = per
+        alloc: dict[str, list[str]] = {}
+        for d in doc.get("allocatable", []):
+            alloc.setdefault(d["resource"], []).extend(d["ids"])
+        return PodResourcesView(pods=pods, allocatable=alloc)
+
+
+def is_lab_kubeconfig(path: str | None) -> bool:
+    """The kubeconfig of a gpukit lab instance (`/var/lib/gpukit-lab[-N]/kubeconfig`)."""
+    return bool(path) and re.fullmatch(r"gpukit-lab(-\d)?", Path(str(path)).parent.name) is not None
+
+
+class Suite:
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.inventory_path: str | None = None
+        self.inventory: inv.GpuInventory | None = None
+        self.cluster: Any = None  # the pytest-kubernetes cluster manager
+        self._kube: Kube | None = None
+        self._namespace: str | None = None
+        self._own_namespace = False
+        self._lock = threading.RLock()
+        self._probes: dict[str, NvmlSeen | str] = {}
+        self._hosts: dict[str, Any] = {}
+        self._helpers: dict[str, str] = {}
+        self._fills: dict[str, fill_mod.NodeFill] = {}
+        self._names: dict[str, int] = {}
+        self._expect_errors: dict[str, str] = {}
+        self._collection_nodes: dict[str, Any] | None = None
+        self.closed = False
+        if options.lab and not options.inventory:
+            from gpukit.lab.config import load_spec
+            from gpukit.lab.inventory import for_instance
+
+            options.inventory = str(for_instance(load_spec()))
+        if options.inventory:
+            self.inventory_path = options.inventory
+            self.inventory = inv.load(options.inventory, hosts=options.nodes or None)
+        kubeconfig = options.kubeconfig or (self.inventory.kubeconfig if self.inventory else None)
+        if options.lab or is_lab_kubeconfig(kubeconfig):
+            # The lab: no pod network (host networking), images are local, nothing is pulled.
+            options.host_network = True
+            if options.shell_image == DEFAULT_SHELL_IMAGE:
+                options.shell_image = LAB_SHELL_IMAGE
+            if options.agent_image is None:
+                options.agent_image = LAB_AGENT_IMAGE
+
+    # ---- what to test
+
+    def targets(self) -> list[str]:
+        if self.inventory is not None:
+            return self.inventory.node_names()
+        nodes = self._nodes_at_collection()
+        names = [n for n, obj in nodes.items() if any(v > 0 for v in allocatable(obj).values())]
+        if self.options.nodes:
+            names = [n for n in self.options.nodes if n in nodes]
+        return sorted(names)
+
+    def _nodes_at_collection(self) -> dict[str, Any]:
+        if self._collection_nodes is None:
+            self._collection_nodes = self.kube.nodes()
+        return self._collection_nodes
+
+    def decl(self, node: str) -> inv.NodeDecl | None:
+        return self.inventory.node(node) if self.inventory is not None else None
+
+    def expected_resources(self, node: str) -> dict[str, int] | None:
+        decl = self.decl(node)
+        if decl is None:
+            return None
+        try:
+            return inv.expected_resources(decl)
+        except inv.InventoryError as exc:
+            self._expect_errors[node] = str(exc)
+            return None
+
+    def expectation_error(self, node: str) -> str:
+        return self._expect_errors.get(node, "")
+
+    def resources(self, node: str) -> dict[str, int]:
+        """Resources to exercise on the node: the declared ones, else what it advertises."""
+        expected = self.expected_resources(node)
+        if expected is not None:
+            return {r: n for r, n in expected.items() if n > 0}
+        if self.inventory is not None:
+            return {}
+        obj = self._nodes_at_collection().get(node)
+        return {r: n for r, n in allocatable(obj).items() if n > 0}
+
+    def shared_resources(self, node: str) -> dict[str, tuple[int, ...]]:
+        decl = self.decl(node)
+        if decl is None:
+            return {}
+        try:
+            return inv.shared_resources(decl)
+        except inv.InventoryError:
+            return {}
+
+    # ---- cluster
+
+    @property
+    def kube(self) -> Kube:
+        with self._lock:
+            if self._kube is None:
+                self._kube = Kube(load_api_client(self._kubeconfig()))
+            return self._kube
+
+    def _kubeconfig(self) -> str | None:
+        if self.options.kubeconfig:
+            path = self.options.kubeconfig
+        elif self.options.lab:
+            from gpukit.lab.pytest_provider import LabManager
+
+            self.cluster = LabManager()
+            self.cluster.create()
+            return str(self.cluster.kubeconfig)
+        elif self.inventory is not None and self.inventory.kubeconfig:
+            path = self.inventory.kubeconfig
+        else:
+            return None  # $KUBECONFIG, ~/.kube/config, or in-cluster
+        from pytest_kubernetes.providers import select_provider_manager
+
+        manager_class = select_provider_manager("external", {"kubeconfig": path})
+        self.cluster = manager_class("gpukit-conformance", None, Path(path))
+        self.cluster._created = False  # never delete what we did not create
+        return path
+
+    @property
+    def namespace(self) -> str:
+        with self._lock:
+            if self._namespace is None:
+                kube = self.kube
+                if self.options.namespace:
+                    self._namespace = self.options.namespace
+                else:
+                    gone = kube.delete_expired_namespaces()
+                    if gone:
+                        log.warning("deleted expired namespaces of killed runs: %s", gone)
+                    name = f"gpukit-conformance-{kube.run_id}"
+                    kube.create_namespace(name, NAMESPACE_TTL)
+                    self._own_namespace = True
+                    self._namespace = name
+                    atexit.register(self._atexit)
+                kube.ensure_workload_account(self._namespace)
+            return self._namespace
+
+    def pod_name(self, role: str, node: str, resource: str = "", extra: str = "") -> str:
+        with self._lock:
+            base = dns_name(*fill_mod.pod_name_parts(role, node, resource), extra, limit=56)
+            n = self._names.get(base, 0)
+            self._names[base] = n + 1
+            return base if n == 0 else dns_name(base, str(n))
+
+    # ---- nodes as hosts
+
+    def host(self, node: str) -> Any:
+        decl = self.decl(node)
+        if not self.options.host_access:
+            raise LookupError("host access is off (--no-host)")
+        if decl is None or self.inventory_path is None:
+            raise LookupError("host checks need --inventory (the nodes are reached through it)")
+        with self._lock:
+            if node not in self._hosts:
+                self._hosts[node] = connect(self.inventory_path, decl.host)
+            return self._hosts[node]
+
+    def probe(self, node: str) -> NvmlSeen | None:
+        """NVML on the node (cached); None when the node cannot be probed (see probe_error)."""
+        with self._lock:
+            if node not in self._probes:
+                try:
+                    self._probes[node] = run_probe(self.host(node))
+                except Exception as exc:  # SSH, inventory, python3 missing: a reason, not a crash
+                    self._probes[node] = f"{type(exc).__name__}: {exc}"
+            got = self._probes[node]
+            return got if isinstance(got, NvmlSeen) else None
+
+    def probe_error(self, node: str) -> str:
+        got = self._probes.get(node)
+        return got if isinstance(got, str) else ""
+
+    # ---- the kubelet's PodResources API, read on the node
+
+    def helper(self, node: str) -> str:
+        """A pod on the node that can read the PodResources socket (gpukit's agent image)."""
+        with self._lock:
+            if node in self._helpers:
+                return self._helpers[node]
+            if not self.options.agent_image:
+                raise LookupError("reading the kubelet's PodResources API needs --agent-image "
+                                  "(gpukit's node-agent image: python3, grpcio, gpukit)")
+            name = self.pod_name("podresources", node)
+            self.kube.create_pod(self.namespace, pod_manifest(
+                name, run_id=self.kube.run_id, role="helper", node=node,
+                image=self.options.agent_image,
+                # PID 1 ignores SIGTERM unless it handles it: exit at once when deleted.
+                command=["python3", "-c", "import signal, sys, time; signal.signal("
+                         "signal.SIGTERM, lambda *a: sys.exit(0)); time.sleep(10**7)"],
+                host_network=self.options.host_network,
+                host_paths=[("pod-resources", POD_RESOURCES_DIR, "Directory")],
+            ))
+            state = self.kube.wait_pods(self.namespace, [name], self.options.pod_timeout)[name]
+            if state.state != "Running":
+                raise RuntimeError(f"PodResources reader pod {name} is {state} "
+                                   "(expected Running)")
+            self._helpers[node] = name
+            return name
+
+    def podresources(self, node: str) -> tuple[PodResourcesView | None, str]:
+        try:
+            pod = self.helper(node)
+        except (LookupError, RuntimeError) as exc:
+            return None, str(exc)
+        res = self.kube.exec(self.namespace, pod, ["python3", "-c", PODRESOURCES_SCRIPT])
+        if res.rc != 0:
+            return None, f"PodResources API on {node}: rc {res.rc}: {res.stderr.strip()}"
+        try:
+            return PodResourcesView.parse(json.loads(res.stdout.strip().splitlines()[-1])), ""
+        except (ValueError, IndexError, KeyError) as exc:
+            return None, f"PodResources API on {node}: unreadable answer {res.stdout!r}: {exc}"
+
+    # ---- filled nodes
+
+    def fill(self, node: str) -> fill_mod.NodeFill:
+        with self._lock:
+            if node not in self._fills:
+                self._fills[node] = fill_mod.run(self, node)
+            return self._fills[node]
+
+    def release(self, node: str) -> None:
+        """Give the node's devices back (delete its fill pods) before tests that need them."""
+        with self._lock:
+            done = self._fills.pop(node, None)
+            if done is not None and done.pods:
+                left = self.kube.delete_pods(self.namespace, done.pods, self.options.pod_timeout)
+                if left:
+                    raise RuntimeError(f"node {node}: pods {left} were not deleted within "
+                                       f"{self.options.pod_timeout:.0f}s")
+
+    # ---- the end
+
+    def close(self) -> None:
+        """Delete every pod of the run (waiting until they are gone, so their devices are
+        free), then the run's namespace (the API finishes that on its own, in seconds)."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            if self._namespace is not None and self._kube is not None:
+                left = self._kube.delete_run_pods(self._namespace, self.options.pod_timeout)
+                if left:
+                    log.warning("pods %s still terminating", left)
+                if self._own_namespace:
+                    self._kube.delete_namespace(self._namespace, timeout=0)
+        finally:
+            if self.cluster is not None:
+                self.cluster.delete()  # a no-op unless the provider created the cluster
+
+    def _atexit(self) -> None:
+        if not self.closed and self._namespace and self._kube and self._own_namespace:
+            try:
+                self._kube.core.delete_namespace(self._namespace,
+                                                 propagation_policy="Background")
+            except Exception:
+                pass

@@ -1,0 +1,83 @@
+"""Labels: GFD labels match the declaration; declared labels and taints are on the node; the
+labels agree with the advertised resources."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpukit import inventory as inv
+from gpukit.conformance.checks import Check
+from gpukit.conformance.common import need_decl
+from gpukit.conformance.kube import capacity
+
+pytestmark = pytest.mark.labels
+
+
+def _labels(suite: Any, node: str) -> dict[str, str]:
+    obj = suite.kube.node(node)
+    return dict(obj.metadata.labels or {}) if obj is not None else {}
+
+
+def test_gfd_labels(gpukit_suite: Any, node: str, check: Check) -> None:
+    """product, count, memory, replicas, sharing-strategy, mig.strategy, mig.capable, driver
+    major and the per-MIG-profile labels."""
+    decl = need_decl(gpukit_suite, node)
+    try:
+        expected = inv.expected_labels(decl)
+    except inv.InventoryError as exc:
+        pytest.fail(f"node {node}: the inventory's declaration is inconsistent: {exc}",
+                    pytrace=False)
+    check.subset("label", expected, _labels(gpukit_suite, node))
+    check.verify()
+
+
+def test_declared_node_labels(gpukit_suite: Any, node: str, check: Check) -> None:
+    """gpukit_node_labels, and the config selectors (device-plugin.config, mig.config)."""
+    decl = need_decl(gpukit_suite, node)
+    expected = {**decl.labels, **decl.selection_labels()}
+    if not expected:
+        check.skip("declares no node labels")
+    check.subset("label", expected, _labels(gpukit_suite, node))
+    check.verify()
+
+
+def test_declared_taints(gpukit_suite: Any, node: str, check: Check) -> None:
+    decl = need_decl(gpukit_suite, node)
+    if not decl.taints:
+        check.skip("declares no taints (gpukit_node_taints)")
+    obj = gpukit_suite.kube.node(node)
+    have = {(t.key, t.value or "", t.effect) for t in (obj.spec.taints or [])} if obj else set()
+    for t in decl.taints:
+        want = f"{t.key}={t.value}:{t.effect}"
+        check.equal("taint", want, want if (t.key, t.value, t.effect) in have else
+                    "absent (" + ", ".join(sorted(f"{k}={v}:{e}" for k, v, e in have)) + ")")
+    check.verify()
+
+
+def test_labels_agree_with_resources(gpukit_suite: Any, node: str, check: Check) -> None:
+    """Needs no inventory: each `<resource>.count` x `.replicas` label matches capacity."""
+    labels = _labels(gpukit_suite, node)
+    cap = capacity(gpukit_suite.kube.node(node))
+    migs = sorted(k.removesuffix(".count") for k in labels
+                  if k.startswith("nvidia.com/mig-") and k.endswith(".count"))
+    resources = migs + (["nvidia.com/gpu"] if not migs and "nvidia.com/gpu.count" in labels
+                        else [])
+    if not resources:
+        check.skip("carries no GFD count labels")
+    for resource in resources:
+        try:
+            count = int(labels[f"{resource}.count"])
+            replicas = int(labels.get(f"{resource}.replicas", "1"))
+        except ValueError as exc:
+            check.record("count/replicas labels", "integers", str(exc), False, resource)
+            continue
+        advertised = cap.get(resource, 0) + cap.get(f"{resource}.shared", 0)
+        if replicas <= 1:
+            check.equal("capacity vs .count label", count, advertised, resource)
+        else:  # per-GPU replica counts make .replicas the largest one: an upper bound
+            check.true("capacity within .count x .replicas labels",
+                       count <= advertised <= count * replicas,
+                       f"{count}..{count * replicas}", advertised, resource)
+    check.verify()

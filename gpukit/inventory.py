@@ -1,0 +1,895 @@
+"""The inventory model: what an Ansible inventory declares about each GPU node.
+
+One module reads the inventory (`inventories/README.md` is the variable schema) for the roles,
+the node agent and the conformance suite. Ansible's own InventoryManager and VariableManager load
+it, so group_vars/host_vars precedence and templating are exactly Ansible's; this module turns
+the merged variables into typed, validated declarations and says what a node must then serve:
+
+    from gpukit import inventory
+
+    inv = inventory.load("inventories/lab")
+    node = inv.node("gpu-t4")
+    inventory.expected_resources(node)   # {"nvidia.com/gpu": 8}
+    inventory.expected_labels(node)      # {"nvidia.com/gpu.product": "Tesla-T4-SHARED", ...}
+
+The expectations are computed here from the declaration alone (the device plugin config is parsed
+with `gpukit.plugin.config.parse_config`, the MIG geometry comes from `gpukit.mig_profiles`); they
+deliberately do not call the plugin's resource or label builders, because the conformance suite
+checks what those produce.
+
+Every error names the host, the variable (with the path inside it) and the value:
+`inventories/lab: host gpu-t4: gpukit_gpu.count: 'two' is not an integer >= 0`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpukit import mig_profiles
+from gpukit.plugin.config import Config, ConfigError, parse_config
+
+GPU_GROUP = "gpu_nodes"
+GPU_RESOURCE = "nvidia.com/gpu"
+RUNTIMES = ("containerd", "crio")
+KERNEL_MODULES = ("open", "proprietary")
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+DEVICE_PLUGIN_CONFIG_LABEL = "nvidia.com/device-plugin.config"
+MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+
+_BRANCH = re.compile(r"^\d{3,4}$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?)$")
+_INVALID_LABEL_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
+_UUID_REF = re.compile(r"^(GPU|MIG)-")
+
+
+# --------------------------------------------------------------------------------------------
+# Errors
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One invalid declaration: where, which variable (dotted path inside it), which value."""
+
+    host: str | None
+    variable: str
+    value: object
+    message: str
+
+    def __str__(self) -> str:
+        where = f"host {self.host}: " if self.host else ""
+        shown = _short(self.value)
+        return f"{where}{self.variable}: {shown} {self.message}" if shown else (
+            f"{where}{self.variable}: {self.message}"
+        )
+
+
+def _short(value: object) -> str:
+    if value is _MISSING:
+        return ""
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+_MISSING: Any = _Missing()
+
+
+class InventoryError(ValueError):
+    """The inventory cannot be read or declares something invalid; lists every problem."""
+
+    def __init__(self, problems: Sequence[Problem], source: str = "") -> None:
+        self.problems = list(problems)
+        self.source = source
+        where = f"{source}: " if source else ""
+        if len(self.problems) == 1:
+            text = f"{where}{self.problems[0]}"
+        else:
+            text = f"{where}{len(self.problems)} problems:\n  " + "\n  ".join(
+                str(p) for p in self.problems
+            )
+        super().__init__(text)
+
+
+# --------------------------------------------------------------------------------------------
+# Declarations
+
+
+@dataclass(frozen=True)
+class GpuDecl:
+    """`gpukit_gpu`: the GPUs a node has."""
+
+    product: str
+    count: int
+    memory_mib: int | None = None
+
+    @property
+    def mig_table(self) -> mig_profiles.MigGpu | None:
+        return mig_profiles.for_product(self.product)
+
+
+@dataclass(frozen=True)
+class Taint:
+    key: str
+    value: str
+    effect: str
+
+
+@dataclass(frozen=True)
+class MigGroup:
+    """One entry of a mig-parted layout, with `devices` resolved to GPU indices."""
+
+    devices: tuple[int, ...]
+    mig_enabled: bool
+    mig_devices: Mapping[str, int] = field(default_factory=dict)  # canonical profile -> count
+    device_filter: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class MigLayout:
+    name: str
+    groups: tuple[MigGroup, ...]
+
+
+@dataclass(frozen=True)
+class GpuMig:
+    """What the declared layout means for one GPU."""
+
+    index: int
+    mig_enabled: bool
+    profiles: tuple[str, ...] = ()  # one entry per GPU instance, sorted
+
+
+@dataclass(frozen=True)
+class NodeDecl:
+    """Everything the inventory declares about one GPU node."""
+
+    host: str
+    node_name: str
+    gpu: GpuDecl
+    address: str | None = None
+    driver_branch: str | None = None
+    kernel_modules: str | None = None
+    container_runtime: str = "containerd"
+    plugin_config_name: str | None = None
+    plugin_config: Config = field(default_factory=Config)
+    plugin_configs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # as declared
+    mig_config_name: str | None = None
+    mig_layout: MigLayout | None = None
+    mig_gpus: tuple[GpuMig, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    kubeconfig: str | None = None
+
+    @property
+    def mig_strategy(self) -> str:
+        return self.plugin_config.flags.mig_strategy
+
+    @property
+    def mig_declared(self) -> bool:
+        """The inventory manages MIG on this node (`gpukit_mig_config` is not null)."""
+        return self.mig_layout is not None
+
+    def selection_labels(self) -> dict[str, str]:
+        """Node labels the inventory implies besides `gpukit_node_labels` (the config
+        selectors the node agent and the MIG manager read)."""
+        out: dict[str, str] = {}
+        if self.plugin_config_name:
+            out[DEVICE_PLUGIN_CONFIG_LABEL] = self.plugin_config_name
+        if self.mig_config_name:
+            out[MIG_CONFIG_LABEL] = self.mig_config_name
+        return out
+
+
+@dataclass(frozen=True)
+class GpuInventory:
+    """The GPU nodes of one inventory, in inventory order."""
+
+    source: str
+    nodes: tuple[NodeDecl, ...]
+
+    def node(self, name: str) -> NodeDecl:
+        """By Kubernetes node name or inventory host name."""
+        for n in self.nodes:
+            if name in (n.node_name, n.host):
+                return n
+        known = ", ".join(n.node_name for n in self.nodes) or "none"
+        raise KeyError(f"{self.source}: no GPU node {name!r} (nodes: {known})")
+
+    def node_names(self) -> list[str]:
+        return [n.node_name for n in self.nodes]
+
+    @property
+    def kubeconfig(self) -> str | None:
+        found = {n.kubeconfig for n in self.nodes if n.kubeconfig}
+        return found.pop() if len(found) == 1 else None
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+
+
+def load(path: str | Path, hosts: Sequence[str] | None = None) -> GpuInventory:
+    """Load an inventory (a directory, a hosts file, or anything Ansible accepts) and return the
+    declarations of the hosts in `gpu_nodes` (or only `hosts`, by host or node name)."""
+    from ansible.errors import AnsibleError  # type: ignore[import-untyped]
+    from ansible.inventory.manager import InventoryManager  # type: ignore[import-untyped]
+    from ansible.parsing.dataloader import DataLoader  # type: ignore[import-untyped]
+    from ansible.template import Templar  # type: ignore[import-untyped]
+    from ansible.vars.manager import VariableManager  # type: ignore[import-untyped]
+
+    source = str(path)
+    if not Path(path).exists():
+        raise InventoryError([Problem(None, "inventory", source, "does not exist")], source)
+    loader = DataLoader()
+    try:
+        inv = InventoryManager(loader=loader, sources=[source])
+        variables = VariableManager(loader=loader, inventory=inv)
+    except AnsibleError as exc:
+        raise InventoryError([Problem(None, "inventory", source, f"cannot be read: {exc}")],
+                             source) from exc
+    if GPU_GROUP not in inv.groups:
+        raise InventoryError(
+            [Problem(None, "groups", sorted(inv.groups), f"has no {GPU_GROUP!r} group "
+                     "(every GPU node must be in it, see inventories/README.md)")], source)
+    members = inv.get_hosts(GPU_GROUP)
+    problems: list[Problem] = []
+    nodes: list[NodeDecl] = []
+    for host in members:
+        hv = variables.get_vars(host=host)
+        templar = Templar(loader=loader, variables=hv)
+
+        def value(name: str, default: Any = _MISSING, _hv: Any = hv, _t: Any = templar,
+                  _host: str = host.name) -> Any:
+            if name not in _hv:
+                return default
+            try:
+                return plain(_t.template(_hv[name]))
+            except AnsibleError as exc:
+                problems.append(Problem(_host, name, plain(_hv[name]),
+                                        f"cannot be templated: {exc}"))
+                return default
+
+        raw = {name: value(name) for name in _VARIABLES}
+        raw["inventory_hostname"] = host.name
+        raw["ansible_host"] = value("ansible_host", None)
+        try:
+            nodes.append(node_from_vars(host.name, raw))
+        except InventoryError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise InventoryError(problems, source)
+    seen: dict[str, str] = {}
+    for n in nodes:
+        if n.node_name in seen:
+            problems.append(Problem(n.host, "gpukit_node_name", n.node_name,
+                                    f"is also the node name of host {seen[n.node_name]}"))
+        seen[n.node_name] = n.host
+    if problems:
+        raise InventoryError(problems, source)
+    if hosts:
+        wanted = set(hosts)
+        unknown = wanted - {n.node_name for n in nodes} - {n.host for n in nodes}
+        if unknown:
+            raise InventoryError([Problem(None, "nodes", sorted(unknown), "are not GPU nodes "
+                                          f"of this inventory (known: {sorted(seen)})")], source)
+        nodes = [n for n in nodes if n.node_name in wanted or n.host in wanted]
+    return GpuInventory(source=source, nodes=tuple(nodes))
+
+
+_VARIABLES = (
+    "gpukit_kubeconfig", "gpukit_node_name", "gpukit_gpu", "nvidia_driver_branch",
+    "nvidia_driver_kernel_modules", "gpukit_container_runtime", "gpukit_device_plugin_configs",
+    "gpukit_device_plugin_config", "gpukit_mig_configs", "gpukit_mig_config",
+    "gpukit_node_labels", "gpukit_node_taints",
+)
+
+
+def plain(value: Any) -> Any:
+    """Ansible's tagged values (2.19 data tagging) as plain Python types."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {plain(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value
+
+
+class _Vars:
+    """Typed reads of one host's variables, collecting problems."""
+
+    def __init__(self, host: str, raw: Mapping[str, Any]) -> None:
+        self.host = host
+        self.raw = raw
+        self.problems: list[Problem] = []
+
+    def fail(self, variable: str, value: object, message: str) -> None:
+        self.problems.append(Problem(self.host, variable, value, message))
+
+    def get(self, name: str) -> Any:
+        return self.raw.get(name, _MISSING)
+
+    def string(self, name: str, value: Any, default: str | None = None,
+               choices: Sequence[str] | None = None) -> str | None:
+        if value is _MISSING or value is None:
+            return default
+        if not isinstance(value, str) or not value:
+            self.fail(name, value, "is not a non-empty string")
+            return default
+        if choices is not None and value not in choices:
+            self.fail(name, value, f"is not one of {', '.join(choices)}")
+            return default
+        return value
+
+    def integer(self, name: str, value: Any, minimum: int) -> int | None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(name, value, f"is not an integer >= {minimum}")
+            return None
+        if value < minimum:
+            self.fail(name, value, f"is not an integer >= {minimum}")
+            return None
+        return value
+
+    def mapping(self, name: str, value: Any) -> Mapping[str, Any] | None:
+        if value is _MISSING or value is None:
+            return None
+        if not isinstance(value, Mapping):
+            self.fail(name, value, f"is not a mapping (got {type(value).__name__})")
+            return None
+        return value
+
+
+def node_from_vars(host: str, raw: Mapping[str, Any]) -> NodeDecl:
+    """Validate one host's merged variables (plain Python values) into a NodeDecl.
+
+    `raw` maps variable names to values; absent variables may be missing. Raises InventoryError
+    listing every problem of this host."""
+    v = _Vars(host, raw)
+    node_name = v.string("gpukit_node_name", v.get("gpukit_node_name"), default=host) or host
+    if not _DNS_SUBDOMAIN.match(node_name):
+        v.fail("gpukit_node_name", node_name, "is not a valid Kubernetes node name")
+    gpu = _gpu(v)
+    branch_raw = v.get("nvidia_driver_branch")
+    branch: str | None = None
+    if branch_raw is not _MISSING and branch_raw is not None:
+        if isinstance(branch_raw, int) and not isinstance(branch_raw, bool):
+            branch_raw = str(branch_raw)
+        if not isinstance(branch_raw, str) or not _BRANCH.match(branch_raw):
+            v.fail("nvidia_driver_branch", branch_raw, 'is not a driver branch such as "550"')
+        else:
+            branch = branch_raw
+    modules = v.string("nvidia_driver_kernel_modules", v.get("nvidia_driver_kernel_modules"),
+                       choices=KERNEL_MODULES)
+    runtime = v.string("gpukit_container_runtime", v.get("gpukit_container_runtime"),
+                       default="containerd", choices=RUNTIMES) or "containerd"
+    config_name, config, configs = _plugin_config(v)
+    mig_name, layout = _mig_layout(v, gpu)
+    mig_gpus = _mig_gpus(v, gpu, layout)
+    labels = _labels(v)
+    taints = _taints(v)
+    kubeconfig = v.string("gpukit_kubeconfig", v.get("gpukit_kubeconfig"))
+    address = v.get("ansible_host")
+    if v.problems:
+        raise InventoryError(v.problems)
+    assert gpu is not None
+    return NodeDecl(
+        host=host, node_name=node_name, gpu=gpu,
+        address=str(address) if address not in (None, _MISSING) else None,
+        driver_branch=branch, kernel_modules=modules, container_runtime=runtime,
+        plugin_config_name=config_name, plugin_config=config, plugin_configs=configs,
+        mig_config_name=mig_name,
+        mig_layout=layout, mig_gpus=mig_gpus, labels=labels, taints=taints,
+        kubeconfig=kubeconfig,
+    )
+
+
+def _gpu(v: _Vars) -> GpuDecl | None:
+    raw = v.get("gpukit_gpu")
+    if raw is _MISSING or raw is None:
+        v.fail("gpukit_gpu", _MISSING, "is not set: declare the node's GPUs as "
+               "{product: ..., count: ..., memory_mib: ...}")
+        return None
+    doc = v.mapping("gpukit_gpu", raw)
+    if doc is None:
+        return None
+    for key in doc:
+        if key not in ("product", "count", "memory_mib"):
+            v.fail(f"gpukit_gpu.{key}", doc[key], "is not a known field "
+                   "(product, count, memory_mib)")
+    product = doc.get("product")
+    if not isinstance(product, str) or not product.strip():
+        v.fail("gpukit_gpu.product", product if "product" in doc else _MISSING,
+               "is not a product name such as 'NVIDIA A100-SXM4-40GB'")
+        product = None
+    count = v.integer("gpukit_gpu.count", doc.get("count", _MISSING), 0)
+    memory = doc.get("memory_mib")
+    if memory is not None:
+        memory = v.integer("gpukit_gpu.memory_mib", memory, 1)
+    if product is None or count is None:
+        return None
+    return GpuDecl(product=product.strip(), count=count, memory_mib=memory)
+
+
+def _plugin_config(v: _Vars) -> tuple[str | None, Config, dict[str, Mapping[str, Any]]]:
+    """The selected config, parsed; every named config is validated (all are deployed)."""
+    configs_raw = v.get("gpukit_device_plugin_configs")
+    configs = v.mapping("gpukit_device_plugin_configs", configs_raw) or {}
+    parsed: dict[str, Config] = {}
+    declared: dict[str, Mapping[str, Any]] = {}
+    for cname, doc in configs.items():
+        var = f"gpukit_device_plugin_configs.{cname}"
+        if not isinstance(doc, Mapping):
+            v.fail(var, doc, "is not a device plugin config (a mapping with version: v1)")
+            continue
+        declared[str(cname)] = doc
+        try:
+            parsed[str(cname)] = parse_config(doc)
+        except ConfigError as exc:
+            for problem in exc.problems:
+                path, _, message = problem.partition(": ")
+                # The config parser's messages already quote the offending value.
+                v.fail(f"{var}.{path}", _MISSING, message)
+    name = v.string("gpukit_device_plugin_config", v.get("gpukit_device_plugin_config"))
+    if name is None:
+        if len(configs) != 1:
+            return None, Config(), declared
+        name = str(next(iter(configs)))
+    if name not in configs:
+        known = ", ".join(sorted(configs)) or "none declared in gpukit_device_plugin_configs"
+        v.fail("gpukit_device_plugin_config", name, f"is not a named config (known: {known})")
+        return name, Config(), declared
+    return name, parsed.get(name, Config()), declared
+
+
+def canonical_profile(table: mig_profiles.MigGpu, name: str) -> str:
+    """`1g.5gb.me` -> `1g.5gb+me`; raises KeyError naming the known profiles."""
+    return table.gpu_instance_profile(name).name
+
+
+def _mig_layout(v: _Vars, gpu: GpuDecl | None) -> tuple[str | None, MigLayout | None]:
+    configs = v.mapping("gpukit_mig_configs", v.get("gpukit_mig_configs")) or {}
+    name = v.string("gpukit_mig_config", v.get("gpukit_mig_config"))
+    if name is None:
+        return None, None
+    if name not in configs:
+        known = ", ".join(sorted(configs)) or "none declared in gpukit_mig_configs"
+        v.fail("gpukit_mig_config", name, f"is not a named MIG layout (known: {known})")
+        return name, None
+    var = f"gpukit_mig_configs.{name}"
+    entries = configs[name]
+    if not isinstance(entries, list) or not entries:
+        v.fail(var, entries, "is not a non-empty list of {devices, mig-enabled, mig-devices}")
+        return name, None
+    table = gpu.mig_table if gpu else None
+    groups: list[MigGroup] = []
+    covered: dict[int, int] = {}
+    for i, entry in enumerate(entries):
+        where = f"{var}[{i}]"
+        group = _mig_group(v, where, entry, gpu, table)
+        if group is None:
+            continue
+        for d in group.devices:
+            if d in covered:
+                v.fail(f"{where}.devices", d, f"is already laid out by {var}[{covered[d]}]")
+            covered[d] = i
+        groups.append(group)
+    return name, MigLayout(name=name, groups=tuple(groups))
+
+
+def _mig_group(v: _Vars, where: str, entry: Any, gpu: GpuDecl | None,
+               table: mig_profiles.MigGpu | None) -> MigGroup | None:
+    if not isinstance(entry, Mapping):
+        v.fail(where, entry, "is not a mapping {devices, mig-enabled, mig-devices}")
+        return None
+    known = ("devices", "mig-enabled", "mig-devices", "device-filter")
+    for key in entry:
+        if key not in known:
+            v.fail(f"{where}.{key}", entry[key], f"is not a known field ({', '.join(known)})")
+    count = gpu.count if gpu else 0
+    raw_devices = entry.get("devices", _MISSING)
+    devices: tuple[int, ...] = ()
+    if raw_devices == "all":
+        devices = tuple(range(count))
+    elif isinstance(raw_devices, list) and raw_devices:
+        for d in raw_devices:
+            if isinstance(d, bool) or not isinstance(d, int) or d < 0:
+                v.fail(f"{where}.devices", d, "is not a GPU index")
+            elif gpu and d >= count:
+                v.fail(f"{where}.devices", d, f"is not a GPU of this node (gpukit_gpu.count is "
+                       f"{count}: indices 0-{count - 1})")
+            elif d in devices:
+                v.fail(f"{where}.devices", d, "is listed twice")
+            else:
+                devices += (d,)
+    else:
+        v.fail(f"{where}.devices", raw_devices, "is not 'all' or a non-empty list of GPU indices")
+    enabled = entry.get("mig-enabled", _MISSING)
+    if not isinstance(enabled, bool):
+        v.fail(f"{where}.mig-enabled", enabled, "is not true or false")
+        enabled = False
+    filt = entry.get("device-filter")
+    filters: tuple[str, ...] = ()
+    if isinstance(filt, str):
+        filters = (filt,)
+    elif isinstance(filt, list) and all(isinstance(f, str) for f in filt):
+        filters = tuple(filt)
+    elif filt is not None:
+        v.fail(f"{where}.device-filter", filt, "is not a PCI device id or a list of them")
+    raw_migs = entry.get("mig-devices")
+    mig_devices: dict[str, int] = {}
+    if raw_migs not in (None, {}):
+        if not enabled:
+            v.fail(f"{where}.mig-devices", raw_migs, "is set while mig-enabled is false")
+        elif not isinstance(raw_migs, Mapping):
+            v.fail(f"{where}.mig-devices", raw_migs, "is not a mapping {profile: count}")
+        elif table is None:
+            product = gpu.product if gpu else "this GPU"
+            v.fail(f"{where}.mig-devices", dict(raw_migs), f"asks for MIG devices, but {product} "
+                   "is not MIG capable (no MIG table in gpukit/data/mig_profiles.yaml)")
+        else:
+            for profile, n in raw_migs.items():
+                try:
+                    canon = canonical_profile(table, str(profile))
+                except KeyError:
+                    names = ", ".join(p.name for p in table.gpu_instance_profiles)
+                    v.fail(f"{where}.mig-devices", profile,
+                           f"is not a MIG profile of {table.key} (known: {names})")
+                    continue
+                checked = v.integer(f"{where}.mig-devices.{profile}", n, 0)
+                if checked:
+                    mig_devices[canon] = mig_devices.get(canon, 0) + checked
+            if mig_devices and place_gpu_instances(table, _expand(mig_devices)) is None:
+                v.fail(f"{where}.mig-devices", dict(raw_migs), f"does not fit on one {table.key} "
+                       "(no valid placement of these GPU instances: check slice counts and "
+                       "placements in gpukit/data/mig_profiles.yaml)")
+    if enabled and table is None and gpu is not None and raw_migs in (None, {}):
+        v.fail(f"{where}.mig-enabled", True, f"but {gpu.product} is not MIG capable")
+    return MigGroup(devices=devices, mig_enabled=bool(enabled), mig_devices=mig_devices,
+                    device_filter=filters)
+
+
+def _expand(counts: Mapping[str, int]) -> list[str]:
+    return sorted(p for p, n in counts.items() for _ in range(n))
+
+
+def place_gpu_instances(
+    table: mig_profiles.MigGpu, profiles: Sequence[str]
+) -> list[tuple[mig_profiles.GpuInstanceProfile, mig_profiles.Placement]] | None:
+    """A valid placement of these GPU instances on one GPU (largest first), or None.
+
+    Backtracking over the table's placements; `MigGpu.fits` is the judge (overlaps, counts,
+    compute slices, engines)."""
+    wanted = sorted((table.gpu_instance_profile(p) for p in profiles),
+                    key=lambda p: (-p.memory_slices, -p.compute_slices, p.name))
+    placed: list[tuple[mig_profiles.GpuInstanceProfile, mig_profiles.Placement]] = []
+
+    def search(i: int) -> bool:
+        if i == len(wanted):
+            return True
+        p = wanted[i]
+        for pl in p.placements:
+            candidate = [*placed, (p, pl)]
+            if table.fits(candidate):
+                placed.append((p, pl))
+                if search(i + 1):
+                    return True
+                placed.pop()
+        return False
+
+    return placed if search(0) else None
+
+
+def _mig_gpus(v: _Vars, gpu: GpuDecl | None, layout: MigLayout | None) -> tuple[GpuMig, ...]:
+    if gpu is None:
+        return ()
+    per: dict[int, GpuMig] = {i: GpuMig(index=i, mig_enabled=False) for i in range(gpu.count)}
+    for group in layout.groups if layout else ():
+        for d in group.devices:
+            per[d] = GpuMig(index=d, mig_enabled=group.mig_enabled,
+                            profiles=tuple(_expand(group.mig_devices)))
+    return tuple(per[i] for i in sorted(per))
+
+
+def _labels(v: _Vars) -> dict[str, str]:
+    raw = v.mapping("gpukit_node_labels", v.get("gpukit_node_labels")) or {}
+    out: dict[str, str] = {}
+    for key, value in raw.items():
+        var = f"gpukit_node_labels.{key}"
+        if not isinstance(key, str) or not _label_key_ok(key):
+            v.fail("gpukit_node_labels", key, "is not a valid label key ([prefix/]name)")
+            continue
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, int | float | str):
+            text = str(value)
+        elif value is None:
+            text = ""
+        else:
+            v.fail(var, value, "is not a label value (a string)")
+            continue
+        if not _LABEL_VALUE.match(text):
+            v.fail(var, value, "is not a valid label value (<= 63 of [A-Za-z0-9_.-], "
+                   "alphanumeric at both ends)")
+            continue
+        out[key] = text
+    return out
+
+
+def _label_key_ok(key: str) -> bool:
+    prefix, sep, name = key.rpartition("/")
+    if sep and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+        return False
+    return bool(_LABEL_NAME.match(name))
+
+
+def _taints(v: _Vars) -> tuple[Taint, ...]:
+    raw = v.get("gpukit_node_taints")
+    if raw is _MISSING or raw is None:
+        return ()
+    if not isinstance(raw, list):
+        v.fail("gpukit_node_taints", raw, "is not a list of {key, value, effect}")
+        return ()
+    out: list[Taint] = []
+    for i, item in enumerate(raw):
+        where = f"gpukit_node_taints[{i}]"
+        if not isinstance(item, Mapping):
+            v.fail(where, item, "is not a mapping {key, value, effect}")
+            continue
+        key = item.get("key")
+        if not isinstance(key, str) or not _label_key_ok(key):
+            v.fail(f"{where}.key", key if "key" in item else _MISSING, "is not a taint key")
+            continue
+        value = item.get("value", "")
+        value = "" if value is None else str(value)
+        effect = item.get("effect")
+        if effect not in TAINT_EFFECTS:
+            v.fail(f"{where}.effect", effect if "effect" in item else _MISSING,
+                   f"is not one of {', '.join(TAINT_EFFECTS)}")
+            continue
+        out.append(Taint(key=key, value=value, effect=str(effect)))
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------------------------
+# Expectations
+
+
+@dataclass(frozen=True)
+class ExpectedUnit:
+    """One physical device (a whole GPU or a MIG device) as the node must advertise it."""
+
+    resource: str  # the advertised resource name (after time-slicing rename)
+    base_resource: str  # before time-slicing
+    gpu_index: int | None  # None: selected by UUID, not knowable from the inventory
+    mig_profile: str | None = None
+    replicas: int = 1  # > 1: time-sliced into this many device IDs
+
+
+def mig_resource(profile: str) -> str:
+    """`1g.5gb+me` -> `nvidia.com/mig-1g.5gb.me` (resource names cannot hold `+`)."""
+    return f"nvidia.com/mig-{profile.replace('+', '.')}"
+
+
+def _qualify(name: str) -> str:
+    return name if "/" in name else f"nvidia.com/{name}"
+
+
+def _declaration_error(decl: NodeDecl, variable: str, value: object, message: str
+                       ) -> InventoryError:
+    return InventoryError([Problem(decl.host, variable, value, message)])
+
+
+def _base_units(decl: NodeDecl) -> list[ExpectedUnit]:
+    strategy = decl.mig_strategy
+    gpus = decl.mig_gpus or tuple(GpuMig(i, False) for i in range(decl.gpu.count))
+    whole = [ExpectedUnit(GPU_RESOURCE, GPU_RESOURCE, g.index) for g in gpus]
+    if strategy == "none" or not any(g.mig_enabled for g in gpus):
+        return whole
+    if strategy == "single":
+        disabled = [g.index for g in gpus if not g.mig_enabled]
+        empty = [g.index for g in gpus if g.mig_enabled and not g.profiles]
+        kinds = sorted({p for g in gpus for p in g.profiles})
+        problem = ""
+        if disabled:
+            problem = f"leaves MIG disabled on GPU(s) {disabled}"
+        elif empty:
+            problem = f"enables MIG without MIG devices on GPU(s) {empty}"
+        elif len(kinds) != 1:
+            problem = f"mixes MIG profiles {kinds}"
+        if problem:
+            raise _declaration_error(
+                decl, "gpukit_mig_config", decl.mig_config_name,
+                f"{problem}, but device plugin config {decl.plugin_config_name!r} uses "
+                "migStrategy single (every GPU in MIG mode with one profile; use mixed)")
+        return [ExpectedUnit(GPU_RESOURCE, GPU_RESOURCE, g.index, p)
+                for g in gpus for p in g.profiles]
+    out: list[ExpectedUnit] = []
+    for g in gpus:  # mixed
+        if not g.mig_enabled:
+            out.append(ExpectedUnit(GPU_RESOURCE, GPU_RESOURCE, g.index))
+            continue
+        for p in g.profiles:
+            out.append(ExpectedUnit(mig_resource(p), mig_resource(p), g.index, p))
+    return out
+
+
+def expected_units(decl: NodeDecl) -> list[ExpectedUnit]:
+    """Every device the node must serve, with its resource and time-slicing replicas."""
+    base = _base_units(decl)
+    ts = decl.plugin_config.time_slicing
+    taken: set[int] = set()  # positions in `base` already shared
+    out = list(base)
+    var = f"gpukit_device_plugin_configs.{decl.plugin_config_name}.sharing.timeSlicing"
+    for i, entry in enumerate(ts.resources):
+        name = _qualify(entry.name)
+        positions = [j for j, u in enumerate(base) if u.base_resource == name]
+        if not positions:
+            continue  # like NVIDIA's plugin: sharing for a resource the node does not have
+        where = f"{var}.resources[{i}].devices"
+        if entry.devices.all:
+            chosen = positions
+        elif entry.devices.count:
+            if entry.devices.count > len(positions):
+                raise _declaration_error(decl, where, entry.devices.count,
+                                         f"shares more {name} devices than the node has "
+                                         f"({len(positions)})")
+            chosen = positions[: entry.devices.count]
+        else:
+            chosen = []
+            for ref in entry.devices.refs:
+                pick = _pick(base, positions, chosen, ref)
+                if pick is None:
+                    raise _declaration_error(decl, where, ref,
+                                             f"is not a {name} device of this node")
+                chosen.append(pick)
+        rename = entry.rename or (f"{name}.shared" if ts.rename_by_default else name)
+        for j in chosen:
+            if j in taken:
+                raise _declaration_error(decl, where, list(entry.devices.refs),
+                                         "shares a device that another entry already shares")
+            taken.add(j)
+            u = base[j]
+            gpu_index = None if _UUID_REF.match(_ref_of(entry.devices.refs, j, chosen)) else (
+                u.gpu_index)
+            out[j] = ExpectedUnit(_qualify(rename), name, gpu_index, u.mig_profile,
+                                  entry.replicas)
+    return out
+
+
+def _ref_of(refs: Sequence[str], j: int, chosen: list[int]) -> str:
+    if not refs or j not in chosen:
+        return ""
+    pos = chosen.index(j)
+    return refs[pos] if pos < len(refs) else ""
+
+
+def _pick(base: list[ExpectedUnit], positions: list[int], chosen: list[int], ref: str
+          ) -> int | None:
+    free = [j for j in positions if j not in chosen]
+    if ref.isdigit():
+        return next((j for j in free if base[j].gpu_index == int(ref)
+                     and base[j].mig_profile is None), None)
+    if ":" in ref and not _UUID_REF.match(ref):
+        gpu_index = int(ref.split(":", 1)[0])
+        return next((j for j in free if base[j].gpu_index == gpu_index
+                     and base[j].mig_profile is not None), None)
+    return free[0] if free else None  # a UUID: which device is unknowable, the count is not
+
+
+def expected_resources(decl: NodeDecl) -> dict[str, int]:
+    """Resource name -> count the node's capacity and allocatable must show."""
+    out: dict[str, int] = {}
+    for u in expected_units(decl):
+        out[u.resource] = out.get(u.resource, 0) + u.replicas
+    return dict(sorted(out.items()))
+
+
+def shared_resources(decl: NodeDecl) -> dict[str, tuple[int, ...]]:
+    """Time-sliced resource -> replicas of each of its devices (for spread checks)."""
+    out: dict[str, list[int]] = {}
+    for u in expected_units(decl):
+        if u.replicas > 1:
+            out.setdefault(u.resource, []).append(u.replicas)
+    return {k: tuple(v) for k, v in sorted(out.items())}
+
+
+def replicas_per_gpu(decl: NodeDecl, resource: str) -> dict[int, int]:
+    """GPU index -> device IDs of `resource` that live on it (replicas summed)."""
+    out: dict[int, int] = {}
+    for u in expected_units(decl):
+        if u.resource == resource and u.gpu_index is not None:
+            out[u.gpu_index] = out.get(u.gpu_index, 0) + u.replicas
+    return dict(sorted(out.items()))
+
+
+def label_value(value: object) -> str:
+    """A label value as GFD writes it: invalid characters as '-', <= 63 chars."""
+    return _INVALID_LABEL_CHARS.sub("-", str(value))[:63].strip("-_.")
+
+
+def _sharing_of(decl: NodeDecl, resource: str) -> tuple[int, bool]:
+    entries = [e for e in decl.plugin_config.time_slicing.resources
+               if _qualify(e.name) == resource]
+    if not entries:
+        return 1, False
+    renamed = all(e.rename or decl.plugin_config.time_slicing.rename_by_default
+                  for e in entries)
+    return max(e.replicas for e in entries), renamed
+
+
+def expected_labels(decl: NodeDecl) -> dict[str, str]:
+    """GFD labels the node must carry (those the declaration determines), name -> value."""
+    gpu = decl.gpu
+    if gpu.count == 0:
+        return {}
+    strategy = decl.mig_strategy
+    units = _base_units(decl)  # raises for inconsistent declarations
+    table = gpu.mig_table
+    labels: dict[str, str] = {
+        "nvidia.com/mig.capable": "true" if table is not None else "false",
+        "nvidia.com/gpu.sharing-strategy": (
+            "time-slicing" if decl.plugin_config.time_slicing.resources else "none"),
+    }
+    if decl.driver_branch:
+        labels["nvidia.com/cuda.driver-version.major"] = decl.driver_branch
+    if strategy != "none":
+        labels["nvidia.com/mig.strategy"] = strategy
+    mig_on = strategy != "none" and any(g.mig_enabled for g in decl.mig_gpus)
+    full = [u for u in units if u.mig_profile is None]
+    replicas, renamed = _sharing_of(decl, GPU_RESOURCE)
+    if strategy == "single" and mig_on:
+        profile = units[0].mig_profile
+        assert profile is not None and table is not None
+        labels.update(_mig_labels(decl, GPU_RESOURCE, profile, len(units)))
+        return labels
+    labels["nvidia.com/gpu.count"] = str(gpu.count)
+    shared = replicas > 1 and not renamed and bool(full)
+    product = label_value(gpu.product.replace(" ", "-") + ("-SHARED" if shared else ""))
+    labels["nvidia.com/gpu.product"] = product
+    # GFD labels MIG-enabled GPUs without sharing (replicas 0) when no full GPU is left.
+    labels["nvidia.com/gpu.replicas"] = str(replicas if full else 0)
+    if gpu.memory_mib:
+        labels["nvidia.com/gpu.memory"] = str(gpu.memory_mib)
+    if mig_on:
+        counts = Counter(u.mig_profile for u in units if u.mig_profile)
+        for profile, n in sorted(counts.items()):
+            assert profile is not None
+            labels.update(_mig_labels(decl, mig_resource(profile), profile, n))
+    return labels
+
+
+def _mig_labels(decl: NodeDecl, resource: str, profile: str, count: int) -> dict[str, str]:
+    table = decl.gpu.mig_table
+    assert table is not None
+    p = table.gpu_instance_profile(profile)
+    replicas, renamed = _sharing_of(decl, resource)
+    shared = replicas > 1 and not renamed
+    product = "-".join([decl.gpu.product.replace(" ", "-"), "MIG", p.name]
+                       + (["SHARED"] if shared else []))
+    values = {
+        "product": label_value(product),
+        "count": str(count),
+        "replicas": str(replicas),
+        "memory": str(p.memory_mb),
+        "multiprocessors": str(p.multiprocessors),
+        "slices.gi": str(p.compute_slices),
+        "slices.ci": str(p.compute_slices),
+    }
+    return {f"{resource}.{k}": v for k, v in values.items()}

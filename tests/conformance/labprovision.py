@@ -1,0 +1,262 @@
+"""Make the lab match an inventory, as `site.yml` will (a stand-in until the roles and the MIG
+manager do it): node labels, MIG layouts on the mock GPUs, the node agent with the named configs.
+
+Also the knobs the failure tests turn: relabel a node, re-lay MIG, inject an XID, stop the agent,
+and watch the node until its resources show the change (bounded, no blind sleeps).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from kubernetes import watch
+
+from gpukit import inventory as inv
+from gpukit.lab import agent, kube, nodes
+from gpukit.lab import nvml as mock
+from gpukit.lab.config import LabSpec
+from gpukit.lab.controlplane import paths
+from gpukit.plugin.deploy import AgentDeployment
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Configs the failure tests switch nodes to (by label), deployed next to the inventory's.
+EXTRA_CONFIGS: dict[str, dict[str, Any]] = {
+    "time-sliced-2": {
+        "version": "v1", "flags": {"migStrategy": "none", "plugin": {"passDeviceSpecs": True}},
+        "sharing": {"timeSlicing": {"failRequestsGreaterThanOne": True, "resources": [
+            {"name": "nvidia.com/gpu", "replicas": 2}]}},
+    },
+    "mig-single": {
+        "version": "v1", "flags": {"migStrategy": "single", "plugin": {"passDeviceSpecs": True}},
+    },
+    # A plugin that hands the same GPU out twice (two IDs per GPU) where nothing is declared
+    # shared: containers end up on one GPU.
+    "mig-mixed-overlap": {
+        "version": "v1", "flags": {"migStrategy": "mixed", "plugin": {"passDeviceSpecs": True}},
+        "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}},
+    },
+}
+# The agent never forgets an XID here: recovery is an agent restart (deterministic for tests).
+AGENT_ENV = {"GPUKIT_RECOVERY_SECONDS": "never"}
+
+_MIG_SCRIPT = r"""
+import ctypes, json, sys
+import pynvml as n
+from gpukit import mig_profiles
+from gpukit.lab.nvml.control import MockControl
+layout = json.loads(sys.argv[1])  # {index: [[profile, start], ...] or null}
+ctl = MockControl()
+state = {g["index"]: g for g in ctl.status()["gpus"]}
+n.nvmlInit()
+changed = []
+for key, placed in sorted(layout.items(), key=lambda kv: int(kv[0])):
+    idx = int(key)
+    mig = state[idx].get("mig") or {}
+    have = sorted((gi["profile"], gi["placement"]["start"]) for gi in mig.get("gpu_instances", []))
+    want = sorted((p, s) for p, s in placed or [])
+    if bool(mig.get("current")) == (placed is not None) and have == want:
+        continue
+    changed.append(idx)
+    h = n.nvmlDeviceGetHandleByIndex(idx)
+    if mig.get("current"):
+        ctl.reset(idx)  # destroys its MIG instances, as nvidia-smi -r does
+    mode = 1 if placed is not None else 0
+    cur, pend = n.nvmlDeviceGetMigMode(h)
+    if cur != mode or pend != mode:
+        n.nvmlDeviceSetMigMode(h, mode)
+        ctl.reset(idx)
+    table = mig_profiles.for_product(n.nvmlDeviceGetName(h))
+    for name, start in placed or []:
+        p = table.gpu_instance_profile(name)
+        where = n.c_nvmlGpuInstancePlacement_t()
+        where.start, where.size = start, p.memory_slices
+        gi = n.nvmlDeviceCreateGpuInstanceWithPlacement(h, p.profile_id, ctypes.byref(where))
+        n.nvmlGpuInstanceCreateComputeInstance(
+            gi, p.compute_instance_profile(p.compute_slices).profile_id)
+n.nvmlShutdown()
+print(json.dumps(changed))
+"""
+
+
+def core() -> Any:
+    return kube.api(paths().admin_kubeconfig)
+
+
+def gpu_env(lab: LabSpec, node: str) -> dict[str, str]:
+    root = nodes.root(lab.node(node))
+    return mock.env(root / "etc/gpukit-lab/nvml/profile.yaml", root / "var/lib/gpukit-lab/nvml")
+
+
+def mig_plan(decl: inv.NodeDecl, gpus: list[inv.GpuMig] | None = None
+             ) -> dict[str, list[tuple[str, int]] | None]:
+    table = decl.gpu.mig_table
+    plan: dict[str, list[tuple[str, int]] | None] = {}
+    for g in gpus if gpus is not None else decl.mig_gpus:
+        if not g.mig_enabled:
+            plan[str(g.index)] = None
+            continue
+        assert table is not None
+        placed = inv.place_gpu_instances(table, g.profiles)
+        assert placed is not None, f"{decl.host}: GPU {g.index}: {g.profiles} do not fit"
+        plan[str(g.index)] = [(p.name, pl.start) for p, pl in placed]
+    return plan
+
+
+def apply_mig(lab: LabSpec, node: str, plan: Mapping[str, Any]) -> list[int]:
+    """Lay out MIG on the node's mock GPUs (only GPUs that differ); returns those changed."""
+    r = subprocess.run([sys.executable, "-c", _MIG_SCRIPT, json.dumps(plan)],
+                       env=gpu_env(lab, node), capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        raise RuntimeError(f"{node}: applying MIG layout failed: {r.stderr}")
+    changed: list[int] = json.loads(r.stdout.strip().splitlines()[-1])
+    return changed
+
+
+def mock_cli(lab: LabSpec, node: str, *args: str) -> None:
+    root = nodes.root(lab.node(node))
+    subprocess.run(
+        [sys.executable, "-m", "gpukit.lab.nvml",
+         "--profile", str(root / "etc/gpukit-lab/nvml/profile.yaml"),
+         "--state-dir", str(root / "var/lib/gpukit-lab/nvml"), *args],
+        check=True, capture_output=True, text=True, timeout=30,
+    )
+
+
+def set_labels(node: str, labels: Mapping[str, str | None]) -> None:
+    core().patch_node(node, {"metadata": {"labels": dict(labels)}})
+
+
+def deployment(fleet: inv.GpuInventory) -> AgentDeployment:
+    configs: dict[str, dict[str, Any]] = {}
+    for decl in fleet.nodes:
+        configs.update({k: dict(v) for k, v in decl.plugin_configs.items()})
+    configs.update(EXTRA_CONFIGS)
+    return agent.lab_deployment(configs, "default" if "default" in configs else None,
+                                **AGENT_ENV)
+
+
+def provision(lab: LabSpec, fleet: inv.GpuInventory, timeout: float = 120) -> None:
+    """Labels, MIG layouts, the agent; returns once every node advertises what is declared."""
+    for decl in fleet.nodes:
+        if decl.mig_declared:
+            apply_mig(lab, decl.node_name, mig_plan(decl))
+        wanted: dict[str, str | None] = {
+            inv.DEVICE_PLUGIN_CONFIG_LABEL: None, inv.MIG_CONFIG_LABEL: None}
+        wanted.update({**decl.labels, **decl.selection_labels()})
+        set_labels(decl.node_name, wanted)
+    d = deployment(fleet)
+    agent.apply(lab, d)
+    agent.wait_rolled_out(lab, d)
+    # A restarted plugin re-registers, and the node object shows it only at the kubelet's next
+    # status report: wait for a report made after the rollout, showing the declared resources.
+    since = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    for decl in fleet.nodes:
+        want = {k: v for k, v in inv.expected_resources(decl).items() if v > 0}
+
+        def settled(o: Any, w: dict[str, int] = want) -> bool:
+            return reported_after(o, since) and advertised(o) == w
+
+        wait_node(decl.node_name, settled, f"allocatable {want} reported after {since}", timeout)
+
+
+def unprovision(lab: LabSpec, fleet: inv.GpuInventory) -> None:
+    """Back to a bare lab: no node agent, no selection labels, MIG off."""
+    agent.remove(lab, deployment(fleet))
+    for decl in fleet.nodes:
+        labels: dict[str, str | None] = {k: None for k in decl.labels}
+        labels.update({inv.DEVICE_PLUGIN_CONFIG_LABEL: None, inv.MIG_CONFIG_LABEL: None})
+        set_labels(decl.node_name, labels)
+        if decl.mig_declared:
+            apply_mig(lab, decl.node_name, {str(g.index): None for g in decl.mig_gpus})
+
+
+def reported_after(node_obj: Any, since: dt.datetime) -> bool:
+    for cond in node_obj.status.conditions or []:
+        if cond.type == "Ready" and cond.last_heartbeat_time is not None:
+            return bool(cond.last_heartbeat_time > since)
+    return False
+
+
+def advertised(node_obj: Any) -> dict[str, int]:
+    alloc = node_obj.status.allocatable or {}
+    return {k: int(str(v)) for k, v in sorted(alloc.items())
+            if k.startswith("nvidia.com/") and int(str(v)) > 0}
+
+
+def wait_node(node: str, done: Callable[[Any], bool], what: str, timeout: float) -> Any:
+    """Watch the node until `done(node)` (bounded)."""
+    api = core()
+    deadline = time.monotonic() + timeout
+    obj = api.read_node(node)
+    while not done(obj):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"node {node}: {what} not reached in {timeout:.0f}s "
+                               f"(allocatable {advertised(obj)})")
+        w = watch.Watch()
+        for ev in w.stream(api.list_node, field_selector=f"metadata.name={node}",
+                           resource_version=obj.metadata.resource_version,
+                           timeout_seconds=max(1, int(left))):
+            obj = ev["object"]
+            if done(obj):
+                w.stop()
+                break
+        else:
+            obj = api.read_node(node)
+    return obj
+
+
+def wait_resources(node: str, resources: Mapping[str, int], timeout: float = 90) -> None:
+    want = {k: v for k, v in resources.items() if v > 0}
+    wait_node(node, lambda o: advertised(o) == want, f"allocatable {want}", timeout)
+
+
+def restart_agent_on(node: str, timeout: float = 60) -> None:
+    api = core()
+    pods = api.list_namespaced_pod("gpukit-system", field_selector=f"spec.nodeName={node}",
+                                   label_selector="app.kubernetes.io/name=gpukit-node-agent")
+    for pod in pods.items:
+        api.delete_namespaced_pod(pod.metadata.name, "gpukit-system", grace_period_seconds=1)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        w = watch.Watch()
+        listing = api.list_namespaced_pod("gpukit-system", field_selector=f"spec.nodeName={node}")
+        old = {p.metadata.name for p in pods.items}
+        if any(p.metadata.name not in old and p.status.phase == "Running"
+               for p in listing.items):
+            return
+        for ev in w.stream(api.list_namespaced_pod, "gpukit-system",
+                           field_selector=f"spec.nodeName={node}",
+                           resource_version=listing.metadata.resource_version,
+                           timeout_seconds=max(1, int(deadline - time.monotonic()))):
+            p = ev["object"]
+            if p.metadata.name not in old and p.status.phase == "Running":
+                w.stop()
+                return
+    raise TimeoutError(f"node {node}: the node agent did not come back in {timeout:.0f}s")
+
+
+
+def wait_gone_namespace(name: str, timeout: float) -> bool:
+    api = core()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        listing = api.list_namespace(field_selector=f"metadata.name={name}")
+        if not listing.items:
+            return True
+        w = watch.Watch()
+        for ev in w.stream(api.list_namespace, field_selector=f"metadata.name={name}",
+                           resource_version=listing.metadata.resource_version,
+                           timeout_seconds=max(1, int(deadline - time.monotonic()))):
+            if ev["type"] == "DELETED":
+                w.stop()
+                return True
+    return False

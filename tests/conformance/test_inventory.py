@@ -1,0 +1,371 @@
+"""The inventory model: Ansible precedence and templating, typed declarations, expectations,
+and errors that name the host, the variable and the value."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpukit import inventory as inv
+from gpukit import mig_profiles
+
+REPO = Path(__file__).resolve().parents[2]
+LAB = REPO / "inventories" / "lab"
+A100 = "NVIDIA A100-SXM4-40GB"
+
+
+def _write(root: Path, files: dict[str, Any]) -> Path:
+    for rel, doc in files.items():
+        target = root / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return root
+
+
+def _hosts(**hosts: dict[str, Any]) -> dict[str, Any]:
+    return {"all": {"children": {"gpu_nodes": {"hosts": hosts}}}}
+
+
+def _decl(**raw: Any) -> inv.NodeDecl:
+    raw.setdefault("gpukit_gpu", {"product": "Tesla T4", "count": 2})
+    return inv.node_from_vars("n1", raw)
+
+
+def _error(**raw: Any) -> str:
+    with pytest.raises(inv.InventoryError) as exc:
+        _decl(**raw)
+    return str(exc.value)
+
+
+# ---- the lab inventory
+
+
+def test_lab_inventory_declares_both_nodes() -> None:
+    lab = inv.load(LAB)
+    assert lab.node_names() == ["gpu-a100", "gpu-t4"]
+    a100, t4 = lab.node("gpu-a100"), lab.node("gpu-t4")
+    assert a100.gpu == inv.GpuDecl(A100, 8, 40960)
+    assert (a100.plugin_config_name, a100.mig_strategy, a100.mig_config_name) == (
+        "mig-mixed", "mixed", "mixed-a100")
+    assert [g.mig_enabled for g in a100.mig_gpus] == [True, True] + [False] * 6
+    assert a100.mig_gpus[0].profiles == ("1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb")
+    assert (t4.plugin_config_name, t4.mig_layout, t4.driver_branch) == ("time-sliced", None, "550")
+    assert t4.plugin_config.time_slicing.fail_requests_greater_than_one
+    assert t4.selection_labels() == {"nvidia.com/device-plugin.config": "time-sliced"}
+    assert lab.kubeconfig == "/var/lib/gpukit-lab/kubeconfig"
+
+
+def test_lab_expectations() -> None:
+    lab = inv.load(LAB)
+    assert inv.expected_resources(lab.node("gpu-a100")) == {
+        "nvidia.com/gpu": 6, "nvidia.com/mig-1g.5gb": 4, "nvidia.com/mig-2g.10gb": 2,
+        "nvidia.com/mig-3g.20gb": 2,
+    }
+    t4 = lab.node("gpu-t4")
+    assert inv.expected_resources(t4) == {"nvidia.com/gpu": 8}
+    assert inv.replicas_per_gpu(t4, "nvidia.com/gpu") == {0: 4, 1: 4}
+    labels = inv.expected_labels(t4)
+    assert labels["nvidia.com/gpu.product"] == "Tesla-T4-SHARED"
+    assert (labels["nvidia.com/gpu.count"], labels["nvidia.com/gpu.replicas"]) == ("2", "4")
+    assert labels["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
+    assert labels["nvidia.com/mig.capable"] == "false"
+    assert "nvidia.com/mig.strategy" not in labels
+    a100 = inv.expected_labels(lab.node("gpu-a100"))
+    assert a100["nvidia.com/mig.strategy"] == "mixed"
+    assert a100["nvidia.com/mig-1g.5gb.count"] == "4"
+    assert a100["nvidia.com/mig-3g.20gb.memory"] == "19968"
+    assert a100["nvidia.com/mig-3g.20gb.product"] == "NVIDIA-A100-SXM4-40GB-MIG-3g.20gb"
+    assert a100["nvidia.com/gpu.count"] == "8"  # GFD counts every GPU of the model
+
+
+def test_node_filter(tmp_path: Path) -> None:
+    assert inv.load(LAB, hosts=["gpu-t4"]).node_names() == ["gpu-t4"]
+    with pytest.raises(inv.InventoryError, match=r"nodes: \['gpu-x'\] are not GPU nodes"):
+        inv.load(LAB, hosts=["gpu-x"])
+
+
+# ---- Ansible semantics
+
+
+def test_host_vars_beat_group_vars_and_templates_resolve(tmp_path: Path) -> None:
+    root = _write(tmp_path / "inv", {
+        "hosts.yml": {"all": {"vars": {"gpukit_kubeconfig": "{{ inventory_dir }}/kc"},
+                              "children": {"gpu_nodes": {"children": {"t4s": {"hosts": {
+                                  "h1": {"ansible_host": "10.0.0.1"}, "h2": {}}}}}}}},
+        "group_vars/gpu_nodes.yml": {"gpukit_gpu": {"product": "Tesla T4", "count": 2},
+                                     "nvidia_driver_branch": 535,
+                                     "gpukit_node_name": "node-{{ inventory_hostname }}"},
+        "group_vars/t4s.yml": {"nvidia_driver_branch": "550"},
+        "host_vars/h2.yml": {"gpukit_gpu": {"product": "Tesla T4", "count": 4},
+                             "gpukit_node_labels": {"team": "ml", "tier": 1, "spot": True}},
+    })
+    got = inv.load(root)
+    h1, h2 = got.node("node-h1"), got.node("h2")
+    assert (h1.host, h1.address, h1.gpu.count, h1.driver_branch) == ("h1", "10.0.0.1", 2, "550")
+    assert (h2.node_name, h2.gpu.count) == ("node-h2", 4)
+    assert h2.labels == {"team": "ml", "tier": "1", "spot": "true"}
+    assert h1.kubeconfig == f"{root}/kc"
+
+
+def test_inventory_without_gpu_nodes_group(tmp_path: Path) -> None:
+    root = _write(tmp_path / "inv", {"hosts.yml": {"all": {"hosts": {"x": {}}}}})
+    with pytest.raises(inv.InventoryError, match="has no 'gpu_nodes' group"):
+        inv.load(root)
+
+
+def test_missing_inventory(tmp_path: Path) -> None:
+    with pytest.raises(inv.InventoryError, match="does not exist"):
+        inv.load(tmp_path / "nope")
+
+
+def test_every_problem_of_every_host_is_reported(tmp_path: Path) -> None:
+    root = _write(tmp_path / "inv", {"hosts.yml": _hosts(
+        a={"gpukit_gpu": {"product": "Tesla T4", "count": "two"}},
+        b={"gpukit_gpu": {"product": "Tesla T4", "count": 1}, "gpukit_container_runtime": "dockr",
+           "gpukit_node_name": "a"},
+    )})
+    with pytest.raises(inv.InventoryError) as exc:
+        inv.load(root)
+    text = str(exc.value)
+    assert "host a: gpukit_gpu.count: 'two' is not an integer >= 0" in text
+    assert "host b: gpukit_container_runtime: 'dockr' is not one of containerd, crio" in text
+
+
+def test_duplicate_node_names(tmp_path: Path) -> None:
+    gpu = {"product": "Tesla T4", "count": 1}
+    root = _write(tmp_path / "inv", {"hosts.yml": _hosts(
+        a={"gpukit_gpu": gpu, "gpukit_node_name": "n"},
+        b={"gpukit_gpu": gpu, "gpukit_node_name": "n"})})
+    with pytest.raises(inv.InventoryError, match="host b: gpukit_node_name: 'n' is also the node"):
+        inv.load(root)
+
+
+def test_undefined_template_names_host_and_variable(tmp_path: Path) -> None:
+    root = _write(tmp_path / "inv", {"hosts.yml": _hosts(
+        a={"gpukit_gpu": {"product": "Tesla T4", "count": 1},
+           "nvidia_driver_branch": "{{ no_such_var }}"})})
+    with pytest.raises(inv.InventoryError, match=r"host a: nvidia_driver_branch: .*templated"):
+        inv.load(root)
+
+
+# ---- bad declarations
+
+
+@pytest.mark.parametrize(("raw", "needle"), [
+    ({"gpukit_gpu": None}, "gpukit_gpu: is not set"),
+    ({"gpukit_gpu": "8x A100"}, "gpukit_gpu: '8x A100' is not a mapping"),
+    ({"gpukit_gpu": {"count": 2}}, "gpukit_gpu.product: is not a product name"),
+    ({"gpukit_gpu": {"product": "T4", "count": -1}}, "gpukit_gpu.count: -1 is not an integer"),
+    ({"gpukit_gpu": {"product": "T4", "count": 1, "memory": 5}}, "gpukit_gpu.memory: 5 is not a"),
+    ({"gpukit_gpu": {"product": "T4", "count": 1, "memory_mib": 0}}, "memory_mib: 0 is not an"),
+    ({"nvidia_driver_branch": "latest"}, "nvidia_driver_branch: 'latest' is not a driver branch"),
+    ({"nvidia_driver_kernel_modules": "nouveau"}, "'nouveau' is not one of open, proprietary"),
+    ({"gpukit_node_name": "Bad_Name"}, "gpukit_node_name: 'Bad_Name' is not a valid"),
+    ({"gpukit_device_plugin_config": "x", "gpukit_device_plugin_configs": {"a": {}}},
+     "gpukit_device_plugin_config: 'x' is not a named config (known: a)"),
+    ({"gpukit_device_plugin_config": "x"},
+     "'x' is not a named config (known: none declared in gpukit_device_plugin_configs)"),
+    ({"gpukit_device_plugin_config": "a", "gpukit_device_plugin_configs": {"a": [1]}},
+     "gpukit_device_plugin_configs.a: [1] is not a device plugin config"),
+    ({"gpukit_node_labels": {"bad key!": "x"}}, "gpukit_node_labels: 'bad key!' is not a valid"),
+    ({"gpukit_node_labels": {"a": "not ok!"}}, "gpukit_node_labels.a: 'not ok!' is not a valid"),
+    ({"gpukit_node_taints": [{"key": "k", "effect": "Never"}]},
+     "gpukit_node_taints[0].effect: 'Never' is not one of NoSchedule"),
+    ({"gpukit_node_taints": {"k": "v"}}, "gpukit_node_taints: {'k': 'v'} is not a list"),
+])
+def test_bad_declarations_name_host_variable_and_value(raw: dict[str, Any], needle: str) -> None:
+    text = _error(**raw)
+    assert text.startswith("host n1: "), text
+    assert needle in text
+
+
+def test_invalid_plugin_config_names_the_field_inside_the_variable() -> None:
+    cfg = {"version": "v1", "sharing": {"timeSlicing": {"resources": [
+        {"name": "nvidia.com/gpu", "replicas": 1}]}}}
+    text = _error(gpukit_device_plugin_configs={"ts": cfg}, gpukit_device_plugin_config="ts")
+    assert ("host n1: gpukit_device_plugin_configs.ts.sharing.timeSlicing.resources[0].replicas:"
+            " 1 is not >= 2") in text
+
+
+def test_the_only_config_is_used_without_a_selection() -> None:
+    cfg = {"version": "v1", "flags": {"migStrategy": "mixed"}}
+    decl = _decl(gpukit_device_plugin_configs={"only": cfg})
+    assert (decl.plugin_config_name, decl.mig_strategy) == ("only", "mixed")
+    assert _decl().plugin_config_name is None
+
+
+A100_GPU = {"product": A100, "count": 8}
+
+
+def _mig(layout: list[dict[str, Any]], **raw: Any) -> dict[str, Any]:
+    return {"gpukit_gpu": A100_GPU, "gpukit_mig_configs": {"l": layout},
+            "gpukit_mig_config": "l", **raw}
+
+
+@pytest.mark.parametrize(("layout", "needle"), [
+    ([{"devices": "all", "mig-enabled": True, "mig-devices": {"5g.25gb": 1}}],
+     "mig-devices: '5g.25gb' is not a MIG profile of A100-SXM4-40GB (known: 1g.5gb,"),
+    ([{"devices": "all", "mig-enabled": True, "mig-devices": {"3g.20gb": 3}}],
+     "does not fit on one A100-SXM4-40GB"),
+    ([{"devices": [0, 8], "mig-enabled": False}],
+     "gpukit_mig_configs.l[0].devices: 8 is not a GPU of this node (gpukit_gpu.count is 8"),
+    ([{"devices": [0], "mig-enabled": False}, {"devices": [0, 1], "mig-enabled": False}],
+     "gpukit_mig_configs.l[1].devices: 0 is already laid out by gpukit_mig_configs.l[0]"),
+    ([{"devices": "some", "mig-enabled": False}], "devices: 'some' is not 'all' or a non-empty"),
+    ([{"devices": "all", "mig-enabled": "yes"}], "mig-enabled: 'yes' is not true or false"),
+    ([{"devices": "all", "mig-enabled": False, "mig-devices": {"1g.5gb": 1}}],
+     "is set while mig-enabled is false"),
+    ([{"devices": "all", "mig-enabled": True, "mig-devices": {"1g.5gb": "x"}}],
+     "mig-devices.1g.5gb: 'x' is not an integer >= 0"),
+    ([{"devices": "all", "mig-enable": True}], "l[0].mig-enable: True is not a known field"),
+    ("all-on", "gpukit_mig_configs.l: 'all-on' is not a non-empty list"),
+])
+def test_bad_mig_layouts(layout: Any, needle: str) -> None:
+    assert needle in _error(**_mig(layout))
+
+
+def test_mig_on_a_gpu_without_mig() -> None:
+    layout = [{"devices": "all", "mig-enabled": True, "mig-devices": {"1g.5gb": 1}}]
+    text = _error(gpukit_gpu={"product": "Tesla T4", "count": 2},
+                  gpukit_mig_configs={"l": layout}, gpukit_mig_config="l")
+    assert "asks for MIG devices, but Tesla T4 is not MIG capable" in text
+    assert "unknown layout" not in _error(gpukit_mig_config="nope")
+    assert "gpukit_mig_config: 'nope' is not a named MIG layout" in _error(gpukit_mig_config="nope")
+
+
+def test_placement_search_finds_what_lowest_free_placement_misses() -> None:
+    table = mig_profiles.for_product(A100)
+    assert table is not None
+    placed = inv.place_gpu_instances(table, ["1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb"])
+    assert placed is not None
+    starts = {(p.name, pl.start) for p, pl in placed}
+    # 3g.20gb at slice 0 would leave a 1g.5gb only slice 7, where it cannot start.
+    assert ("3g.20gb", 4) in starts and table.fits(placed)
+    assert inv.place_gpu_instances(table, ["7g.40gb", "1g.5gb"]) is None
+
+
+# ---- expectations
+
+
+def _configs(**cfgs: dict[str, Any]) -> dict[str, Any]:
+    return {name: {"version": "v1", **doc} for name, doc in cfgs.items()}
+
+
+def test_strategy_none_serves_whole_gpus_even_with_mig_on() -> None:
+    layout = [{"devices": "all", "mig-enabled": True, "mig-devices": {"3g.20gb": 2}}]
+    decl = inv.node_from_vars("n1", _mig(layout))
+    assert inv.expected_resources(decl) == {"nvidia.com/gpu": 8}
+
+
+def test_strategy_single() -> None:
+    layout = [{"devices": "all", "mig-enabled": True, "mig-devices": {"3g.20gb": 2}}]
+    cfg = _configs(s={"flags": {"migStrategy": "single"}})
+    decl = inv.node_from_vars("n1", _mig(layout, gpukit_device_plugin_configs=cfg,
+                                         gpukit_device_plugin_config="s"))
+    assert inv.expected_resources(decl) == {"nvidia.com/gpu": 16}
+    labels = inv.expected_labels(decl)
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB-MIG-3g.20gb"
+    assert (labels["nvidia.com/gpu.count"], labels["nvidia.com/gpu.memory"]) == ("16", "19968")
+    assert labels["nvidia.com/mig.strategy"] == "single"
+
+
+def test_strategy_single_with_a_mixed_layout_is_inconsistent() -> None:
+    decl = inv.load(LAB).node("gpu-a100")
+    flags = dataclasses.replace(decl.plugin_config.flags, mig_strategy="single")
+    single = dataclasses.replace(
+        decl, plugin_config=dataclasses.replace(decl.plugin_config, flags=flags))
+    with pytest.raises(inv.InventoryError) as exc:
+        inv.expected_resources(single)
+    assert "host gpu-a100: gpukit_mig_config: 'mixed-a100' leaves MIG disabled on GPU(s)" in str(
+        exc.value)
+    assert "uses migStrategy single" in str(exc.value)
+
+
+def test_mixed_with_media_extension_profile_and_all_gpus_mig() -> None:
+    layout = [{"devices": "all", "mig-enabled": True,
+               "mig-devices": {"1g.5gb+me": 1, "3g.20gb": 1, "2g.10gb": 1}}]
+    cfg = _configs(m={"flags": {"migStrategy": "mixed"}})
+    decl = inv.node_from_vars("n1", _mig(layout, gpukit_device_plugin_configs=cfg,
+                                         gpukit_device_plugin_config="m"))
+    assert inv.expected_resources(decl) == {
+        "nvidia.com/mig-1g.5gb.me": 8, "nvidia.com/mig-2g.10gb": 8, "nvidia.com/mig-3g.20gb": 8}
+    labels = inv.expected_labels(decl)
+    assert labels["nvidia.com/gpu.replicas"] == "0"  # no full GPU left: GFD's MIG-only form
+    assert labels["nvidia.com/mig-1g.5gb.me.product"] == "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb-me"
+
+
+@pytest.mark.parametrize(("ts", "gpus", "resources"), [
+    ({"renameByDefault": True, "resources": [{"name": "nvidia.com/gpu", "replicas": 3}]}, 2,
+     {"nvidia.com/gpu.shared": 6}),
+    ({"resources": [{"name": "gpu", "rename": "gpu-ts", "replicas": 2}]}, 2,
+     {"nvidia.com/gpu-ts": 4}),
+    ({"resources": [{"name": "nvidia.com/gpu", "devices": [0], "replicas": 4},
+                    {"name": "nvidia.com/gpu", "devices": [1], "replicas": 2}]}, 3,
+     {"nvidia.com/gpu": 7}),
+    ({"resources": [{"name": "nvidia.com/gpu", "devices": 1, "replicas": 5}]}, 2,
+     {"nvidia.com/gpu": 6}),
+    ({"resources": [{"name": "nvidia.com/gpu", "devices": [1], "replicas": 2, "rename": "x"}]},
+     2, {"nvidia.com/gpu": 1, "nvidia.com/x": 2}),
+    ({"resources": [{"name": "nvidia.com/mig-1g.5gb", "replicas": 2}]}, 2,
+     {"nvidia.com/gpu": 2}),  # sharing for a resource the node does not have: ignored
+])
+def test_time_slicing(ts: dict[str, Any], gpus: int, resources: dict[str, int]) -> None:
+    cfg = _configs(t={"sharing": {"timeSlicing": ts}})
+    decl = _decl(gpukit_gpu={"product": "Tesla T4", "count": gpus},
+                 gpukit_device_plugin_configs=cfg, gpukit_device_plugin_config="t")
+    assert inv.expected_resources(decl) == resources
+
+
+def test_per_gpu_replicas_spread_and_labels() -> None:
+    ts = {"resources": [{"name": "nvidia.com/gpu", "devices": [0], "replicas": 4},
+                        {"name": "nvidia.com/gpu", "devices": [1], "replicas": 2}]}
+    decl = _decl(gpukit_device_plugin_configs=_configs(t={"sharing": {"timeSlicing": ts}}),
+                 gpukit_device_plugin_config="t")
+    assert inv.replicas_per_gpu(decl, "nvidia.com/gpu") == {0: 4, 1: 2}
+    assert inv.shared_resources(decl) == {"nvidia.com/gpu": (4, 2)}
+    assert inv.expected_labels(decl)["nvidia.com/gpu.replicas"] == "4"
+
+
+def test_renamed_sharing_keeps_the_product_label() -> None:
+    ts = {"renameByDefault": True, "resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}
+    decl = _decl(gpukit_device_plugin_configs=_configs(t={"sharing": {"timeSlicing": ts}}),
+                 gpukit_device_plugin_config="t")
+    assert inv.expected_labels(decl)["nvidia.com/gpu.product"] == "Tesla-T4"
+
+
+def test_time_sliced_mig_devices() -> None:
+    layout = [{"devices": [0], "mig-enabled": True, "mig-devices": {"1g.5gb": 7}},
+              {"devices": [1, 2, 3, 4, 5, 6, 7], "mig-enabled": False}]
+    cfg = _configs(m={"flags": {"migStrategy": "mixed"}, "sharing": {"timeSlicing": {
+        "resources": [{"name": "nvidia.com/mig-1g.5gb", "replicas": 2}]}}})
+    decl = inv.node_from_vars("n1", _mig(layout, gpukit_device_plugin_configs=cfg,
+                                         gpukit_device_plugin_config="m"))
+    assert inv.expected_resources(decl) == {"nvidia.com/gpu": 7, "nvidia.com/mig-1g.5gb": 14}
+    assert inv.replicas_per_gpu(decl, "nvidia.com/mig-1g.5gb") == {0: 14}
+    assert inv.expected_labels(decl)["nvidia.com/mig-1g.5gb.product"].endswith("-SHARED")
+
+
+def test_sharing_more_devices_than_the_node_has() -> None:
+    ts = {"resources": [{"name": "nvidia.com/gpu", "devices": 3, "replicas": 2}]}
+    decl = _decl(gpukit_device_plugin_configs=_configs(t={"sharing": {"timeSlicing": ts}}),
+                 gpukit_device_plugin_config="t")
+    with pytest.raises(inv.InventoryError, match=r"timeSlicing.resources\[0\].devices: 3 shares"):
+        inv.expected_resources(decl)
+
+
+def test_sharing_a_gpu_index_the_node_lacks() -> None:
+    ts = {"resources": [{"name": "nvidia.com/gpu", "devices": [5], "replicas": 2}]}
+    decl = _decl(gpukit_device_plugin_configs=_configs(t={"sharing": {"timeSlicing": ts}}),
+                 gpukit_device_plugin_config="t")
+    with pytest.raises(inv.InventoryError, match=r"'5' is not a nvidia\.com/gpu device"):
+        inv.expected_resources(decl)
+
+
+def test_no_gpus_no_labels() -> None:
+    decl = _decl(gpukit_gpu={"product": "Tesla T4", "count": 0})
+    assert inv.expected_resources(decl) == {}
+    assert inv.expected_labels(decl) == {}

@@ -1,0 +1,258 @@
+"""The suite's parts without a cluster: collection from an inventory, the NVML probe against the
+mock library, pod states, manifests, observations, messages, the HTML report, the Job."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace as NS
+from typing import Any
+
+import labprovision as lp
+import pytest
+import yaml
+
+from gpukit import inventory as inv
+from gpukit.conformance import host, kube, report
+from gpukit.conformance.checks import Check, Row, fmt
+from gpukit.conformance.fill import VOLUME_MOUNTS_ROOT, Seen, _requests
+from gpukit.conformance.kube import PodState
+from gpukit.conformance.suite import PodResourcesView
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "conformance" / "deploy"
+
+
+def _pytest(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+# ---- collection
+
+
+def test_collects_per_node_and_resource_from_the_inventory_alone() -> None:
+    r = _pytest("conformance", "--inventory", "inventories/lab", "--collect-only", "-q")
+    assert r.returncode == 0, r.stdout + r.stderr
+    ids = [ln for ln in r.stdout.splitlines() if "::" in ln]
+    assert "conformance/test_isolation.py::test_devices_are_disjoint[gpu-a100-mig-1g.5gb]" in ids
+    assert "conformance/test_timeslicing.py::test_request_above_one[gpu-t4-gpu]" in ids
+    assert not any("test_request_above_one[gpu-a100" in i for i in ids)  # nothing shared there
+    assert not any("test_mig_devices_belong_to_declared_parents[gpu-t4" in i for i in ids)
+    # areas in order; within an area, tests that need free devices last
+    areas = [i.split("::")[0] for i in ids]
+    assert areas.index("conformance/test_discovery.py") < areas.index(
+        "conformance/test_workload.py")
+    ts = [i for i in ids if "test_timeslicing" in i]
+    assert "test_request_above_one" in ts[-1]
+
+
+def test_markers_select_areas_and_nodes() -> None:
+    r = _pytest("conformance", "--inventory", "inventories/lab", "--nodes", "gpu-t4",
+                "-m", "timeslicing", "--collect-only", "-q")
+    ids = [ln for ln in r.stdout.splitlines() if "::" in ln]
+    assert ids and all("test_timeslicing" in i and "gpu-t4" in i for i in ids), r.stdout
+
+
+def test_a_bad_inventory_is_a_usage_error_naming_host_and_variable(tmp_path: Path) -> None:
+    bad = tmp_path / "inv"
+    (bad / "group_vars").mkdir(parents=True)
+    (bad / "hosts.yml").write_text(yaml.safe_dump(
+        {"all": {"children": {"gpu_nodes": {"hosts": {"n1": {}}}}}}))
+    (bad / "group_vars" / "gpu_nodes.yml").write_text(yaml.safe_dump(
+        {"gpukit_gpu": {"product": "Tesla T4", "count": 2}, "gpukit_mig_config": "nope"}))
+    r = _pytest("conformance", "--inventory", str(bad), "--collect-only", "-q")
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert "host n1: gpukit_mig_config: 'nope' is not a named MIG layout" in r.stderr
+
+
+def test_the_plugin_is_inert_elsewhere(tmp_path: Path) -> None:
+    (tmp_path / "test_x.py").write_text("def test_x():\n    assert True\n")
+    r = _pytest(str(tmp_path / "test_x.py"), "-q", "--rootdir", str(tmp_path))
+    assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout + r.stderr
+
+
+# ---- NVML on the node (the probe the suite sends over SSH), against the mock library
+
+
+@pytest.mark.nvml
+def test_nvml_probe_reads_gpus_and_mig_devices_of_the_mock(tmp_path: Path) -> None:
+    from gpukit.lab import nvml as mock
+
+    mock.build()
+    env = mock.env("a100-sxm4-40gb-x8", tmp_path / "state")
+    decl = inv.load(REPO / "inventories" / "lab").node("gpu-a100")
+    plan = lp.mig_plan(decl)
+    r = subprocess.run([sys.executable, "-c", lp._MIG_SCRIPT, json.dumps(plan)], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = subprocess.run([sys.executable, str(host.PROBE_SOURCE)], env=env, capture_output=True,
+                         text=True, timeout=60)
+    seen = host.parse_probe(json.loads(out.stdout))
+    assert seen.ok and seen.mock and seen.driver_version.startswith("550.")
+    assert [g.name for g in seen.gpus] == [decl.gpu.product] * 8
+    assert [g.mig_current for g in seen.gpus] == [True, True] + [False] * 6
+    assert sorted(m.profile for m in seen.gpus[0].migs) == list(decl.mig_gpus[0].profiles)
+    mig = seen.gpus[1].migs[0]
+    assert seen.parent(mig.uuid) == seen.gpus[1] and seen.mig(mig.uuid) == mig
+    assert seen.index_to_uuid("1:0") == mig.uuid and seen.index_to_uuid("2") == seen.gpus[2].uuid
+
+
+def test_a_probe_that_cannot_load_nvml_says_so() -> None:
+    from gpukit.conformance import nvml_probe
+
+    got = nvml_probe.probe("/nonexistent/libnvidia-ml.so.1")
+    assert not got["ok"] and "cannot load" in got["error"]
+
+
+# ---- pods
+
+
+def _pod(phase: str, conditions: list[Any] | None = None, statuses: list[Any] | None = None,
+         reason: str | None = None, message: str | None = None) -> Any:
+    return NS(metadata=NS(name="p"), status=NS(phase=phase, conditions=conditions,
+                                               container_statuses=statuses, reason=reason,
+                                               message=message))
+
+
+def _running() -> Any:
+    return NS(name="main", state=NS(running=NS(), waiting=None, terminated=None))
+
+
+def test_pod_states() -> None:
+    assert kube.classify(_pod("Running", statuses=[_running()])).state == "Running"
+    unsched = NS(type="PodScheduled", status="False", reason="Unschedulable",
+                 message="0/2 nodes are available: 1 Insufficient nvidia.com/gpu.")
+    s = kube.classify(_pod("Pending", conditions=[unsched]))
+    assert (s.state, "Insufficient nvidia.com/gpu" in s.message) == ("Unschedulable", True)
+    s = kube.classify(_pod("Failed", reason="UnexpectedAdmissionError", message="Allocate failed"))
+    assert (s.state, s.reason) == ("Failed", "UnexpectedAdmissionError")
+    waiting = NS(name="main", state=NS(running=None, terminated=None,
+                                       waiting=NS(reason="ErrImagePull", message="no registry")))
+    assert str(kube.classify(_pod("Pending", statuses=[waiting]))) == (
+        "Error (ErrImagePull: no registry)")
+    assert kube.classify(_pod("Pending")).state == "Pending"
+
+
+def test_pod_manifest_is_minimal_and_pinned_through_the_scheduler() -> None:
+    m = kube.pod_manifest("p", run_id="r", role="fill", node="gpu-t4", image="busybox",
+                          command=["sh"], limits={"nvidia.com/gpu": 1})
+    spec = m["spec"]
+    assert "nodeName" not in spec and "hostNetwork" not in spec
+    term = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["nodeSelectorTerms"][0]["matchFields"][0]["values"] == ["gpu-t4"]
+    assert (spec["serviceAccountName"], spec["automountServiceAccountToken"]) == (
+        kube.WORKLOAD_SA, False)
+    c = spec["containers"][0]
+    assert c["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert m["metadata"]["labels"][kube.RUN_LABEL] == "r"
+    lab = kube.pod_manifest("p", run_id="r", role="x", node="n", image="i", command=[],
+                            host_network=True, host_paths=[("v", "/var/lib/x", "Directory")])
+    assert lab["spec"]["hostNetwork"] is True
+    assert lab["spec"]["containers"][0]["volumeMounts"][0]["readOnly"] is True
+
+
+def test_dns_names() -> None:
+    assert kube.dns_name("fill", "GPU_A100", "mig-1g.5gb") == "fill-gpu-a100-mig-1g-5gb"
+    long = kube.dns_name("x" * 80)
+    assert len(long) == 63 and re.fullmatch(r"[a-z0-9-]+", long)
+
+
+# ---- observations
+
+
+def test_what_a_container_saw() -> None:
+    s = Seen("p", "nvidia.com/gpu", 1, PodState("p", "Running"))
+    s.parse("DEV nvidia2\nDEV nvidiactl\nDEV nvidia-uvm\nENV GPU-a,GPU-b\n")
+    assert s.gpu_nodes == {"/dev/nvidia2"} and s.visible == ["GPU-a", "GPU-b"]
+    s.parse(f"ENV {VOLUME_MOUNTS_ROOT}\nVOL GPU-c\n")
+    assert s.visible == ["GPU-c"] and s.gpu_nodes == set()
+    s.parse("ENV <unset>\n")
+    assert s.env is None and s.visible == []
+    s.parse("ENV void\n")
+    assert s.visible == []
+
+
+def test_fill_requests() -> None:
+    assert _requests(3, 32, one_each=False) == [1, 1, 1]
+    assert _requests(70, 32, one_each=False) == [3] * 23 + [1]
+    assert sum(_requests(70, 32, one_each=False)) == 70
+    assert _requests(70, 32, one_each=True) == [1] * 70
+    assert _requests(0, 32, one_each=False) == []
+
+
+def test_podresources_answer() -> None:
+    view = PodResourcesView.parse({
+        "pods": [{"namespace": "ns", "name": "p", "containers": [
+            {"name": "main", "devices": [{"resource": "nvidia.com/gpu", "ids": ["GPU-a::0"]}]}]}],
+        "allocatable": [{"resource": "nvidia.com/gpu", "ids": ["GPU-a::0", "GPU-a::1"]}]})
+    assert view.devices("ns", "p") == {"nvidia.com/gpu": ["GPU-a::0"]}
+    assert view.devices("ns", "q") == {}
+    assert view.allocatable["nvidia.com/gpu"] == ["GPU-a::0", "GPU-a::1"]
+
+
+# ---- messages and reports
+
+
+def test_failure_messages_name_node_resource_expected_observed() -> None:
+    c = Check("gpu-t4", "discovery")
+    c.equal("allocatable", 8, 4, "nvidia.com/gpu")
+    c.equal("label x", "a", "a")
+    with pytest.raises(pytest.fail.Exception) as exc:
+        c.verify()
+    assert str(exc.value) == "node gpu-t4: nvidia.com/gpu: allocatable: expected 8, observed 4"
+    assert fmt({"b": 1, "a": [1, None]}) == "{a=[1, none], b=1}"
+    row = c.rows[0]
+    assert Row.from_json(row.to_json()) == row
+
+
+def test_html_report_grid() -> None:
+    rows = [Row("gpu-t4", "discovery", "nvidia.com/gpu", "allocatable", "8", "<4>", False)]
+    results = [
+        report.Result("a", "test_capacity", "discovery", "gpu-t4", "nvidia.com/gpu", "failed",
+                      rows=rows, message="node gpu-t4: ..."),
+        report.Result("b", "test_labels", "labels", "gpu-t4", "", "passed"),
+        report.Result("c", "test_mig", "mig", "gpu-t4", "", "skipped", message="no layout"),
+        report.Result("d", "test_fill", "isolation", "gpu-a100", "nvidia.com/gpu", "passed",
+                      cncf="secure_accelerator_access"),
+    ]
+    page = report.render(results, {"inventory": "inventories/lab"})
+    assert "<th>gpu-a100</th>" not in page  # node headers are links
+    assert "href='#node-gpu-t4'" in page and "href='#node-gpu-a100'" in page
+    assert "class='fail'" in page and "class='pass'" in page and "class='skip'" in page
+    assert "&lt;4&gt;" in page and "<4>" not in page
+    assert "secure_accelerator_access" in page
+
+
+# ---- the in-cluster Job
+
+
+def test_job_manifests() -> None:
+    docs = list(yaml.safe_load_all((DEPLOY / "job.yaml").read_text()))
+    kinds = [d["kind"] for d in docs]
+    assert kinds == ["Namespace", "ServiceAccount", "ServiceAccount", "ClusterRole",
+                     "ClusterRoleBinding", "Role", "RoleBinding", "Job"]
+    cluster_role = docs[3]
+    assert cluster_role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
+    role = docs[5]
+    assert all(r["verbs"] != ["*"] for r in role["rules"])
+    job = docs[-1]["spec"]["template"]["spec"]
+    assert job["serviceAccountName"] == "gpukit-conformance"
+    env = {e["name"]: e["value"] for e in job["containers"][0]["env"]}
+    assert env["RESULTS_DIR"] == "/tmp/results"
+    plugin = yaml.safe_load((DEPLOY / "sonobuoy-plugin.yaml").read_text())
+    assert plugin["sonobuoy-config"]["result-format"] == "junit"
+
+
+def test_the_job_entry_point_uses_options_the_plugin_has() -> None:
+    script = (DEPLOY / "run.sh").read_text()
+    flags = set(re.findall(r"(--[a-z][a-z-]+)", script)) - {"--pyargs", "--junitxml"}
+    r = _pytest("--help")
+    for flag in sorted(flags):
+        assert flag in r.stdout, f"run.sh uses {flag}, which pytest does not know"
+    assert subprocess.run(["sh", "-n", str(DEPLOY / "run.sh")]).returncode == 0
