@@ -1,0 +1,114 @@
+"""gpukit.gpu filters: thin adapters over gpukit.provision, run on the controller."""
+
+from __future__ import annotations
+
+from ansible.errors import AnsibleFilterError
+
+try:
+    from gpukit.provision import driver, nodes, sharing
+
+    HAS_GPUKIT = True
+except ImportError as e:  # pragma: no cover - reported when a filter is used
+    HAS_GPUKIT = False
+    IMPORT_ERROR = e
+
+
+def _need():
+    if not HAS_GPUKIT:
+        raise AnsibleFilterError(
+            f"gpukit is not importable on the controller ({IMPORT_ERROR}): run ansible-playbook"
+            " from gpukit's environment (.venv)"
+        )
+
+
+def _spec(family, branch, kernel_modules="open", channel="cuda", persistenced=True, version=None):
+    _need()
+    try:
+        return driver.DriverSpec(
+            branch=str(branch),
+            kernel_modules=kernel_modules,
+            family=family,
+            channel=channel,
+            persistenced=persistenced,
+            version=version or None,
+        )
+    except driver.DriverSpecError as e:
+        raise AnsibleFilterError(str(e)) from e
+
+
+def apt_pin(branch, **kw):
+    """`'550' | gpukit.gpu.apt_pin(channel='lab')`: the branch pin's content."""
+    return driver.apt_pin(_spec("debian", branch, **kw))
+
+
+def dnf_versionlock(branch, **kw):
+    """`'550' | gpukit.gpu.dnf_versionlock(kernel_modules='open')`: versionlock.list."""
+    return driver.dnf_versionlock(_spec("redhat", branch, **kw))
+
+
+def dnf_module_stream(branch, **kw):
+    """`'550' | gpukit.gpu.dnf_module_stream(kernel_modules='open')`: nvidia-driver:550-open."""
+    return driver.dnf_module_stream(_spec("redhat", branch, **kw))
+
+
+def driver_packages(branch, family="debian", **kw):
+    return _spec(family, branch, **kw).packages()
+
+
+def reboot_decision(target_version, loaded_version, nvml_error=None, nouveau_loaded=False):
+    """{required, reason}: is a reboot due for the installed driver to run?"""
+    _need()
+    d = driver.reboot_decision(
+        target_version or None, loaded_version or None, nvml_error or None, bool(nouveau_loaded)
+    )
+    return {"required": d.required, "reason": d.reason}
+
+
+def node_labels(extra, device_plugin_config=None, mig_config=None, deploy_device_plugin=True):
+    """Every label the inventory declares for a node."""
+    _need()
+    try:
+        return nodes.declared_labels(
+            extra, device_plugin_config or None, mig_config or None, deploy_device_plugin
+        )
+    except nodes.NodeSpecError as e:
+        raise AnsibleFilterError(str(e)) from e
+
+
+def node_patch(node, labels, taints=None):
+    """{patch, changes, needed}: make `node` (a k8s_info resource) carry `labels`/`taints`."""
+    _need()
+    try:
+        parsed = nodes.parse_taints(taints, "gpukit_node_taints")
+    except nodes.NodeSpecError as e:
+        raise AnsibleFilterError(str(e)) from e
+    p = nodes.plan(node, labels, parsed)
+    return {"patch": p.patch, "changes": list(p.changes), "needed": p.changed}
+
+
+def sharing_check(plugin_configs, plugin_config=None, mig_configs=None, mig_config=None):
+    """{ok, problems, warnings, time_slicing_replicas} of a node's sharing declarations."""
+    _need()
+    c = sharing.check(
+        plugin_configs or {}, plugin_config or None, mig_configs or {}, mig_config or None
+    )
+    return {
+        "ok": c.ok,
+        "problems": c.problems,
+        "warnings": c.warnings,
+        "time_slicing_replicas": c.time_slicing_replicas,
+    }
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "apt_pin": apt_pin,
+            "dnf_versionlock": dnf_versionlock,
+            "dnf_module_stream": dnf_module_stream,
+            "driver_packages": driver_packages,
+            "reboot_decision": reboot_decision,
+            "node_labels": node_labels,
+            "node_patch": node_patch,
+            "sharing_check": sharing_check,
+        }

@@ -1,0 +1,99 @@
+"""The device plugin DaemonSet's objects from the role's variables (gpukit.plugin.deploy
+holds the manifests; this checks the variables and the named configs first)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpukit.plugin.config import ConfigError, parse_config
+from gpukit.plugin.deploy import AgentDeployment, HostMount, manifests
+
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+
+
+class AgentSpecError(ValueError):
+    """A device plugin variable is wrong; the message names the variable."""
+
+
+def check_configs(configs: Mapping[str, Any], where: str = "gpukit_device_plugin_configs") -> None:
+    """Every named config must be a valid NVIDIA v1 config (gpukit's parser decides)."""
+    if not isinstance(configs, Mapping) or not configs:
+        raise AgentSpecError(f"{where}: must map config names to device plugin configs")
+    problems: list[str] = []
+    for name, cfg in configs.items():
+        if not isinstance(cfg, Mapping):
+            problems.append(f"{where}[{name!r}]: must be a mapping (an NVIDIA v1 config)")
+            continue
+        try:
+            parse_config(cfg, source=f"{where}[{name!r}]")
+        except ConfigError as e:
+            problems += [f"{where}[{name!r}].{p}" for p in e.problems]
+    if problems:
+        raise AgentSpecError("; ".join(problems))
+
+
+def check_selection(configs: Mapping[str, Any], selected: str | None, where: str) -> None:
+    if selected is not None and selected not in configs:
+        raise AgentSpecError(
+            f"{where}: {selected!r} is not one of gpukit_device_plugin_configs"
+            f" ({', '.join(sorted(configs))})"
+        )
+
+
+def _mounts(raw: Sequence[Mapping[str, Any]]) -> tuple[HostMount, ...]:
+    out: list[HostMount] = []
+    for i, m in enumerate(raw):
+        try:
+            out.append(HostMount(name=str(m["name"]), host_path=str(m["host_path"]),
+                                 mount_path=str(m.get("mount_path") or m["host_path"]),
+                                 read_only=bool(m.get("read_only", True))))  # fmt: skip
+        except (KeyError, TypeError) as e:
+            raise AgentSpecError(
+                f"gpukit_device_plugin_host_mounts[{i}]: needs name and host_path ({e})"
+            ) from e
+    return tuple(out)
+
+
+def deployment(
+    image: str,
+    configs: Mapping[str, Any],
+    namespace: str = "gpukit-system",
+    default_config: str | None = None,
+    driver_root: str = "/",
+    nvml_library: str | None = None,
+    metrics_address: str = "127.0.0.1:9402",
+    node_labels: bool = True,
+    node_selector: Mapping[str, str] | None = None,
+    env: Mapping[str, Any] | None = None,
+    host_mounts: Sequence[Mapping[str, Any]] = (),
+    image_pull_policy: str = "IfNotPresent",
+) -> AgentDeployment:
+    check_configs(configs)
+    check_selection(configs, default_config, "gpukit_device_plugin_default_config")
+    if not image:
+        raise AgentSpecError("gpukit_device_plugin_image: an image reference is required")
+    if image_pull_policy not in PULL_POLICIES:
+        raise AgentSpecError(
+            f"gpukit_device_plugin_image_pull_policy: {image_pull_policy!r} is not one of"
+            f" {', '.join(PULL_POLICIES)}"
+        )
+    return AgentDeployment(
+        image=image,
+        namespace=namespace,
+        configs={str(k): dict(v) for k, v in configs.items()},
+        default_config=default_config,
+        driver_root=driver_root,
+        nvml_library=nvml_library or None,
+        metrics_address=metrics_address,
+        node_labels=node_labels,
+        node_selector={str(k): str(v) for k, v in (node_selector or {}).items()},
+        env={str(k): str(v) for k, v in (env or {}).items()},
+        host_mounts=_mounts(host_mounts),
+        image_pull_policy=image_pull_policy,
+    )
+
+
+def render(**kwargs: Any) -> list[dict[str, Any]]:
+    """Every object of the DaemonSet deployment, in apply order."""
+    return manifests(deployment(**kwargs))

@@ -1,0 +1,75 @@
+"""The node's CDI spec for its NVIDIA devices (what `nvidia-ctk cdi generate` writes), built
+from NVML discovery with the device plugin's own device model.
+
+Kind `nvidia.com/gpu`; every GPU by index and UUID, every MIG device by `<gpu>:<mig>` and
+UUID, and `all`. Container edits: the driver's control nodes that exist and the NVML
+library. The device plugin's per-allocation spec (/var/run/cdi) uses the same names and
+takes precedence where both define a device (CDI resolves by directory priority).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import yaml
+
+from gpukit.plugin import cdi as plugin_cdi
+from gpukit.plugin.allocate import CONTROL_NODES
+from gpukit.plugin.inventory import Inventory
+from gpukit.plugin.resources import Unit, gpu_unit, mig_unit
+from gpukit.provision.edit import Edit
+
+DEFAULT_PATH = "/etc/cdi/nvidia.yaml"
+DRIVER_FILES = ("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", "/usr/bin/nvidia-smi")
+HEADER = "# Managed by gpukit (container_toolkit): CDI spec for this node's NVIDIA devices.\n"
+
+
+def units(inv: Inventory) -> list[Unit]:
+    out: list[Unit] = []
+    for gpu in inv.gpus:
+        out.append(gpu_unit(gpu))
+        out += [mig_unit(gpu, m) for m in gpu.mig_devices]
+    return out
+
+
+def build(
+    inv: Inventory,
+    exists: Callable[[str], bool] = os.path.exists,
+    driver_files: Iterable[str] = DRIVER_FILES,
+) -> dict[str, Any]:
+    present = [n for n in CONTROL_NODES if exists(n)]
+    spec = plugin_cdi.build_spec(units(inv), "/", present)
+    # A node-wide spec: plain paths (the device root is the host's /).
+    for dev in spec["devices"]:
+        for node in dev["containerEdits"]["deviceNodes"]:
+            node.pop("hostPath", None)
+    for node in spec["containerEdits"]["deviceNodes"]:
+        node.pop("hostPath", None)
+    gpu_nodes = [{"path": g.device_node} for g in inv.gpus]
+    if gpu_nodes:
+        spec["devices"].append({"name": "all", "containerEdits": {"deviceNodes": gpu_nodes}})
+    mounts = [
+        {"hostPath": f, "containerPath": f, "options": ["ro", "nosuid", "nodev", "bind"]}
+        for f in driver_files
+        if exists(f)
+    ]
+    if mounts:
+        spec["containerEdits"]["mounts"] = mounts
+    spec["cdiVersion"] = "0.5.0"
+    return spec
+
+
+def render(spec: dict[str, Any]) -> str:
+    return HEADER + yaml.safe_dump(spec, sort_keys=False, default_flow_style=False)
+
+
+def plan(inv: Inventory, current: str | None, path: str = DEFAULT_PATH,
+         exists: Callable[[str], bool] = os.path.exists) -> Edit:  # fmt: skip
+    after = render(build(inv, exists))
+    changes: tuple[str, ...] = ()
+    if current != after:
+        n = len(inv.gpus) + sum(len(g.mig_devices) for g in inv.gpus)
+        changes = (f"{path}: {'created' if current is None else 'updated'} ({n} devices)",)
+    return Edit(path=path, before=current, after=after, changes=changes)

@@ -1,0 +1,350 @@
+"""NVIDIA driver: which packages a node needs, the branch pin, and the plan from what is
+installed to what the inventory declares.
+
+The plan is computed here, not by apt: in check mode the pin is not written, so apt would
+plan against the old pin and under-report a branch switch. The plan resolves exact versions
+(newest of the branch, or `version` when declared) and the role installs `name=version`,
+which apt honours in check mode and real mode alike; the pin then keeps later upgrades on
+the branch.
+
+Channels (where the packages come from; package names differ; <b> is the branch):
+
+* `cuda` (Debian, Ubuntu): NVIDIA's CUDA repository; `nvidia-driver` with
+  `nvidia-kernel-open-dkms` (open) or `nvidia-kernel-dkms` (proprietary).
+* `ubuntu` (Ubuntu): Ubuntu's archive; `nvidia-driver-<b>-server-open` or
+  `nvidia-driver-<b>-server`.
+* `lab` (Debian): the gpukit lab's stand-ins; `nvidia-driver`, `nvidia-driver-<b>` with
+  `nvidia-kernel-open-<b>` or `nvidia-kernel-<b>`.
+* `cuda` (RedHat): NVIDIA's CUDA repository; the dnf module stream `nvidia-driver:<b>-open`
+  or `nvidia-driver:<b>-dkms`, held by versionlock.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gpukit.provision import debversion
+
+FLAVOURS = ("open", "proprietary")
+FAMILIES = ("debian", "redhat")
+_BRANCH = re.compile(r"^\d{3,4}$")
+_VERSION = re.compile(r"^\d{3,4}(\.\d+){1,2}$")
+
+
+class DriverSpecError(ValueError):
+    """A driver setting is wrong; the message names the variable and the value."""
+
+
+@dataclass(frozen=True)
+class Channel:
+    name: str
+    family: str
+    driver: tuple[str, ...]  # user space (and meta) packages; "{b}" is the branch
+    kernel: Mapping[str, tuple[str, ...]]  # flavour -> kernel module packages
+    persistenced: tuple[str, ...]
+    pin: tuple[str, ...]  # package globs the branch pin covers
+    family_globs: tuple[str, ...]  # installed driver packages that are not wanted get removed
+
+
+CHANNELS: dict[tuple[str, str], Channel] = {
+    ("debian", "lab"): Channel(
+        name="lab",
+        family="debian",
+        driver=("nvidia-driver", "nvidia-driver-{b}"),
+        kernel={"open": ("nvidia-kernel-open-{b}",), "proprietary": ("nvidia-kernel-{b}",)},
+        persistenced=("nvidia-persistenced",),
+        pin=("nvidia-driver", "nvidia-driver-*", "nvidia-kernel-*", "nvidia-persistenced"),
+        family_globs=("nvidia-driver-*", "nvidia-kernel-*"),
+    ),
+    ("debian", "cuda"): Channel(
+        name="cuda",
+        family="debian",
+        driver=("nvidia-driver",),
+        kernel={"open": ("nvidia-kernel-open-dkms",), "proprietary": ("nvidia-kernel-dkms",)},
+        persistenced=("nvidia-persistenced",),
+        pin=(
+            "nvidia-*",
+            "libnvidia-*",
+            "libcuda*",
+            "libnvcuvid*",
+            "libnvoptix*",
+            "firmware-nvidia-gsp*",
+            "xserver-xorg-video-nvidia*",
+            "libegl-nvidia*",
+            "libgl1-nvidia-*",
+            "libglx-nvidia*",
+            "cuda-drivers*",
+        ),
+        family_globs=("nvidia-kernel-dkms", "nvidia-kernel-open-dkms"),
+    ),
+    ("debian", "ubuntu"): Channel(
+        name="ubuntu",
+        family="debian",
+        driver=(),
+        kernel={
+            "open": ("nvidia-driver-{b}-server-open",),
+            "proprietary": ("nvidia-driver-{b}-server",),
+        },
+        persistenced=(),  # nvidia-compute-utils-<b>-server, a dependency
+        pin=("nvidia-*", "libnvidia-*", "xserver-xorg-video-nvidia-*"),
+        family_globs=("nvidia-driver-*",),
+    ),
+    ("redhat", "cuda"): Channel(
+        name="cuda",
+        family="redhat",
+        driver=("nvidia-driver", "nvidia-driver-cuda", "nvidia-driver-libs"),
+        kernel={"open": ("kmod-nvidia-open-dkms",), "proprietary": ("kmod-nvidia-latest-dkms",)},
+        persistenced=("nvidia-persistenced",),
+        pin=(),
+        family_globs=(),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class DriverSpec:
+    """What the inventory declares for a node's driver."""
+
+    branch: str
+    kernel_modules: str = "open"
+    family: str = "debian"
+    channel: str = "cuda"
+    persistenced: bool = True
+    version: str | None = None  # an exact driver version within the branch, e.g. 550.90.07
+
+    def __post_init__(self) -> None:
+        if not _BRANCH.match(str(self.branch)):
+            raise DriverSpecError(
+                f"nvidia_driver_branch: {self.branch!r} is not a driver branch such as '550'"
+            )
+        if self.kernel_modules not in FLAVOURS:
+            raise DriverSpecError(
+                f"nvidia_driver_kernel_modules: {self.kernel_modules!r} is not one of"
+                f" {', '.join(FLAVOURS)}"
+            )
+        if (self.family, self.channel) not in CHANNELS:
+            known = ", ".join(f"{c} ({f})" for f, c in CHANNELS)
+            raise DriverSpecError(
+                f"nvidia_driver_channel: {self.channel!r} is not available on the {self.family}"
+                f" family (known: {known})"
+            )
+        if self.version is not None:
+            if not _VERSION.match(self.version):
+                raise DriverSpecError(
+                    f"nvidia_driver_version: {self.version!r} is not a driver version such as"
+                    " '550.90.07'"
+                )
+            if not debversion.in_branch(self.version, self.branch):
+                raise DriverSpecError(
+                    f"nvidia_driver_version: {self.version!r} is not in branch"
+                    f" nvidia_driver_branch={self.branch!r}"
+                )
+
+    @property
+    def channel_info(self) -> Channel:
+        return CHANNELS[(self.family, self.channel)]
+
+    def packages(self) -> list[str]:
+        """Package names to install, in install order (kernel module first)."""
+        c = self.channel_info
+        names = [*c.kernel[self.kernel_modules], *c.driver]
+        if self.persistenced:
+            names += c.persistenced
+        return [n.format(b=self.branch) for n in names]
+
+    def version_glob(self) -> str:
+        return f"{self.version}-*" if self.version else f"{self.branch}.*"
+
+
+def apt_pin(spec: DriverSpec) -> str:
+    """/etc/apt/preferences.d content keeping the driver (and its meta package) on the branch.
+
+    Priority 1001 also lets apt go back down when the branch is lowered."""
+    c = spec.channel_info
+    what = f"version {spec.version}" if spec.version else f"branch {spec.branch}"
+    return (
+        f"# Managed by gpukit (nvidia_driver): keep the NVIDIA driver on {what}.\n"
+        f"Package: {' '.join(c.pin)}\n"
+        f"Pin: version {spec.version_glob()}\n"
+        "Pin-Priority: 1001\n"
+    )
+
+
+def dnf_versionlock(spec: DriverSpec) -> str:
+    """/etc/dnf/plugins/versionlock.list entries holding the driver packages on the branch
+    (NVIDIA's RPMs carry epoch 3)."""
+    c = spec.channel_info
+    names = [*c.driver, *c.kernel[spec.kernel_modules]]
+    if spec.persistenced:
+        names += c.persistenced
+    what = f"version {spec.version}" if spec.version else f"branch {spec.branch}"
+    lines = [f"# Managed by gpukit (nvidia_driver): keep the NVIDIA driver on {what}."]
+    lines += [f"{n}-3:{spec.version_glob()}" for n in names]
+    return "\n".join(lines) + "\n"
+
+
+def dnf_module_stream(spec: DriverSpec) -> str:
+    """The dnf module spec: `nvidia-driver:550-open` or `nvidia-driver:550-dkms`."""
+    return f"nvidia-driver:{spec.branch}-{'open' if spec.kernel_modules == 'open' else 'dkms'}"
+
+
+# --- planning ------------------------------------------------------------------------------
+
+
+def parse_madison(text: str) -> dict[str, list[str]]:
+    """`apt-cache madison` output -> {package: [versions, newest first, no duplicates]}."""
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split("|")]
+        if len(parts) < 3 or not parts[0] or not parts[1]:
+            continue
+        versions = out.setdefault(parts[0], [])
+        if parts[1] not in versions:
+            versions.append(parts[1])
+    for versions in out.values():
+        versions.sort(key=debversion.sort_key, reverse=True)
+    return out
+
+
+def parse_dpkg_query(text: str) -> dict[str, str]:
+    """`dpkg-query -W -f='${Package} ${Version} ${db:Status-Abbrev}\\n'` -> installed versions."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[2].startswith("ii"):
+            out[parts[0]] = parts[1]
+    return out
+
+
+@dataclass(frozen=True)
+class PackageChange:
+    name: str
+    action: str  # install | upgrade | downgrade | remove | keep
+    current: str | None
+    target: str | None
+
+    def describe(self) -> str:
+        if self.action == "install":
+            return f"install {self.name} {self.target or '(version resolved after apt update)'}"
+        if self.action == "remove":
+            return f"remove {self.name} {self.current}"
+        if self.action == "keep":
+            return f"keep {self.name} {self.current}"
+        return f"{self.action} {self.name} {self.current} -> {self.target}"
+
+
+@dataclass(frozen=True)
+class DriverPlan:
+    install: tuple[str, ...]  # apt arguments: name=version (name alone when unresolved)
+    remove: tuple[str, ...]
+    changes: tuple[PackageChange, ...]
+    driver_version: str | None  # the upstream driver version the node will have
+    problems: tuple[str, ...] = field(default_factory=tuple)
+    pin: str = ""
+
+    @property
+    def changed(self) -> bool:
+        return any(c.action != "keep" for c in self.changes)
+
+    def summary(self) -> list[str]:
+        return [c.describe() for c in self.changes if c.action != "keep"]
+
+
+def _pick(spec: DriverSpec, name: str, versions: Sequence[str]) -> str | None:
+    want = spec.version_glob()
+    # Versions carry no epoch in these repositories; match the pin the way apt does.
+    matching = [v for v in versions if fnmatch.fnmatchcase(v, want)]
+    return matching[0] if matching else None
+
+
+def plan_apt(
+    spec: DriverSpec,
+    installed: Mapping[str, str],
+    available: Mapping[str, Sequence[str]],
+    repo_configured: bool = True,
+) -> DriverPlan:
+    """From `installed` ({name: version}) and `available` (madison) to the declared driver.
+
+    `repo_configured` False (check mode before the repository exists): packages the cache
+    does not know yet are planned without a version instead of reported as missing."""
+    install: list[str] = []
+    changes: list[PackageChange] = []
+    problems: list[str] = []
+    driver_version: str | None = None
+    wanted = spec.packages()
+    for name in wanted:
+        versions = sorted(available.get(name, ()), key=debversion.sort_key, reverse=True)
+        target = _pick(spec, name, versions)
+        current = installed.get(name)
+        if target is None:
+            if versions or repo_configured:
+                problems.append(
+                    f"{name}: no version matching {spec.version_glob()} in the configured"
+                    f" repositories (available: {', '.join(versions) or 'none'})"
+                )
+            install.append(name)
+            changes.append(PackageChange(name, "install", current, None))
+            continue
+        install.append(f"{name}={target}")
+        if current is None:
+            action = "install"
+        else:
+            cmp = debversion.compare(target, current)
+            action = "keep" if cmp == 0 else ("upgrade" if cmp > 0 else "downgrade")
+        changes.append(PackageChange(name, action, current, target))
+        up = debversion.upstream(target)
+        if driver_version is None or debversion.compare(up, driver_version) > 0:
+            driver_version = up
+    if driver_version is None and spec.version:
+        driver_version = spec.version
+    remove: list[str] = []
+    for name, version in sorted(installed.items()):
+        if name in wanted:
+            continue
+        if any(fnmatch.fnmatchcase(name, g.format(b=spec.branch)) for g in
+               spec.channel_info.family_globs):  # fmt: skip
+            remove.append(name)
+            changes.append(PackageChange(name, "remove", version, None))
+    return DriverPlan(
+        install=tuple(install),
+        remove=tuple(remove),
+        changes=tuple(changes),
+        driver_version=driver_version,
+        problems=tuple(problems),
+        pin=apt_pin(spec),
+    )
+
+
+@dataclass(frozen=True)
+class RebootDecision:
+    required: bool
+    reason: str
+
+
+def reboot_decision(
+    target_version: str | None,
+    loaded_version: str | None,
+    nvml_error: str | None = None,
+    nouveau_loaded: bool = False,
+) -> RebootDecision:
+    """Is a reboot due for the driver to be the one the node runs?
+
+    `loaded_version`: what NVML reports (the loaded kernel module's version); None when NVML
+    could not answer (no module loaded, or a user-space/kernel mismatch after an upgrade)."""
+    if nouveau_loaded:
+        return RebootDecision(True, "nouveau is loaded; it must be gone before the NVIDIA driver")
+    if target_version is None:
+        return RebootDecision(False, "no NVIDIA driver is declared")
+    if loaded_version is None:
+        detail = f" ({nvml_error})" if nvml_error else ""
+        return RebootDecision(
+            True, f"driver {target_version} is installed but NVML reaches no driver{detail}"
+        )
+    if loaded_version != target_version:
+        return RebootDecision(
+            True, f"driver {target_version} is installed, {loaded_version} is loaded"
+        )
+    return RebootDecision(False, f"driver {loaded_version} is loaded")

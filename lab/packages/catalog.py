@@ -1,0 +1,265 @@
+"""The stand-in NVIDIA packages the lab's apt repository serves.
+
+Shaped like a vendor repository, so the roles run the real apt flow (sources, keyring,
+branch pin, install, upgrade across branches, conflicts between flavours):
+
+* `nvidia-driver` (one version per branch): the meta package, depending on
+  `nvidia-driver-<branch> (= the same version)`.
+* `nvidia-driver-<branch>` (`<driver version>-1`): the mock `libnvidia-ml.so.1` and
+  `nvidia-smi` (the lab's, over a vendored pynvml).
+* `nvidia-kernel-open-<branch>`, `nvidia-kernel-<branch>` (`<driver version>-1`): the
+  "kernel module", open or proprietary: a unit that "loads" it at boot.
+* `nvidia-persistenced` (one version per branch): a persistence daemon stand-in and its unit.
+* `nvidia-container-toolkit` (`1.17.4-1`): `nvidia-container-runtime`, a wrapper running runc.
+
+The loaded "kernel module" decides which driver version the GPUs report (through NVML):
+the unit it ships rewrites the node's mock NVML profile at boot. So after an upgrade the old
+version stays live until the node reboots, as on a real machine, and a role can tell that a
+reboot is due by comparing the installed package with what NVML reports.
+
+Driver flavours, branches and the meta package conflict the way vendor packages do: the
+user-space drivers provide and conflict with `nvidia-driver-binary`, the kernel modules with
+`nvidia-kernel-module`, so installing another branch or flavour replaces the old one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpukit.lab.packages.deb import File, Package, text
+
+NVML_LIB_PATH = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+LAB_DIR = "/usr/lib/nvidia/lab"
+TOOLKIT_VERSION = "1.17.4-1"
+
+
+@dataclass(frozen=True)
+class Branch:
+    name: str  # "550"
+    driver_version: str  # "550.90.07"
+    cuda_version: str  # what the driver reports to CUDA: "12.4"
+
+    @property
+    def deb_version(self) -> str:
+        return f"{self.driver_version}-1"
+
+
+BRANCHES = (
+    Branch("550", "550.90.07", "12.4"),
+    Branch("570", "570.86.15", "12.8"),
+)
+
+LOAD_MODULE = """\
+#!/bin/sh
+# Stand-in for loading the NVIDIA kernel module at boot: from now on the node's GPUs
+# report the driver version of the module that was installed when the node booted.
+set -e
+. {lab}/kernel-module
+profile=/etc/gpukit-lab/nvml/profile.yaml
+if [ -f "$profile" ]; then
+  sed -i -e "s/^driver_version:.*/driver_version: \\"$VERSION\\"/" \\
+         -e "s/^cuda_driver_version:.*/cuda_driver_version: \\"$CUDA\\"/" \\
+         -e "s/^nvml_version:.*/nvml_version: \\"${{CUDA%%.*}}.$VERSION\\"/" "$profile"
+fi
+mkdir -p /run/nvidia
+printf '%s %s\\n' "$VERSION" "$FLAVOUR" > /run/nvidia/module-loaded
+"""
+
+LOAD_UNIT = """\
+[Unit]
+Description=Load the NVIDIA kernel module (gpukit lab stand-in)
+Before=containerd.service kubelet.service nvidia-persistenced.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart={lab}/load-module
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+# Debian's convention for "this upgrade needs a reboot" (update-notifier, unattended-upgrades).
+REBOOT_REQUIRED = """\
+touch /run/reboot-required
+grep -qxF "$DPKG_MAINTSCRIPT_PACKAGE" /run/reboot-required.pkgs 2>/dev/null || \\
+  echo "$DPKG_MAINTSCRIPT_PACKAGE" >> /run/reboot-required.pkgs
+"""
+
+ENABLE_UNIT = """\
+if [ "$1" = configure ] && command -v deb-systemd-helper >/dev/null; then
+  deb-systemd-helper unmask {unit} >/dev/null || true
+  deb-systemd-helper enable {unit} >/dev/null || true
+fi
+"""
+
+DISABLE_UNIT = """\
+if [ "$1" = remove ] || [ "$1" = purge ]; then
+  if command -v deb-systemd-helper >/dev/null; then
+    deb-systemd-helper purge {unit} >/dev/null || true
+  fi
+fi
+"""
+
+NVIDIA_SMI = """\
+#!/bin/sh
+# nvidia-smi of the gpukit lab: a read-only nvidia-smi over NVML (vendored pynvml).
+exec /usr/bin/python3 {lab}/nvidia_smi.py "$@"
+"""
+
+PERSISTENCED = """\
+#!/bin/sh
+# Stand-in for nvidia-persistenced: a real one keeps the GPUs initialised while no client
+# holds them; this one only stays up, so its unit behaves like the real service.
+exec sleep infinity
+"""
+
+PERSISTENCED_UNIT = """\
+[Unit]
+Description=NVIDIA Persistence Daemon (gpukit lab stand-in)
+Wants=syslog.target
+
+[Service]
+Type=simple
+ExecStart=/usr/bin/nvidia-persistenced
+Restart=on-failure
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+RUNTIME = """\
+#!/bin/sh
+# Stand-in for nvidia-container-runtime: the real one injects the devices (CDI or its hook)
+# into the OCI spec and runs runc; here the kubelet's device plugin already passes the
+# device nodes, so this only runs runc.
+for r in /usr/bin/runc /usr/sbin/runc; do
+  [ -x "$r" ] && exec "$r" "$@"
+done
+echo "nvidia-container-runtime: runc not found" >&2
+exit 1
+"""
+
+RUNTIME_CONFIG = """\
+# nvidia-container-runtime configuration (gpukit lab stand-in)
+[nvidia-container-runtime]
+runtimes = ["runc"]
+mode = "cdi"
+"""
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Host files the packages ship."""
+
+    nvml_lib: Path  # the mock libnvidia-ml.so.1
+    nvidia_smi: Path  # gpukit/lab/nvidia_smi.py
+    pynvml: Path  # pynvml.py (nvidia-ml-py, BSD), vendored for nvidia-smi
+
+
+def driver_packages(branch: Branch, src: Sources) -> list[Package]:
+    """The packages of one driver branch."""
+    v = branch.deb_version
+    b = branch.name
+    kernel: list[Package] = []
+    flavours = (("open", f"nvidia-kernel-open-{b}"), ("proprietary", f"nvidia-kernel-{b}"))
+    for flavour, pkg in flavours:
+        kernel.append(
+            Package(
+                name=pkg,
+                version=v,
+                section="non-free/kernel",
+                description=(
+                    f"NVIDIA kernel module, {flavour} flavour, branch {b}\n"
+                    "Loaded at boot by nvidia-lab-module.service; the GPUs then report this\n"
+                    "driver version."
+                ),
+                files={
+                    f"{LAB_DIR}/kernel-module": text(
+                        f'VERSION="{branch.driver_version}"\nCUDA="{branch.cuda_version}"\n'
+                        f'FLAVOUR="{flavour}"\n'
+                    ),
+                    f"{LAB_DIR}/load-module": text(LOAD_MODULE.format(lab=LAB_DIR), 0o755),
+                    "/lib/systemd/system/nvidia-lab-module.service": text(
+                        LOAD_UNIT.format(lab=LAB_DIR)
+                    ),
+                },
+                provides=("nvidia-kernel-module",),
+                conflicts=("nvidia-kernel-module",),
+                replaces=("nvidia-kernel-module",),
+                postinst=ENABLE_UNIT.format(unit="nvidia-lab-module.service") + REBOOT_REQUIRED,
+                postrm=DISABLE_UNIT.format(unit="nvidia-lab-module.service"),
+            )
+        )
+    userspace = Package(
+        name=f"nvidia-driver-{b}",
+        version=v,
+        description=(
+            f"NVIDIA driver user space, branch {b}\n"
+            "libnvidia-ml.so.1 (the gpukit lab's mock NVML) and nvidia-smi."
+        ),
+        files={
+            NVML_LIB_PATH: File(source=src.nvml_lib, mode=0o644),
+            "/usr/bin/nvidia-smi": text(NVIDIA_SMI.format(lab=LAB_DIR), 0o755),
+            f"{LAB_DIR}/nvidia_smi.py": File(source=src.nvidia_smi),
+            f"{LAB_DIR}/pynvml.py": File(source=src.pynvml),
+            f"{LAB_DIR}/driver-version": text(branch.driver_version + "\n"),
+        },
+        depends=(f"nvidia-kernel-open-{b} (= {v}) | nvidia-kernel-{b} (= {v})", "python3"),
+        provides=("nvidia-driver-binary",),
+        conflicts=("nvidia-driver-binary",),
+        replaces=("nvidia-driver-binary",),
+        postinst='if [ "$1" = configure ] && command -v ldconfig >/dev/null; then ldconfig; fi\n',
+    )
+    meta = Package(
+        name="nvidia-driver",
+        version=v,
+        section="non-free/metapackages",
+        description=(
+            "NVIDIA driver meta package\n"
+            "Depends on the newest driver; pin it by version to stay on a branch."
+        ),
+        depends=(f"nvidia-driver-{b} (= {v})",),
+    )
+    persistenced = Package(
+        name="nvidia-persistenced",
+        version=v,
+        section="non-free/utils",
+        description="NVIDIA persistence daemon",
+        files={
+            "/usr/bin/nvidia-persistenced": text(PERSISTENCED, 0o755),
+            "/lib/systemd/system/nvidia-persistenced.service": text(PERSISTENCED_UNIT),
+        },
+        postinst=ENABLE_UNIT.format(unit="nvidia-persistenced.service"),
+        postrm=DISABLE_UNIT.format(unit="nvidia-persistenced.service"),
+    )
+    return [*kernel, userspace, meta, persistenced]
+
+
+def toolkit_packages() -> list[Package]:
+    return [
+        Package(
+            name="nvidia-container-toolkit",
+            version=TOOLKIT_VERSION,
+            section="non-free/utils",
+            description=(
+                "NVIDIA container runtime\n"
+                "nvidia-container-runtime, which runs containers with runc. CDI specs come\n"
+                "from gpukit, not from nvidia-ctk."
+            ),
+            files={
+                "/usr/bin/nvidia-container-runtime": text(RUNTIME, 0o755),
+                "/etc/nvidia-container-runtime/config.toml": text(RUNTIME_CONFIG, conffile=True),
+            },
+        )
+    ]
+
+
+def all_packages(src: Sources) -> list[Package]:
+    """Every package of the lab repository."""
+    out: list[Package] = []
+    for branch in BRANCHES:
+        out += driver_packages(branch, src)
+    out += toolkit_packages()
+    return out

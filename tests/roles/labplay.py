@@ -1,0 +1,90 @@
+"""Run gpukit's playbooks the way a user does (ansible-playbook), and read what happened.
+
+Results come from the json stdout callback: per host, the names of the tasks that changed
+(and failed), the recap counts, and the diffs in --diff runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+LAB_VARS = Path(__file__).resolve().parent / "lab_group_vars.yml"
+
+
+@dataclass
+class PlayResult:
+    rc: int
+    seconds: float
+    stats: dict[str, dict[str, int]]
+    changed: dict[str, list[str]] = field(default_factory=dict)
+    failed: dict[str, list[str]] = field(default_factory=dict)
+    results: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    stderr: str = ""
+
+    def changed_count(self, host: str) -> int:
+        return self.stats.get(host, {}).get("changed", 0)
+
+    def describe(self) -> str:
+        return json.dumps(
+            {"rc": self.rc, "changed": self.changed, "failed": self.failed,
+             "stats": self.stats, "stderr": self.stderr[-3000:]}, indent=1)  # fmt: skip
+
+
+def _msg(res: dict[str, Any]) -> str:
+    return str(res.get("msg") or res.get("stderr") or "")[:500]
+
+
+def run_playbook(
+    playbook: str,
+    inventory: Path | str,
+    *args: str,
+    extra_vars: dict[str, Any] | None = None,
+    var_files: Sequence[Path] = (LAB_VARS,),
+    timeout: float = 900,
+    env: dict[str, str] | None = None,
+) -> PlayResult:
+    argv = [str(BIN / "ansible-playbook"), "-i", str(inventory), playbook]
+    for f in var_files:
+        argv += ["-e", f"@{f}"]
+    if extra_vars:
+        argv += ["-e", json.dumps(extra_vars)]
+    argv += list(args)
+    full_env = {
+        **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
+        "ANSIBLE_CALLBACK_RESULT_FORMAT": "json",
+        "ANSIBLE_FORCE_COLOR": "0",
+        "ANSIBLE_NOCOLOR": "1",
+        **(env or {}),
+    }
+    t0 = time.monotonic()
+    proc = subprocess.run(argv, cwd=REPO, env=full_env, capture_output=True, text=True,
+                          timeout=timeout)  # fmt: skip
+    seconds = time.monotonic() - t0
+    try:
+        doc = json.loads(proc.stdout[proc.stdout.index("{") :])
+    except ValueError:
+        return PlayResult(proc.returncode, seconds, {}, stderr=proc.stdout + proc.stderr)
+    out = PlayResult(proc.returncode, seconds, doc.get("stats", {}), stderr=proc.stderr)
+    for play in doc.get("plays", []):
+        for task in play.get("tasks", []):
+            # "role : task" -> "task": tests name tasks as the role files do.
+            name = task["task"]["name"].split(" : ", 1)[-1]
+            for host, res in task.get("hosts", {}).items():
+                out.results.setdefault(host, {})[name] = res
+                if res.get("changed"):
+                    out.changed.setdefault(host, []).append(name)
+                if res.get("failed") or res.get("unreachable"):
+                    out.failed.setdefault(host, []).append(f"{name}: {_msg(res)}")
+    return out

@@ -1,0 +1,106 @@
+"""Playbooks and roles without a lab: syntax, lint, variable checks, the RHEL path in check
+mode (facts from a fact cache), the per-concern playbooks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from labplay import BIN, REPO, run_playbook
+
+PLAYBOOKS = ["site.yml", "playbooks/provision.yml", "playbooks/sharing.yml", "playbooks/mig.yml"]
+HERE = Path(__file__).resolve().parent
+
+
+def test_syntax_check_every_playbook() -> None:
+    r = subprocess.run([str(BIN / "ansible-playbook"), "--syntax-check", *PLAYBOOKS],
+                       cwd=REPO, capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.skipif(not (BIN / "ansible-lint").exists(), reason="ansible-lint is not installed")
+def test_ansible_lint_production_profile() -> None:
+    r = subprocess.run(
+        [str(BIN / "ansible-lint"), "--profile", "production", "--nocolor", *PLAYBOOKS,
+         "roles", "collections/ansible_collections/gpukit"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-5000:]
+
+
+def test_every_role_has_typed_argument_specs() -> None:
+    import yaml
+
+    for role in sorted(p for p in (REPO / "roles").iterdir() if p.is_dir()):
+        specs = yaml.safe_load((role / "meta/argument_specs.yml").read_text())["argument_specs"]
+        options = specs["main"]["options"]
+        defaults = yaml.safe_load((role / "defaults/main.yml").read_text()) or {}
+        for name in defaults:
+            assert name in options, f"{role.name}: default {name} has no argument spec"
+        for name, opt in options.items():
+            assert opt.get("type") and opt.get("description"), f"{role.name}: {name}"
+
+
+def argspec(role: str, **extra: Any) -> str:
+    r = run_playbook(str(HERE / "playbooks/argspec.yml"), "localhost,", var_files=(),
+                     extra_vars={"role_under_test": role, **extra})  # fmt: skip
+    assert r.rc != 0, f"{role} accepted {extra}"
+    return json.dumps(r.failed)
+
+
+@pytest.mark.parametrize(
+    ("role", "extra", "needle"),
+    [
+        ("nvidia_driver", {"nvidia_driver_branch": "550", "nvidia_driver_kernel_modules": "closed"},
+         "nvidia_driver_kernel_modules must be one of: open, proprietary, got: closed"),
+        ("nvidia_driver", {"nvidia_driver_branch": "550", "nvidia_driver_reboot": "sometimes"},
+         "nvidia_driver_reboot must be one of: auto, never"),
+        ("container_toolkit", {"gpukit_container_runtime": "docker"},
+         "container_toolkit_runtime must be one of: containerd, crio, got: docker"),
+        ("device_plugin", {"gpukit_device_plugin_configs": "not-a-dict"},
+         "device_plugin_configs"),
+        ("node_labels", {"gpukit_node_taints": [{"key": "a", "effect": "Never"}]},
+         "effect must be one of: NoSchedule, PreferNoSchedule, NoExecute"),
+        ("gpu_sharing", {"gpukit_mig_configs": ["not", "a", "mapping"]},
+         "gpu_sharing_mig_configs"),
+    ],
+)  # fmt: skip
+def test_argument_specs_reject_bad_variables(role: str, extra: dict[str, Any], needle: str) -> None:
+    assert needle in argspec(role, **extra)
+
+
+@pytest.fixture
+def rhel_inventory(tmp_path: Path) -> Path:
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(
+        "all:\n  children:\n    rhel:\n      hosts:\n        rhel9:\n"
+        "          ansible_connection: local\n"
+        "          ansible_python_interpreter: '{{ ansible_playbook_python }}'\n"
+        "          ansible_become: false\n"
+    )
+    return inv
+
+
+def test_redhat_path_in_check_mode(rhel_inventory: Path, tmp_path: Path) -> None:
+    inv = rhel_inventory
+    r = run_playbook(
+        str(HERE / "playbooks/redhat_check.yml"), inv, "--check", "--diff",
+        "--tags", "nvidia_driver_packages", "--skip-tags", "nvidia_driver_dnf",
+        var_files=(),
+        extra_vars={"nvidia_driver_branch": "550", "nvidia_driver_kernel_modules": "open",
+                    "nvidia_driver_dnf_reposdir": str(tmp_path),
+                    "nvidia_driver_dnf_versionlock_list": str(tmp_path / "versionlock.list")},
+    )  # fmt: skip
+    assert r.rc == 0 and not r.failed, r.describe()
+    res = r.results["rhel9"]
+    repo = json.dumps(res["Add NVIDIA's dnf repository"]["diff"])
+    assert "compute/cuda/repos/rhel9/x86_64" in repo
+    lock = json.dumps(res["Hold the driver packages on the branch"]["diff"])
+    assert "nvidia-driver-3:550.*" in lock and "kmod-nvidia-open-dkms-3:550.*" in lock
+    assert "BEGIN gpukit nvidia_driver" in lock
+    assert set(r.changed["rhel9"]) == {"Add NVIDIA's dnf repository",
+                                       "Hold the driver packages on the branch"}  # fmt: skip
+    assert not list(tmp_path.glob("*.repo")) and not (tmp_path / "versionlock.list").exists()
