@@ -258,14 +258,18 @@ class HealthMonitor:
         if self._event_set is None:
             self._stop.wait(timeout)
             return
+        started = time.monotonic()
         try:
             data = pynvml.nvmlEventSetWait_v2(self._event_set, int(timeout * 1000))
         except pynvml.NVMLError as exc:
             if exc.value != pynvml.NVML_ERROR_TIMEOUT:
                 log.warning("waiting for NVML events failed: %s", exc)
                 self._stop.wait(timeout)
+            else:
+                self._pace(started, timeout)
             return
         if not data.eventType & pynvml.nvmlEventTypeXidCriticalError:
+            self._pace(started, timeout)
             return
         xid = int(data.eventData)
         try:
@@ -276,6 +280,13 @@ class HealthMonitor:
         gpu_uuid = gpu_uuid.decode() if isinstance(gpu_uuid, bytes) else str(gpu_uuid)
         self.handle_xid(units, gpu_uuid, xid, int(data.gpuInstanceId),
                         int(data.computeInstanceId))
+
+    def _pace(self, started: float, timeout: float) -> None:
+        """A wait that came back early with nothing to act on (a driver returning TIMEOUT
+        at once, or a stream of other event types) must not turn the loop into a spin."""
+        left = timeout - (time.monotonic() - started)
+        if left > 0.05:
+            self._stop.wait(left)
 
     def handle_xid(self, units: Mapping[str, Unit], gpu_uuid: str, xid: int, gi: int, ci: int
                    ) -> None:
