@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpukit import mig_profiles
+from gpukit import label_syntax, mig_profiles
 from gpukit.plugin.config import Config, ConfigError, parse_config
 
 GPU_GROUP = "gpu_nodes"
@@ -43,8 +43,6 @@ MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 
 _BRANCH = re.compile(r"^\d{3,4}$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
-_LABEL_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?)$")
 _INVALID_LABEL_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
 _UUID_REF = re.compile(r"^(GPU|MIG)-")
 
@@ -624,7 +622,7 @@ def _labels(v: _Vars) -> dict[str, str]:
         else:
             v.fail(var, value, "is not a label value (a string)")
             continue
-        if not _LABEL_VALUE.match(text):
+        if not label_syntax.value_ok(text):
             v.fail(var, value, "is not a valid label value (<= 63 of [A-Za-z0-9_.-], "
                    "alphanumeric at both ends)")
             continue
@@ -633,10 +631,7 @@ def _labels(v: _Vars) -> dict[str, str]:
 
 
 def _label_key_ok(key: str) -> bool:
-    prefix, sep, name = key.rpartition("/")
-    if sep and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
-        return False
-    return bool(_LABEL_NAME.match(name))
+    return label_syntax.key_problem(key) is None
 
 
 def _taints(v: _Vars) -> tuple[Taint, ...]:

@@ -8,10 +8,11 @@ set is recorded on the node in two annotations.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from gpukit import label_syntax
 
 DEVICE_PLUGIN_CONFIG = "nvidia.com/device-plugin.config"
 MIG_CONFIG = "nvidia.com/mig.config"
@@ -21,9 +22,6 @@ MANAGED_LABELS = "gpukit/managed-labels"
 MANAGED_TAINTS = "gpukit/managed-taints"
 EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
-_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$")
-_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$")
-_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
 class NodeSpecError(ValueError):
@@ -31,18 +29,13 @@ class NodeSpecError(ValueError):
 
 
 def check_key(key: str, where: str) -> None:
-    prefix, sep, name = key.rpartition("/")
-    if sep and (not prefix or len(prefix) > 253 or not _PREFIX.match(prefix)):
-        raise NodeSpecError(f"{where}: {key!r}: the prefix {prefix!r} is not a DNS subdomain")
-    if not _NAME.match(name):
-        raise NodeSpecError(
-            f"{where}: {key!r}: the name must be 1-63 characters of [A-Za-z0-9-_.],"
-            " alphanumeric at both ends"
-        )
+    problem = label_syntax.key_problem(key)
+    if problem:
+        raise NodeSpecError(f"{where}: {key!r}: {problem}")
 
 
 def check_value(value: str, where: str) -> None:
-    if len(value) > 63 or not _VALUE.match(value):
+    if not label_syntax.value_ok(value):
         raise NodeSpecError(
             f"{where}: {value!r} is not a label value (at most 63 characters of"
             " [A-Za-z0-9-_.], alphanumeric at both ends)"
