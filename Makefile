@@ -6,20 +6,39 @@ export GPUKIT_CACHE ?= $(HOME)/.cache/gpukit
 
 .PHONY: lab provision conformance test deps venv nvml k8s rootfs protos lab-down clean
 
+# The running lab instance (GPUKIT_LAB_INSTANCE, default 0): its inventory (instance 0:
+# inventories/lab; others: a copy with their addresses) and kubeconfig.
+LAB_INVENTORY = $(PY) -c 'from gpukit.lab.config import load_spec; from gpukit.lab.inventory import for_instance; print(for_instance(load_spec()))'
+LAB_KUBECONFIG = $(PY) -c 'from gpukit.lab.controlplane import paths; print(paths().admin_kubeconfig)'
+RESULTS ?= results
+# provision and conformance print their part of the summary; lab prints the whole at its end.
+SUMMARY ?= 1
+
 lab: deps venv protos nvml k8s rootfs ## bring the lab up (if needed) and run the main job on it
 	$(PY) -m gpukit.cli lab up
 	$(PY) -m gpukit.cli lab smoke
-	$(MAKE) provision conformance
+	@rm -f $(RESULTS)/site.json $(RESULTS)/conformance.xml
+	@$(MAKE) --no-print-directory provision conformance SUMMARY=0; rc=$$?; \
+	  $(PY) -m gpukit.summary --play $(RESULTS)/site.json --junit $(RESULTS)/conformance.xml; \
+	  exit $$rc
 
-provision: venv nvml ## converge the lab's nodes to inventories/lab (ansible-playbook site.yml)
+provision: venv nvml ## converge the lab's nodes to its inventory (ansible-playbook site.yml)
 	$(PY) -m gpukit.lab.packages build
-	$(VENV)/bin/ansible-playbook -i inventories/lab site.yml
+	@mkdir -p $(RESULTS) && rm -f $(RESULTS)/site.json
+	@inv=$$($(LAB_INVENTORY)) || exit; \
+	  echo "ansible-playbook -i $$inv site.yml  (results: $(RESULTS)/site.json)"; \
+	  ANSIBLE_CALLBACKS_ENABLED=gpukit.gpu.play_record$${ANSIBLE_CALLBACKS_ENABLED:+,$$ANSIBLE_CALLBACKS_ENABLED} \
+	  GPUKIT_PLAY_RECORD=$(RESULTS)/site.json $(VENV)/bin/ansible-playbook -i "$$inv" site.yml; \
+	  rc=$$?; [ "$(SUMMARY)" = 0 ] || $(PY) -m gpukit.summary --play $(RESULTS)/site.json; exit $$rc
 
-conformance: venv ## prove the lab serves what inventories/lab declares
-	@mkdir -p results
-	$(PY) -m pytest conformance --inventory inventories/lab \
-	  --kubeconfig /var/lib/gpukit-lab/kubeconfig \
-	  --junitxml results/conformance.xml --report-html results/conformance.html
+conformance: venv ## prove the lab serves what its inventory declares
+	@mkdir -p $(RESULTS) && rm -f $(RESULTS)/conformance.xml
+	@inv=$$($(LAB_INVENTORY)) && kc=$$($(LAB_KUBECONFIG)) || exit; \
+	  echo "pytest conformance --inventory $$inv --kubeconfig $$kc"; \
+	  $(PY) -m pytest conformance --inventory "$$inv" --kubeconfig "$$kc" \
+	    --junitxml $(RESULTS)/conformance.xml --report-html $(RESULTS)/conformance.html; \
+	  rc=$$?; [ "$(SUMMARY)" = 0 ] || $(PY) -m gpukit.summary --junit $(RESULTS)/conformance.xml; \
+	  exit $$rc
 
 test: deps venv protos nvml k8s rootfs ## the project's tests: lint, types, unit, lab integration
 	$(VENV)/bin/ruff check .
