@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from labplay import BIN, REPO, run_playbook
 
-PLAYBOOKS = ["site.yml", "playbooks/provision.yml", "playbooks/sharing.yml", "playbooks/mig.yml"]
+PLAYBOOKS = ["site.yml", "playbooks/provision.yml", "playbooks/sharing.yml", "playbooks/mig.yml",
+             "playbooks/upgrade.yml"]
 HERE = Path(__file__).resolve().parent
 
 
@@ -66,6 +67,10 @@ def argspec(role: str, **extra: Any) -> str:
          "effect must be one of: NoSchedule, PreferNoSchedule, NoExecute"),
         ("gpu_sharing", {"gpukit_mig_configs": ["not", "a", "mapping"]},
          "gpu_sharing_mig_configs"),
+        ("rolling_upgrade", {"rolling_upgrade_reasons": ["x"], "gpukit_upgrade_job_timeout": "soon"},
+         "rolling_upgrade_job_timeout"),
+        ("rolling_upgrade", {"rolling_upgrade_reasons": "not-a-list-of", "gpukit_upgrade_validate": "maybe"},
+         "rolling_upgrade_validate"),
     ],
 )  # fmt: skip
 def test_argument_specs_reject_bad_variables(role: str, extra: dict[str, Any], needle: str) -> None:

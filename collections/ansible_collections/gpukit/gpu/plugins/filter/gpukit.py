@@ -5,7 +5,7 @@ from __future__ import annotations
 from ansible.errors import AnsibleFilterError
 
 try:
-    from gpukit.provision import driver, nodes, sharing
+    from gpukit.provision import driver, nodes, sharing, upgrade
 
     HAS_GPUKIT = True
 except ImportError as e:  # pragma: no cover - reported when a filter is used
@@ -100,6 +100,77 @@ def sharing_check(plugin_configs, plugin_config=None, mig_configs=None, mig_conf
     }
 
 
+def upgrade_plan(states, max_failed=0):
+    """The rollout's batches from the planning play's per-node findings."""
+    _need()
+    try:
+        return upgrade.plan([upgrade.node_state(s) for s in states], max_failed).as_dict()
+    except upgrade.UpgradeSpecError as e:
+        raise AnsibleFilterError(str(e)) from e
+
+
+def upgrade_driver_changes(summary, target_version=None, running_version=None):
+    _need()
+    return upgrade.driver_changes(summary or [], target_version or None, running_version or None)
+
+
+def upgrade_label_changes(changes, watched):
+    _need()
+    return upgrade.label_changes(changes or [], watched)
+
+
+def upgrade_pods_to_wait_for(pods, resource_prefixes=("nvidia.com/",), owner_kinds=("Job",)):
+    """Names of the node's GPU pods a rollout waits for before it drains."""
+    _need()
+    return upgrade.pods_to_wait_for(pods or [], resource_prefixes, owner_kinds)
+
+
+def upgrade_node_serves(node, expected):
+    _need()
+    return upgrade.node_serves(node or {}, expected or {})
+
+
+def upgrade_failed_hosts(hostvars, hosts, fact="rolling_upgrade_result"):
+    """Hosts of `hosts` whose rollout result is `failed` so far."""
+    results = {}
+    for h in hosts:
+        try:
+            results[h] = hostvars[h].get(fact, None)
+        except KeyError:
+            results[h] = None
+    _need()
+    return upgrade.failed_so_far(results)
+
+
+def upgrade_report(planned, hostvars, check_mode=False):
+    """Each planned node's outcome, from the rollout's per-host facts."""
+    _need()
+    results, failures = {}, {}
+    for h in planned.get("order") or []:
+        hv = hostvars[h]
+        results[h] = hv.get("rolling_upgrade_result", None)
+        failures[h] = hv.get("rolling_upgrade_failure", None)
+    return upgrade.report(planned, results, failures, bool(check_mode)).as_dict()
+
+
+def expected_resources(hostvars, host):
+    """What the device plugin must advertise on `host` for its declarations (resource -> n)."""
+    try:
+        from gpukit import inventory
+    except ImportError:
+        _need()
+        raise
+    raw = {
+        k: inventory.plain(hostvars[k])
+        for k in hostvars
+        if k.startswith(("gpukit_", "nvidia_driver_")) or k == "ansible_host"
+    }
+    try:
+        return inventory.expected_resources(inventory.node_from_vars(host, raw))
+    except inventory.InventoryError as e:
+        raise AnsibleFilterError(str(e)) from e
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -111,4 +182,12 @@ class FilterModule:
             "node_labels": node_labels,
             "node_patch": node_patch,
             "sharing_check": sharing_check,
+            "upgrade_plan": upgrade_plan,
+            "upgrade_report": upgrade_report,
+            "upgrade_node_serves": upgrade_node_serves,
+            "upgrade_failed_hosts": upgrade_failed_hosts,
+            "expected_resources": expected_resources,
+            "upgrade_driver_changes": upgrade_driver_changes,
+            "upgrade_label_changes": upgrade_label_changes,
+            "upgrade_pods_to_wait_for": upgrade_pods_to_wait_for,
         }

@@ -1,0 +1,331 @@
+"""Rolling upgrades: which nodes to touch, in which batches, and when to stop.
+
+playbooks/upgrade.yml asks every node what differs from the inventory (driver packages or
+the running driver, the MIG layout, the selection labels) and hands the answers here. The
+plan is pure data: an ordered list of batches whose sizes become the rollout play's
+`serial`, the failure budget, and one line per node saying why it is touched or not.
+
+Batching: nodes belong to an upgrade group (inventory `gpukit_upgrade_group`, by default
+the node's first inventory group other than `gpu_nodes`); groups roll one after another
+(`gpukit_upgrade_order`, then the order of the inventory), and within a group at most
+`gpukit_upgrade_serial` nodes (a count, or a percent of the group's nodes, as with
+Kubernetes' maxUnavailable; never less than one) are out of service at once. The rollout
+stops when more than `gpukit_upgrade_max_failed` nodes (a count or a percent of the
+targets) have failed; nodes in later batches are then left untouched.
+
+A node whose upgrade-state label says a previous rollout did not finish on it (it failed,
+or the run was interrupted) is a target even when nothing else differs: it is still
+cordoned and must be validated before it serves again.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+STATE_LABEL = "gpukit.io/upgrade-state"
+MESSAGE_ANNOTATION = "gpukit.io/upgrade-message"
+SKIP_LABEL = "gpukit.io/upgrade"
+SKIP_VALUE = "skip"
+# Per node, in this order; a rollout that stops leaves the node at the state it reached.
+STATES = ("cordoned", "draining", "upgrading", "validating", "done", "failed")
+UNFINISHED = frozenset({"cordoned", "draining", "upgrading", "validating", "failed"})
+_PERCENT = re.compile(r"^(\d{1,3})%$")
+
+
+class UpgradeSpecError(ValueError):
+    """An upgrade setting is wrong; the message names the variable and the value."""
+
+
+def _amount(value: Any, where: str, *, minimum: int) -> tuple[int, bool]:
+    """(number, is_percent) from `3` or `"25%"`."""
+    if isinstance(value, bool):
+        raise UpgradeSpecError(f"{where}: {value!r} is not a count or a percent like '25%'")
+    if isinstance(value, int):
+        n, percent = value, False
+    else:
+        text = str(value).strip()
+        m = _PERCENT.match(text)
+        if m:
+            n, percent = int(m.group(1)), True
+        elif text.isdigit():
+            n, percent = int(text), False
+        else:
+            raise UpgradeSpecError(f"{where}: {value!r} is not a count or a percent like '25%'")
+    if n < minimum or (percent and n > 100):
+        limit = f"{minimum}%..100%" if percent else f">= {minimum}"
+        raise UpgradeSpecError(f"{where}: {value!r} is out of range ({limit})")
+    return n, percent
+
+
+def serial_size(value: Any, group_size: int, where: str = "gpukit_upgrade_serial") -> int:
+    """Nodes of a group that may be out of service at once (at least one)."""
+    n, percent = _amount(value, where, minimum=1)
+    if percent:
+        return max(1, math.floor(group_size * n / 100))
+    return n
+
+
+def failure_budget(value: Any, targets: int, where: str = "gpukit_upgrade_max_failed") -> int:
+    """Failed nodes the rollout tolerates; one more stops it."""
+    n, percent = _amount(value, where, minimum=0)
+    if percent:
+        return math.floor(targets * n / 100)
+    return n
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """What the planning play found on one node."""
+
+    host: str
+    node: str
+    group: str
+    serial: Any
+    order: int = 100
+    changes: tuple[str, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    unschedulable: bool = False
+
+    @property
+    def state(self) -> str:
+        return self.labels.get(STATE_LABEL, "")
+
+    @property
+    def skipped(self) -> bool:
+        return self.labels.get(SKIP_LABEL) == SKIP_VALUE
+
+    def reasons(self) -> list[str]:
+        out = list(self.changes)
+        if self.state in UNFINISHED:
+            out.append(f"a previous rollout left it {self.state}")
+        return out
+
+
+@dataclass
+class Plan:
+    batches: list[list[str]]
+    max_failed: int
+    lines: list[str]
+    touched: dict[str, list[str]]  # host -> reasons
+    skipped: list[str]
+    unchanged: list[str]
+
+    @property
+    def sizes(self) -> list[int]:
+        return [len(b) for b in self.batches]
+
+    @property
+    def order(self) -> list[str]:
+        return [h for b in self.batches for h in b]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "batches": self.batches,
+            "sizes": self.sizes,
+            "order": self.order,
+            "max_failed": self.max_failed,
+            "lines": self.lines,
+            "touched": self.touched,
+            "skipped": self.skipped,
+            "unchanged": self.unchanged,
+        }
+
+
+def plan(nodes: Sequence[NodeState], max_failed: Any = 0) -> Plan:
+    """Batches of the nodes that differ from the inventory, groups in order."""
+    groups: dict[str, list[NodeState]] = {}
+    for n in nodes:
+        groups.setdefault(n.group, []).append(n)
+    first_seen = {g: i for i, g in enumerate(groups)}
+    ordered = sorted(groups, key=lambda g: (min(n.order for n in groups[g]), first_seen[g]))
+    batches: list[list[str]] = []
+    lines: list[str] = []
+    touched: dict[str, list[str]] = {}
+    skipped: list[str] = []
+    unchanged: list[str] = []
+    for g in ordered:
+        members = groups[g]
+        serials = {str(n.serial) for n in members}
+        if len(serials) > 1:
+            raise UpgradeSpecError(
+                f"gpukit_upgrade_serial: the nodes of upgrade group {g!r} disagree"
+                f" ({', '.join(sorted(serials))}); set it once for the group"
+            )
+        size = serial_size(members[0].serial, len(members), f"gpukit_upgrade_serial ({g})")
+        targets: list[str] = []
+        for n in members:
+            reasons = n.reasons()
+            if n.skipped:
+                skipped.append(n.host)
+                why = "; would change: " + "; ".join(reasons) if reasons else ""
+                lines.append(f"{n.host}: skipped ({SKIP_LABEL}={SKIP_VALUE}){why}")
+            elif reasons:
+                targets.append(n.host)
+                touched[n.host] = reasons
+            else:
+                unchanged.append(n.host)
+                lines.append(f"{n.host}: matches the inventory, not touched")
+        for i in range(0, len(targets), size):
+            batch = targets[i : i + size]
+            batches.append(batch)
+            lines.append(f"batch {len(batches)} (group {g}, serial {size}): {', '.join(batch)}")
+            for h in batch:
+                lines.extend(f"  {h}: {r}" for r in touched[h])
+    total = sum(len(b) for b in batches)
+    budget = failure_budget(max_failed, total)
+    lines.append(
+        f"{total} node(s) in {len(batches)} batch(es); the rollout stops after"
+        f" {budget + 1} failed node(s)"
+    )
+    return Plan(batches, budget, lines, touched, skipped, unchanged)
+
+
+def node_state(raw: Mapping[str, Any]) -> NodeState:
+    """NodeState from the planning play's per-host facts (a plain mapping)."""
+    node = raw.get("node") or {}
+    metadata = node.get("metadata") or {}
+    spec = node.get("spec") or {}
+    return NodeState(
+        host=str(raw["host"]),
+        node=str(metadata.get("name") or raw.get("node_name") or raw["host"]),
+        group=str(raw.get("group") or "gpu_nodes"),
+        serial=raw.get("serial", 1),
+        order=int(raw.get("order", 100)),
+        changes=tuple(str(c) for c in raw.get("changes") or ()),
+        labels=dict(metadata.get("labels") or {}),
+        unschedulable=bool(spec.get("unschedulable")),
+    )
+
+
+def driver_changes(
+    plan_summary: Sequence[str], target_version: str | None, running_version: str | None
+) -> list[str]:
+    """Why the driver needs work: packages to change, or a driver that is not running."""
+    out = [f"driver: {s}" for s in plan_summary]
+    if target_version and running_version != target_version:
+        running = running_version or "none"
+        out.append(f"driver: {target_version} is not the running driver ({running})")
+    return out
+
+
+def label_changes(changes: Sequence[str], watched: Sequence[str]) -> list[str]:
+    """The node-label plan's changes to the labels that select sharing configs."""
+    return [f"labels: {c}" for c in changes if any(w in c for w in watched)]
+
+
+def pods_to_wait_for(
+    pods: Sequence[Mapping[str, Any]],
+    resource_prefixes: Sequence[str] = ("nvidia.com/",),
+    owner_kinds: Sequence[str] = ("Job",),
+) -> list[str]:
+    """Names of running GPU jobs on a node: pods that request a GPU resource and belong to
+    one of `owner_kinds` (a Job's pod finishes on its own; a Deployment's never does). With
+    `owner_kinds` empty, every GPU pod counts (the caller selected them by label)."""
+    out: list[str] = []
+    for pod in pods:
+        status = pod.get("status") or {}
+        if status.get("phase") not in ("Pending", "Running"):
+            continue
+        metadata = pod.get("metadata") or {}
+        if metadata.get("deletionTimestamp"):
+            continue
+        owners = {o.get("kind") for o in metadata.get("ownerReferences") or []}
+        if owner_kinds and not owners & set(owner_kinds):
+            continue
+        if _requests_gpu(pod, resource_prefixes):
+            out.append(str(metadata.get("name")))
+    return sorted(out)
+
+
+def _requests_gpu(pod: Mapping[str, Any], prefixes: Sequence[str]) -> bool:
+    spec = pod.get("spec") or {}
+    for c in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+        res = c.get("resources") or {}
+        for k in [*(res.get("limits") or {}), *(res.get("requests") or {})]:
+            if any(k.startswith(p) for p in prefixes):
+                return True
+    return False
+
+
+def failed_so_far(results: Mapping[str, Any]) -> list[str]:
+    """Hosts whose rollout result is `failed` (host -> result, unset for untouched)."""
+    return sorted(h for h, r in results.items() if r == "failed")
+
+
+def node_serves(node: Mapping[str, Any], expected: Mapping[str, int]) -> bool:
+    """The node is Ready and advertises exactly the declared GPU resources."""
+    status = node.get("status") or {}
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    allocatable = {
+        k: int(str(v))
+        for k, v in (status.get("allocatable") or {}).items()
+        if k.startswith("nvidia.com/") and str(v).isdigit() and int(str(v)) > 0
+    }
+    return ready and allocatable == {k: int(v) for k, v in expected.items() if int(v) > 0}
+
+
+@dataclass
+class Report:
+    lines: list[str]
+    done: list[str]
+    failed: list[str]
+    not_reached: list[str]
+    complete: bool
+    summary: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "lines": self.lines,
+            "done": self.done,
+            "failed": self.failed,
+            "not_reached": self.not_reached,
+            "complete": self.complete,
+            "summary": self.summary,
+        }
+
+
+def report(
+    planned: Mapping[str, Any],
+    results: Mapping[str, Any],
+    failures: Mapping[str, Any] | None = None,
+    check_mode: bool = False,
+) -> Report:
+    """Each planned node's outcome: done, failed (why), or not reached (the rollout stopped)."""
+    failures = failures or {}
+    lines: list[str] = []
+    done: list[str] = []
+    failed: list[str] = []
+    not_reached: list[str] = []
+    for host in planned.get("order") or []:
+        result = results.get(host)
+        if check_mode:
+            lines.append(f"{host}: would be upgraded")
+        elif result == "done":
+            done.append(host)
+            lines.append(f"{host}: upgraded and validated")
+        elif result == "failed":
+            failed.append(host)
+            lines.append(f"{host}: FAILED, left cordoned: {failures.get(host) or '?'}")
+        else:
+            not_reached.append(host)
+            lines.append(f"{host}: not touched (the rollout stopped before its batch)")
+    lines.extend(f"{h}: skipped (labelled {SKIP_LABEL}={SKIP_VALUE})"
+                 for h in planned.get("skipped") or [])  # fmt: skip
+    lines.extend(f"{h}: matches the inventory" for h in planned.get("unchanged") or [])
+    if check_mode:
+        summary = (f"check mode: {len(planned.get('order') or [])} node(s) would be upgraded,"
+                   " nothing changed")
+        return Report(lines, [], [], [], True, summary)
+    complete = not failed and not not_reached
+    summary = (
+        f"rollout {'complete' if complete else 'STOPPED' if not_reached else 'incomplete'}:"
+        f" {len(done)} upgraded, {len(failed)} failed, {len(not_reached)} not reached"
+    )
+    return Report(lines, done, failed, not_reached, complete, summary)
