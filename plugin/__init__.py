@@ -3,5 +3,6 @@
 Modules, one concept each: config (schema) and config_source (file/label/flag/env selection),
 nvml (discovery via pynvml) into inventory (plain data), resources (strategies, time-slicing),
 allocate, preferred, cdi, health, labels (+ label_names), metrics, server (gRPC), manager
-(lifecycle), cli (entry point). api/ holds the kubelet .proto files and their generated stubs.
+(lifecycle), signals (stop, reload, rescan), cli (entry point). api/ holds the kubelet .proto
+files and their generated stubs.
 """

@@ -4,7 +4,8 @@ in a DaemonSet.
 Flags use NVIDIA's names where NVIDIA has one (--mig-strategy, --fail-on-init-error, ...), and
 NVIDIA's environment variables work too (MIG_STRATEGY, FAIL_ON_INIT_ERROR, ...). Precedence:
 flag > environment > config file > default. Signals: SIGHUP reloads the config, SIGUSR1
-re-enumerates devices (e.g. after a MIG change), SIGTERM/SIGINT stop cleanly (sockets removed).
+re-enumerates devices (e.g. after a MIG change), SIGTERM/SIGINT stop cleanly (sockets removed),
+also while starting and whichever thread the kernel hands them to (signals.py).
 Exit codes: 0 stopped cleanly, 1 startup failed (failOnInitError), 2 invalid config.
 """
 
@@ -14,16 +15,15 @@ import argparse
 import json
 import logging
 import os
-import signal
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from types import FrameType
 
 from .config import ConfigError
 from .config_source import ConfigSource, Override, coerce, env_overrides
 from .manager import InitError, ManagerOptions, PluginManager, PynvmlBackend
 from .metrics import PluginMetrics
+from .signals import INBOX, StopRequested
 
 log = logging.getLogger("gpukit.plugin")
 
@@ -108,6 +108,15 @@ def overrides_from(args: argparse.Namespace) -> list[Override]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    INBOX.install()  # first: a SIGTERM before there is a handler is lost (signals.py)
+    try:
+        return _main(argv)
+    except StopRequested as stop:
+        log.info("stopped by %s while starting", stop)
+        return 0
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
@@ -145,32 +154,22 @@ def main(argv: list[str] | None = None) -> int:
         node_client=node_client,
     )
     try:
-        manager.start()
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
+        try:
+            manager.start()
+        except ConfigError as exc:
+            print(exc, file=sys.stderr)
+            return 2
+        except InitError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        try:
+            metrics.serve(manager.config.gpukit.metrics_address)
+        except (OSError, ValueError) as exc:
+            log.error("metrics endpoint %s unavailable: %s",
+                      manager.config.gpukit.metrics_address, exc)
+        INBOX.serve(manager)
+        log.info("stopping")
+    finally:
+        INBOX.starting = False  # a second SIGTERM must not cut the cleanup short
         manager.stop()
-        return 2
-    except InitError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        manager.stop()
-        return 1
-    try:
-        metrics.serve(manager.config.gpukit.metrics_address)
-    except (OSError, ValueError) as exc:
-        log.error("metrics endpoint %s unavailable: %s", manager.config.gpukit.metrics_address,
-                  exc)
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        if signum == signal.SIGHUP:
-            manager.request_reload()
-        elif signum == signal.SIGUSR1:
-            manager.request_rescan()
-        else:
-            manager.request_stop()
-
-    for sig in (signal.SIGHUP, signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_signal)
-    manager.wait()
-    log.info("stopping")
-    manager.stop()
     return 0
