@@ -191,6 +191,25 @@ def dnf_module_stream(spec: DriverSpec) -> str:
     return f"nvidia-driver:{spec.branch}-{'open' if spec.kernel_modules == 'open' else 'dkms'}"
 
 
+def dnf_enabled_stream(module_list: str, module: str = "nvidia-driver") -> str | None:
+    """The enabled stream of `module` in `dnf module list --enabled <module>` output
+    (`nvidia-driver   550-open [e]   ...`), or None."""
+    for line in module_list.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[0] == module and parts[2].startswith("[e]"):
+            return parts[1]
+        if len(parts) >= 2 and parts[0] == module and parts[1].endswith("[e]"):
+            return parts[1].removesuffix("[e]").strip() or None
+    return None
+
+
+def dnf_stream_switch(spec: DriverSpec, module_list: str) -> bool:
+    """dnf refuses to install another stream of an enabled module: a branch or flavour
+    change must reset the module first."""
+    enabled = dnf_enabled_stream(module_list)
+    return enabled is not None and enabled != dnf_module_stream(spec).split(":", 1)[1]
+
+
 # --- planning ------------------------------------------------------------------------------
 
 

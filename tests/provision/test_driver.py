@@ -174,3 +174,25 @@ def test_reboot_decision(target: str | None, loaded: str | None, error: str | No
                          nouveau: bool, required: bool, needle: str) -> None:  # fmt: skip
     d = driver.reboot_decision(target, loaded, error, nouveau)
     assert d.required is required and needle in d.reason
+
+
+DNF_ENABLED = """\
+Last metadata expiration check: 0:01:02 ago on Sun 22 Nov 2026 06:00:00 AM UTC.
+cuda-rhel9-x86_64
+Name           Stream           Profiles                           Summary
+nvidia-driver  550-open [e]     default [d], fm, ks, src [i]       Nvidia driver for 550-open branch
+
+Hint: [d]efault, [e]nabled, [x]disabled, [i]nstalled
+"""
+
+
+def test_a_branch_or_flavour_switch_on_dnf_resets_the_module_first() -> None:
+    assert driver.dnf_enabled_stream(DNF_ENABLED) == "550-open"
+    assert driver.dnf_enabled_stream("") is None
+    same = driver.DriverSpec(branch="550", family="redhat", kernel_modules="open")
+    other_branch = driver.DriverSpec(branch="570", family="redhat", kernel_modules="open")
+    other_flavour = driver.DriverSpec(branch="550", family="redhat", kernel_modules="proprietary")
+    assert not driver.dnf_stream_switch(same, DNF_ENABLED)
+    assert driver.dnf_stream_switch(other_branch, DNF_ENABLED)
+    assert driver.dnf_stream_switch(other_flavour, DNF_ENABLED)
+    assert not driver.dnf_stream_switch(other_branch, "")  # nothing enabled yet

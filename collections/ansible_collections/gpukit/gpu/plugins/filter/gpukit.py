@@ -51,6 +51,11 @@ def dnf_module_stream(branch, **kw):
     return driver.dnf_module_stream(_spec("redhat", branch, **kw))
 
 
+def dnf_stream_switch(module_list, branch, **kw):
+    """True when `dnf module list --enabled nvidia-driver` shows another stream enabled."""
+    return driver.dnf_stream_switch(_spec("redhat", branch, **kw), module_list or "")
+
+
 def driver_packages(branch, family="debian", **kw):
     return _spec(family, branch, **kw).packages()
 
@@ -177,6 +182,7 @@ class FilterModule:
             "apt_pin": apt_pin,
             "dnf_versionlock": dnf_versionlock,
             "dnf_module_stream": dnf_module_stream,
+            "dnf_stream_switch": dnf_stream_switch,
             "driver_packages": driver_packages,
             "reboot_decision": reboot_decision,
             "node_labels": node_labels,
