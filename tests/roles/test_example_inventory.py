@@ -858,3 +858,25 @@ def test_rhel_hosts_in_check_mode(rhel_check: tuple[PlayResult, Path],
     shown = {h: {t: v for t, v in res.items() if t != EXPORT_TASK} for h, res in r.results.items()}
     assert "Add NVIDIA's dnf repository" in shown["gpu-t4-03"]
     assert password not in json.dumps(shown) and password not in r.stderr
+
+
+def test_a_fleet_wide_driver_change_rolls_in_the_declared_batches(listed: dict[str, Any]) -> None:
+    """Per-group serial and order from group_vars/*/upgrade.yml: T4 inference two at a time
+    first, A100 a third of the group at a time, H100 one at a time last."""
+    from gpukit.provision import upgrade
+
+    hostvars = listed["_meta"]["hostvars"]
+    states = [
+        upgrade.node_state({
+            "host": h, "group": hv["gpukit_upgrade_group"], "serial": hv["gpukit_upgrade_serial"],
+            "order": hv["gpukit_upgrade_order"], "changes": ["driver: 550 -> 570"],
+        })
+        for h, hv in sorted(hostvars.items())
+    ]  # fmt: skip
+    plan = upgrade.plan(states, hostvars["gpu-t4-01"]["gpukit_upgrade_max_failed"])
+    assert plan.batches == [
+        ["gpu-t4-01", "gpu-t4-02"], ["gpu-t4-03"],
+        ["gpu-a100-01"], ["gpu-a100-02"], ["gpu-a100-03"],
+        ["gpu-h100-01"], ["gpu-h100-02"], ["gpu-h100-03"],
+    ]  # fmt: skip
+    assert plan.max_failed == 0
