@@ -283,9 +283,11 @@ class HealthMonitor:
 
     def _pace(self, started: float, timeout: float) -> None:
         """A wait that came back early with nothing to act on (a driver returning TIMEOUT
-        at once, or a stream of other event types) must not turn the loop into a spin."""
+        at once, or a stream of other event types) must not turn the loop into a spin. Whatever
+        is left of the timeout is slept, however little: at the smallest probe interval the
+        timeout itself is 0.05 s, so skipping "short" remainders would spin again."""
         left = timeout - (time.monotonic() - started)
-        if left > 0.05:
+        if left > 0:
             self._stop.wait(left)
 
     def handle_xid(self, units: Mapping[str, Unit], gpu_uuid: str, xid: int, gi: int, ci: int

@@ -31,6 +31,8 @@ EVENT_TYPES = {
     "pstate": 0x4,  # nvmlEventTypePState
     "clock": 0x10,  # nvmlEventTypeClock
 }
+# How nvmlEventSetWait behaves for sets watching a GPU (MOCK_EVENTS_* in src/mock.h).
+EVENT_FAULTS = {"normal": 0, "timeout": 1, "spurious": 2}
 
 
 class NotTheMockError(RuntimeError):
@@ -103,6 +105,9 @@ class MockControl:
             L.gpukitMockStatusJson,
         ):
             fn.restype = ctypes.c_int
+        if hasattr(L, "gpukitMockSetEventFault"):  # newer than some built libraries
+            L.gpukitMockSetEventFault.argtypes = [u, u]
+            L.gpukitMockSetEventFault.restype = ctypes.c_int
         if profile is not None or state_dir is not None:
             self._check(
                 L.gpukitMockConfigure(
@@ -152,6 +157,17 @@ class MockControl:
 
     def restore(self, gpu: int) -> None:
         self._check(self._lib.gpukitMockSetLost(gpu, 0), f"restore GPU {gpu}")
+
+    def set_event_fault(self, gpu: int, mode: str = "timeout") -> None:
+        """A misbehaving driver: event sets watching ``gpu`` stop blocking in nvmlEventSetWait.
+        ``timeout``: NVML_ERROR_TIMEOUT at once; ``spurious``: at once with a PState event;
+        ``normal``: block again. Real events still come first; a boot clears the fault."""
+        if mode not in EVENT_FAULTS:
+            raise ValueError(f"event fault {mode!r} is not one of {', '.join(EVENT_FAULTS)}")
+        if not hasattr(self._lib, "gpukitMockSetEventFault"):
+            raise NotTheMockError(f"{self.path} predates event faults: rebuild it (make nvml)")
+        rc = self._lib.gpukitMockSetEventFault(gpu, EVENT_FAULTS[mode])
+        self._check(rc, f"set event fault {mode} on GPU {gpu}")
 
     def set_process(
         self,

@@ -66,6 +66,27 @@ static nvmlReturn_t set_lost(unsigned gpu, int lost)
 
 EXPORT nvmlReturn_t gpukitMockSetLost(unsigned int gpu, int lost) { CTL(set_lost(gpu, lost)); }
 
+/* A misbehaving driver: event sets watching this GPU stop blocking in nvmlEventSetWait (mode
+ * MOCK_EVENTS_TIMEOUT: NVML_ERROR_TIMEOUT at once; MOCK_EVENTS_SPURIOUS: at once with a PState
+ * event): the early returns that once made the plugin's health loop spin. Real events are still
+ * delivered first. */
+static nvmlReturn_t set_event_fault(unsigned gpu, unsigned mode)
+{
+    if (gpu >= g_prof.ngpu || mode >= MOCK_EVENTS_MODES)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    int fd;
+    nvmlReturn_t rc = state_lock(&fd);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    g_state.gpu[gpu].events = mode;
+    return state_commit(fd);
+}
+
+EXPORT nvmlReturn_t gpukitMockSetEventFault(unsigned int gpu, unsigned int mode)
+{
+    CTL(set_event_fault(gpu, mode));
+}
+
 static nvmlReturn_t set_process(unsigned gpu, unsigned pid, unsigned long long bytes, unsigned gi,
                                 unsigned ci, const char *name)
 {
@@ -190,6 +211,7 @@ static nvmlReturn_t boot(void)
         mock_gpu_state *gs = &g_state.gpu[g];
         gs->nproc = 0;
         gs->lost = 0;
+        gs->events = MOCK_EVENTS_NORMAL;
         mock_apply_reset(g);
     }
     events_truncate(); /* nobody from before the boot is waiting */

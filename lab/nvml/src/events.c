@@ -8,6 +8,10 @@
  * An event set remembers how far it has read; nvmlEventSetWait_v2 reads what was appended since,
  * and otherwise sleeps on inotify (IN_MODIFY on the state directory), so an injected event reaches
  * a waiting process at once. Without inotify it polls every 10 ms.
+ *
+ * A GPU can be given an event fault (gpukitMockSetEventFault, kept in the state file): a set that
+ * watches it then gets, when no real event is pending, NVML_ERROR_TIMEOUT or a PState event at
+ * once instead of blocking (a misbehaving driver, for the health loop's pacing test).
  */
 #include "mock.h"
 
@@ -184,6 +188,32 @@ static int scan(nvmlEventSet_t set, nvmlEventData_t *data, nvmlReturn_t *rc)
     return found;
 }
 
+/* A fault on a GPU this set watches (called with g_mu held): 1 and *rc, *data filled in. */
+static int event_fault(nvmlEventSet_t set, nvmlEventData_t *data, nvmlReturn_t *rc)
+{
+    if (state_refresh() != NVML_SUCCESS)
+        return 0; /* a broken state file is reported by the calls that need it */
+    for (unsigned g = 0; g < g_prof.ngpu; g++) {
+        if (!set->mask[g])
+            continue;
+        switch (g_state.gpu[g].events) {
+        case MOCK_EVENTS_TIMEOUT:
+            *rc = NVML_ERROR_TIMEOUT;
+            return 1;
+        case MOCK_EVENTS_SPURIOUS:
+            memset(data, 0, sizeof *data);
+            data->device = &g_dev_handles[g];
+            data->eventType = nvmlEventTypePState;
+            data->gpuInstanceId = data->computeInstanceId = MOCK_NO_ID;
+            *rc = NVML_SUCCESS;
+            return 1;
+        default:
+            break;
+        }
+    }
+    return 0;
+}
+
 static long long now_ms(void)
 {
     struct timespec ts;
@@ -200,7 +230,7 @@ static nvmlReturn_t wait_impl(nvmlEventSet_t set, nvmlEventData_t *data, unsigne
         pthread_mutex_lock(&g_mu);
         unsigned initialised = g_refcount;
         nvmlReturn_t rc = NVML_SUCCESS;
-        int found = initialised ? scan(set, data, &rc) : 0;
+        int found = initialised ? scan(set, data, &rc) || event_fault(set, data, &rc) : 0;
         pthread_mutex_unlock(&g_mu);
         if (!initialised)
             return NVML_ERROR_UNINITIALIZED;

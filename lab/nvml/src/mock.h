@@ -132,9 +132,18 @@ typedef struct {
     char name[64];
 } mock_proc;
 
+/* How event sets watching a GPU wait (a fault a test or the lab turns on; 0 = a sane driver). */
+enum {
+    MOCK_EVENTS_NORMAL = 0,
+    MOCK_EVENTS_TIMEOUT = 1,  /* nvmlEventSetWait returns NVML_ERROR_TIMEOUT at once */
+    MOCK_EVENTS_SPURIOUS = 2, /* ... returns at once with an event nobody asked for (PState) */
+    MOCK_EVENTS_MODES
+};
+
 typedef struct {
     unsigned mig_current, mig_pending;
     int lost;
+    unsigned events; /* MOCK_EVENTS_* */
     unsigned long long mig_counter; /* bumps per compute instance created: MIG UUID material */
     mock_gi_state gi[MOCK_MAX_GI];
     unsigned nproc;
@@ -193,6 +202,7 @@ void events_truncate(void);
 nvmlReturn_t mock_emit(const char *kind, unsigned gpu, unsigned long long type,
                        unsigned long long edata, unsigned gi, unsigned ci);
 unsigned long long mock_supported_events(void);
+extern const char *const mock_events_modes[MOCK_EVENTS_MODES]; /* names in state and status */
 char *mock_status_json(size_t *len); /* malloc'd */
 
 /* device.c: handle decoding */

@@ -12,10 +12,11 @@
  * State file format, version 1 (one record per line, space separated, '#' comments):
  *   gpukit-nvml-state 1
  *   serial N                                  bumps on every write
- *   gpu IDX uuid UUID mig CUR pending PEND lost 0|1 counter N
+ *   gpu IDX uuid UUID mig CUR pending PEND lost 0|1 counter N [events timeout|spurious]
  *   gi IDX GI_ID profile P start S size Z      a GPU instance (placement in memory slices)
  *   ci IDX GI_ID CI_ID profile P start S size Z uuid MIG-...   a compute instance
  *   proc IDX PID bytes B gi GI|- ci CI|- name NAME             a process using the GPU
+ * `events` (a fault injected by gpukitMockSetEventFault) is written only when it is not `normal`.
  * A `gpu` record whose uuid is not the profile's GPU at that index is ignored with everything
  * that follows for it: the state belongs to a physical GPU, not to an index.
  */
@@ -34,6 +35,18 @@
 
 #define STATE_MAGIC "gpukit-nvml-state"
 #define STATE_VERSION 1
+
+const char *const mock_events_modes[MOCK_EVENTS_MODES] = {"normal", "timeout", "spurious"};
+
+static int parse_events_mode(const char *s, unsigned *out)
+{
+    for (unsigned i = 0; i < MOCK_EVENTS_MODES; i++)
+        if (!strcmp(s, mock_events_modes[i])) {
+            *out = i;
+            return 0;
+        }
+    return -1;
+}
 
 void state_defaults(mock_state *s)
 {
@@ -172,11 +185,11 @@ static int parse_state(char *text, mock_state *s, char *err, size_t errlen)
                 continue; /* another GPU (profile changed): not this GPU's state */
             mock_gpu_state *gs = &s->gpu[idx];
             unsigned lost;
-            const char *ctr = kv(tok, n, 2, "counter");
+            const char *ctr = kv(tok, n, 2, "counter"), *events = kv(tok, n, 2, "events");
             if (kv_u(tok, n, 2, "mig", &gs->mig_current) ||
                 kv_u(tok, n, 2, "pending", &gs->mig_pending) || kv_u(tok, n, 2, "lost", &lost) ||
                 !ctr || parse_ull(ctr, &gs->mig_counter) || gs->mig_current > 1 ||
-                gs->mig_pending > 1)
+                gs->mig_pending > 1 || (events && parse_events_mode(events, &gs->events)))
                 BAD("bad gpu record");
             if (!g_prof.gpu[idx].mig)
                 gs->mig_current = gs->mig_pending = NVML_DEVICE_MIG_DISABLE;
@@ -355,8 +368,11 @@ static void serialize(FILE *m)
     fprintf(m, "serial %llu\n", g_state.serial);
     for (unsigned i = 0; i < g_prof.ngpu; i++) {
         const mock_gpu_state *gs = &g_state.gpu[i];
-        fprintf(m, "gpu %u uuid %s mig %u pending %u lost %d counter %llu\n", i,
+        fprintf(m, "gpu %u uuid %s mig %u pending %u lost %d counter %llu", i,
                 g_prof.gpu[i].uuid, gs->mig_current, gs->mig_pending, gs->lost, gs->mig_counter);
+        if (gs->events != MOCK_EVENTS_NORMAL && gs->events < MOCK_EVENTS_MODES)
+            fprintf(m, " events %s", mock_events_modes[gs->events]);
+        fputc('\n', m);
         for (unsigned g = 0; g < MOCK_MAX_GI; g++) {
             const mock_gi_state *gi = &gs->gi[g];
             if (!gi->used)
@@ -537,7 +553,8 @@ char *mock_status_json(size_t *len)
         json_str(m, p->uuid);
         fputs(", \"pci_bus_id\": ", m);
         json_str(m, p->pci_bus_id);
-        fprintf(m, ", \"lost\": %s, \"mig\": ", gs->lost ? "true" : "false");
+        fprintf(m, ", \"lost\": %s, \"events\": \"%s\", \"mig\": ", gs->lost ? "true" : "false",
+                mock_events_modes[gs->events < MOCK_EVENTS_MODES ? gs->events : 0]);
         if (!p->mig) {
             fputs("null", m);
         } else {
