@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 STATE_LABEL = "gpukit.io/upgrade-state"
+# Written by the node agent from NVML: the driver the node runs.
+DRIVER_LABEL = "nvidia.com/cuda.driver-version.full"
 MESSAGE_ANNOTATION = "gpukit.io/upgrade-message"
 SKIP_LABEL = "gpukit.io/upgrade"
 SKIP_VALUE = "skip"
@@ -51,7 +53,7 @@ def _amount(value: Any, where: str, *, minimum: int) -> tuple[int, bool]:
         m = _PERCENT.match(text)
         if m:
             n, percent = int(m.group(1)), True
-        elif text.isdigit():
+        elif text.isascii() and text.isdigit():
             n, percent = int(text), False
         else:
             raise UpgradeSpecError(f"{where}: {value!r} is not a count or a percent like '25%'")
@@ -86,6 +88,7 @@ class NodeState:
     group: str
     serial: Any
     order: int = 100
+    max_failed: Any = 0
     changes: tuple[str, ...] = ()
     labels: Mapping[str, str] = field(default_factory=dict)
     unschedulable: bool = False
@@ -97,6 +100,12 @@ class NodeState:
     @property
     def skipped(self) -> bool:
         return self.labels.get(SKIP_LABEL) == SKIP_VALUE
+
+    @property
+    def cordoned_by_others(self) -> bool:
+        """Cordoned, and not by an unfinished rollout: someone's maintenance, left alone
+        (a rollout would uncordon it)."""
+        return self.unschedulable and self.state not in UNFINISHED
 
     def reasons(self) -> list[str]:
         out = list(self.changes)
@@ -135,13 +144,26 @@ class Plan:
         }
 
 
-def plan(nodes: Sequence[NodeState], max_failed: Any = 0) -> Plan:
-    """Batches of the nodes that differ from the inventory, groups in order."""
+def _one(nodes: Sequence[NodeState], attr: str, variable: str, scope: str) -> Any:
+    values = {str(getattr(n, attr)) for n in nodes}
+    if len(values) > 1:
+        raise UpgradeSpecError(
+            f"{variable}: the nodes of {scope} disagree ({', '.join(sorted(values))});"
+            f" set it once for {scope}"
+        )
+    return getattr(nodes[0], attr)
+
+
+def plan(nodes: Sequence[NodeState], max_failed: Any = None) -> Plan:
+    """Batches of the nodes that differ from the inventory, groups in order.
+    `max_failed` None: the nodes' own setting, which must agree."""
     groups: dict[str, list[NodeState]] = {}
     for n in nodes:
         groups.setdefault(n.group, []).append(n)
     first_seen = {g: i for i, g in enumerate(groups)}
-    ordered = sorted(groups, key=lambda g: (min(n.order for n in groups[g]), first_seen[g]))
+    for g, members in groups.items():
+        _one(members, "order", "gpukit_upgrade_order", f"upgrade group {g!r}")
+    ordered = sorted(groups, key=lambda g: (groups[g][0].order, first_seen[g]))
     batches: list[list[str]] = []
     lines: list[str] = []
     touched: dict[str, list[str]] = {}
@@ -149,12 +171,7 @@ def plan(nodes: Sequence[NodeState], max_failed: Any = 0) -> Plan:
     unchanged: list[str] = []
     for g in ordered:
         members = groups[g]
-        serials = {str(n.serial) for n in members}
-        if len(serials) > 1:
-            raise UpgradeSpecError(
-                f"gpukit_upgrade_serial: the nodes of upgrade group {g!r} disagree"
-                f" ({', '.join(sorted(serials))}); set it once for the group"
-            )
+        _one(members, "serial", "gpukit_upgrade_serial", f"upgrade group {g!r}")
         size = serial_size(members[0].serial, len(members), f"gpukit_upgrade_serial ({g})")
         targets: list[str] = []
         for n in members:
@@ -163,6 +180,10 @@ def plan(nodes: Sequence[NodeState], max_failed: Any = 0) -> Plan:
                 skipped.append(n.host)
                 why = "; would change: " + "; ".join(reasons) if reasons else ""
                 lines.append(f"{n.host}: skipped ({SKIP_LABEL}={SKIP_VALUE}){why}")
+            elif n.cordoned_by_others and reasons:
+                skipped.append(n.host)
+                lines.append(f"{n.host}: cordoned by someone else, left alone; would change: "
+                             + "; ".join(reasons))
             elif reasons:
                 targets.append(n.host)
                 touched[n.host] = reasons
@@ -176,6 +197,9 @@ def plan(nodes: Sequence[NodeState], max_failed: Any = 0) -> Plan:
             for h in batch:
                 lines.extend(f"  {h}: {r}" for r in touched[h])
     total = sum(len(b) for b in batches)
+    if max_failed is None:
+        max_failed = _one(nodes, "max_failed", "gpukit_upgrade_max_failed", "the fleet") if (
+            nodes) else 0
     budget = failure_budget(max_failed, total)
     lines.append(
         f"{total} node(s) in {len(batches)} batch(es); the rollout stops after"
@@ -195,6 +219,7 @@ def node_state(raw: Mapping[str, Any]) -> NodeState:
         group=str(raw.get("group") or "gpu_nodes"),
         serial=raw.get("serial", 1),
         order=int(raw.get("order", 100)),
+        max_failed=raw.get("max_failed", 0),
         changes=tuple(str(c) for c in raw.get("changes") or ()),
         labels=dict(metadata.get("labels") or {}),
         unschedulable=bool(spec.get("unschedulable")),
@@ -241,6 +266,22 @@ def pods_to_wait_for(
     return sorted(out)
 
 
+def pods_left(pods: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Pods still running on a drained node that the drain should have removed (not
+    DaemonSet pods, not static/mirror pods, not finished)."""
+    out: list[str] = []
+    for pod in pods:
+        metadata = pod.get("metadata") or {}
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        if "kubernetes.io/config.mirror" in (metadata.get("annotations") or {}):
+            continue
+        if any(o.get("kind") == "DaemonSet" for o in metadata.get("ownerReferences") or []):
+            continue
+        out.append(f"{metadata.get('namespace')}/{metadata.get('name')}")
+    return sorted(out)
+
+
 def _requests_gpu(pod: Mapping[str, Any], prefixes: Sequence[str]) -> bool:
     spec = pod.get("spec") or {}
     for c in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
@@ -252,12 +293,40 @@ def _requests_gpu(pod: Mapping[str, Any], prefixes: Sequence[str]) -> bool:
 
 
 def failed_so_far(results: Mapping[str, Any]) -> list[str]:
-    """Hosts whose rollout result is `failed` (host -> result, unset for untouched)."""
-    return sorted(h for h, r in results.items() if r == "failed")
+    """Hosts whose rollout began and did not end `done` (or `skipped`): failed, or
+    interrupted (unreachable, or a failure the rollout could not handle). Untouched hosts
+    have no result."""
+    return sorted(h for h, r in results.items() if r not in (None, "done", "skipped"))
 
 
-def node_serves(node: Mapping[str, Any], expected: Mapping[str, int]) -> bool:
-    """The node is Ready and advertises exactly the declared GPU resources."""
+def agent_started_since(pods: Sequence[Mapping[str, Any]], since: str) -> bool:
+    """A node agent pod on the node is running, every container ready and started at or
+    after `since` (RFC 3339, UTC): after a reboot the node's status before it says nothing
+    about the node after it."""
+    for pod in pods:
+        status = pod.get("status") or {}
+        if status.get("phase") != "Running":
+            continue
+        containers = status.get("containerStatuses") or []
+        started = [((c.get("state") or {}).get("running") or {}).get("startedAt") or ""
+                   for c in containers]  # fmt: skip
+        if containers and all(c.get("ready") for c in containers) and all(
+            _utc(t) >= _utc(since) for t in started if t
+        ) and all(started):
+            return True
+    return False
+
+
+def _utc(stamp: str) -> str:
+    """RFC 3339 UTC stamps compare as strings once normalised to `YYYY-MM-DDTHH:MM:SS`."""
+    return str(stamp).replace("Z", "").replace("+00:00", "")[:19]
+
+
+def node_serves(
+    node: Mapping[str, Any], expected: Mapping[str, int], driver: str | None = None
+) -> bool:
+    """The node is Ready and advertises exactly the declared GPU resources (and, given
+    `driver`, its node agent reports that driver)."""
     status = node.get("status") or {}
     ready = any(
         c.get("type") == "Ready" and c.get("status") == "True"
@@ -268,6 +337,9 @@ def node_serves(node: Mapping[str, Any], expected: Mapping[str, int]) -> bool:
         for k, v in (status.get("allocatable") or {}).items()
         if k.startswith("nvidia.com/") and str(v).isdigit() and int(str(v)) > 0
     }
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    if driver and labels.get(DRIVER_LABEL) != driver:
+        return False
     return ready and allocatable == {k: int(v) for k, v in expected.items() if int(v) > 0}
 
 
@@ -313,11 +385,17 @@ def report(
         elif result == "failed":
             failed.append(host)
             lines.append(f"{host}: FAILED, left cordoned: {failures.get(host) or '?'}")
+        elif result == "skipped":
+            lines.append(f"{host}: skipped (labelled {SKIP_LABEL}={SKIP_VALUE} after the plan)")
+        elif result is not None:
+            failed.append(host)
+            lines.append(f"{host}: FAILED, interrupted (unreachable, or an error the rollout"
+                         " could not handle): check its gpukit.io/upgrade-state")
         else:
             not_reached.append(host)
             lines.append(f"{host}: not touched (the rollout stopped before its batch)")
-    lines.extend(f"{h}: skipped (labelled {SKIP_LABEL}={SKIP_VALUE})"
-                 for h in planned.get("skipped") or [])  # fmt: skip
+    lines.extend(f"{h}: left alone (labelled {SKIP_LABEL}={SKIP_VALUE}, or cordoned by someone"
+                 " else)" for h in planned.get("skipped") or [])  # fmt: skip
     lines.extend(f"{h}: matches the inventory" for h in planned.get("unchanged") or [])
     if check_mode:
         summary = (f"check mode: {len(planned.get('order') or [])} node(s) would be upgraded,"

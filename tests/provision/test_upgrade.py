@@ -159,3 +159,71 @@ def test_report() -> None:
     assert ok.complete and ok.summary.startswith("rollout complete: 3 upgraded")
     dry = upgrade.report(planned, {}, check_mode=True)
     assert dry.complete and dry.lines[0] == "a: would be upgraded"
+
+
+def test_a_node_cordoned_by_someone_else_is_left_alone() -> None:
+    admin = NodeState("a", "a", "g", 1, changes=("driver: x",), unschedulable=True)
+    ours = NodeState("b", "b", "g", 1, unschedulable=True,
+                     labels={upgrade.STATE_LABEL: "validating"})  # fmt: skip
+    p = upgrade.plan([admin, ours])
+    assert p.order == ["b"] and p.skipped == ["a"]
+    assert "a: cordoned by someone else, left alone; would change: driver: x" in p.lines
+
+
+def test_fleet_settings_must_agree() -> None:
+    a = NodeState("a", "a", "g", 1, order=10, changes=("x",), max_failed=0)
+    with pytest.raises(UpgradeSpecError, match="gpukit_upgrade_order: the nodes of upgrade group 'g'"):
+        upgrade.plan([a, NodeState("b", "b", "g", 1, order=20, changes=("x",))])
+    with pytest.raises(UpgradeSpecError, match="gpukit_upgrade_max_failed: the nodes of the fleet"):
+        upgrade.plan([a, NodeState("b", "b", "h", 1, changes=("x",), max_failed="50%")])
+    assert upgrade.plan([a, NodeState("b", "b", "h", 1, changes=("x",), max_failed=0)]).max_failed == 0
+    with pytest.raises(UpgradeSpecError, match="gpukit_upgrade_serial"):
+        upgrade.serial_size("²", 3)  # a digit to str.isdigit, not a number
+
+
+def test_an_interrupted_node_counts_as_failed() -> None:
+    results = {"a": "done", "b": "interrupted", "c": "failed", "d": None, "e": "skipped"}
+    assert upgrade.failed_so_far(results) == ["b", "c"]
+    planned = upgrade.plan([node("a"), node("b")]).as_dict()
+    r = upgrade.report(planned, {"a": "done", "b": "interrupted"})
+    assert r.failed == ["b"] and not r.complete
+    assert r.lines[1].startswith("b: FAILED, interrupted")
+
+
+def test_pods_left_after_a_drain() -> None:
+    ds = {"metadata": {"namespace": "s", "name": "agent", "ownerReferences": [{"kind": "DaemonSet"}]},
+          "status": {"phase": "Running"}}  # fmt: skip
+    mirror = {"metadata": {"namespace": "s", "name": "static",
+                           "annotations": {"kubernetes.io/config.mirror": "x"}},
+              "status": {"phase": "Running"}}  # fmt: skip
+    done = {"metadata": {"namespace": "s", "name": "job"}, "status": {"phase": "Succeeded"}}
+    stuck = {"metadata": {"namespace": "s", "name": "web", "ownerReferences": [{"kind": "ReplicaSet"}]},
+             "status": {"phase": "Running"}}  # fmt: skip
+    assert upgrade.pods_left([ds, mirror, done, stuck]) == ["s/web"]
+
+
+def agent(phase: str = "Running", started: str | None = "2026-11-22T07:30:05Z",
+          ready: bool = True) -> dict[str, Any]:  # fmt: skip
+    state = {"running": {"startedAt": started}} if started else {"waiting": {}}
+    return {"status": {"phase": phase,
+                       "containerStatuses": [{"ready": ready, "state": state}]}}  # fmt: skip
+
+
+def test_the_node_agent_must_have_started_since_the_upgrade() -> None:
+    since = "2026-11-22T07:30:00Z"
+    assert upgrade.agent_started_since([agent()], since)
+    assert upgrade.agent_started_since([agent(started="2026-11-22T07:30:00+00:00")], since)
+    assert not upgrade.agent_started_since([agent(started="2026-11-22T07:29:59Z")], since)
+    assert not upgrade.agent_started_since([agent(ready=False)], since)
+    assert not upgrade.agent_started_since([agent(started=None)], since)
+    assert not upgrade.agent_started_since([agent(phase="Pending")], since)
+    assert not upgrade.agent_started_since([], since)
+
+
+def test_node_serves_the_running_driver() -> None:
+    n = {"metadata": {"labels": {upgrade.DRIVER_LABEL: "550.90.07"}},
+         "status": {"conditions": [{"type": "Ready", "status": "True"}],
+                    "allocatable": {"nvidia.com/gpu": "2"}}}  # fmt: skip
+    assert upgrade.node_serves(n, {"nvidia.com/gpu": 2}, "550.90.07")
+    assert not upgrade.node_serves(n, {"nvidia.com/gpu": 2}, "570.86.15")
+    assert upgrade.node_serves(n, {"nvidia.com/gpu": 2})

@@ -105,7 +105,7 @@ def sharing_check(plugin_configs, plugin_config=None, mig_configs=None, mig_conf
     }
 
 
-def upgrade_plan(states, max_failed=0):
+def upgrade_plan(states, max_failed=None):
     """The rollout's batches from the planning play's per-node findings."""
     _need()
     try:
@@ -130,9 +130,20 @@ def upgrade_pods_to_wait_for(pods, resource_prefixes=("nvidia.com/",), owner_kin
     return upgrade.pods_to_wait_for(pods or [], resource_prefixes, owner_kinds)
 
 
-def upgrade_node_serves(node, expected):
+def upgrade_pods_left(pods):
+    """Pods a drain should have removed that are still on the node."""
     _need()
-    return upgrade.node_serves(node or {}, expected or {})
+    return upgrade.pods_left(pods or [])
+
+
+def upgrade_node_serves(node, expected, driver=None):
+    _need()
+    return upgrade.node_serves(node or {}, expected or {}, driver or None)
+
+
+def upgrade_agent_started_since(pods, since):
+    _need()
+    return upgrade.agent_started_since(pods or [], since)
 
 
 def upgrade_failed_hosts(hostvars, hosts, fact="rolling_upgrade_result"):
@@ -191,6 +202,8 @@ class FilterModule:
             "upgrade_plan": upgrade_plan,
             "upgrade_report": upgrade_report,
             "upgrade_node_serves": upgrade_node_serves,
+            "upgrade_agent_started_since": upgrade_agent_started_since,
+            "upgrade_pods_left": upgrade_pods_left,
             "upgrade_failed_hosts": upgrade_failed_hosts,
             "expected_resources": expected_resources,
             "upgrade_driver_changes": upgrade_driver_changes,
