@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,7 +162,7 @@ def _write_shared(lab: LabSpec) -> Path:
             lines.append(f"cgroup {key} {key}")
     (shared / "cgroup-mounts").write_text("\n".join(lines) + "\n")
     images.build_all(shared / "images")
-    images.build_agent(shared / "images", REPO, cache_dir())
+    images.build_agent(shared / "images", REPO, cache_dir())  # a no-op if its key is the same
     return shared
 
 
@@ -193,31 +194,140 @@ def _node_booted(node: NodeSpec) -> bool:
     return r.stdout.strip() == "active"
 
 
-def _import_images(node: NodeSpec) -> None:
-    have = node_exec(node, ["ctr", "-n", "k8s.io", "images", "ls", "-q"]).stdout.split()
-    wanted = (
-        (images.PAUSE, "pause.tar"),
-        (images.SHELL, "shell.tar"),
-        (images.AGENT, "node-agent.tar"),
+def _images_dir() -> Path:
+    return state_dir() / "shared" / "images"
+
+
+def _ctr_images(node: NodeSpec) -> dict[str, str]:
+    """The node containerd's images (k8s.io namespace): ref -> manifest digest."""
+    r = node_exec(node, ["ctr", "-n", "k8s.io", "images", "ls"])
+    if r.returncode != 0:
+        raise LabError(f"{node.name}: ctr images ls failed: {r.stderr.strip()}")
+    refs = {}
+    for line in r.stdout.splitlines()[1:]:  # REF TYPE DIGEST SIZE PLATFORMS LABELS
+        cols = line.split()
+        if len(cols) >= 3:
+            refs[cols[0]] = cols[2]
+    return refs
+
+
+def _image_id(node: NodeSpec, manifest: str) -> str | None:
+    """The image ID (config digest) of a manifest in the node's containerd. Remembered per
+    node: a manifest's digest fixes its config's, so a warm check is one `ctr images ls`."""
+    memo = nodes.node_dir(node) / "agent-image.json"
+    try:
+        seen = json.loads(memo.read_text())
+        if seen["manifest"] == manifest:
+            return str(seen["id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    r = node_exec(node, ["ctr", "-n", "k8s.io", "content", "get", manifest])
+    if r.returncode != 0:
+        return None
+    image_id = str(json.loads(r.stdout)["config"]["digest"])
+    memo.write_text(json.dumps({"manifest": manifest, "id": image_id}) + "\n")
+    return image_id
+
+
+def _ctr_import(node: NodeSpec, ref: str, tar: str) -> None:
+    r = node_exec(
+        node, ["ctr", "-n", "k8s.io", "images", "import", f"/opt/gpukit-lab/images/{tar}"]
     )
-    stamp = nodes.root(node) / "var/lib/gpukit-lab/agent-image.digest"
-    agent_digest = _file_digest(state_dir() / "shared/images/node-agent.tar")
-    for ref, tar in wanted:
-        fresh = ref != images.AGENT or (stamp.exists() and stamp.read_text() == agent_digest)
-        if ref not in have or not fresh:
-            r = node_exec(
-                node, ["ctr", "-n", "k8s.io", "images", "import", f"/opt/gpukit-lab/images/{tar}"]
-            )
-            if r.returncode != 0:
-                raise LabError(f"{node.name}: importing {ref} failed: {r.stderr.strip()}")
-            if ref == images.AGENT:
-                stamp.parent.mkdir(parents=True, exist_ok=True)
-                stamp.write_text(agent_digest)
+    if r.returncode != 0:
+        raise LabError(f"{node.name}: importing {ref} failed: {r.stderr.strip()}")
 
 
-def _file_digest(path: Path) -> str:
-    st = path.stat()
-    return f"{st.st_size}:{st.st_mtime_ns}"
+def _import_images(node: NodeSpec, agent_id: str) -> bool:
+    """Import what the node lacks; the node-agent image again unless the node's tag already
+    names the image built from this checkout (`agent_id`). True if it was imported."""
+    have = _ctr_images(node)
+    for ref, tar in ((images.PAUSE, "pause.tar"), (images.SHELL, "shell.tar")):
+        if ref not in have:
+            _ctr_import(node, ref, tar)
+    manifest = have.get(images.AGENT)
+    if manifest is not None and _image_id(node, manifest) == agent_id:
+        return False
+    _ctr_import(node, images.AGENT, "node-agent.tar")
+    manifest = _ctr_images(node).get(images.AGENT)
+    got = None if manifest is None else _image_id(node, manifest)
+    if got != agent_id:
+        raise LabError(f"{node.name}: imported {images.AGENT}, but its ID is {got}, not {agent_id}")
+    (nodes.root(node) / "var/lib/gpukit-lab/agent-image.digest").unlink(missing_ok=True)  # old
+    return True
+
+
+def _agent_id() -> str:
+    image_id = images.agent_record(_images_dir()).get("id")
+    if not image_id:
+        raise LabError(f"no image ID recorded for {images.AGENT} in {_images_dir()}")
+    return image_id
+
+
+def _restart_stale_agents(lab: LabSpec, on: set[str], agent_id: str, say: Progress) -> None:
+    """Delete the controller-owned pods on nodes `on` that run the node-agent tag with an
+    older image than the node now has: re-importing a tag restarts nothing, and with
+    `imagePullPolicy: Never` such pods would keep running old code. Their controller (the
+    agent's DaemonSet) starts them again on the new image. A lab-only convenience."""
+    if not on:
+        return
+    kc = f"--kubeconfig={paths().admin_kubeconfig}"
+    kubectl = str(kubernetes_bindir(lab) / "kubectl")
+    r = subprocess.run(
+        [kubectl, kc, "get", "pods", "-A", "-o", "json", "--request-timeout=10s"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if r.returncode != 0:
+        say(f"warning: cannot list pods to restart stale node agents: {r.stderr.strip()}")
+        return
+    owners: set[tuple[str, str]] = set()
+    for pod in json.loads(r.stdout)["items"]:
+        meta, spec = pod["metadata"], pod["spec"]
+        stale = [
+            c for c in pod.get("status", {}).get("containerStatuses") or []
+            if c.get("image") == images.AGENT and c.get("imageID") not in ("", None, agent_id)
+        ]  # fmt: skip
+        if spec.get("nodeName") not in on or not stale:
+            continue
+        owner = next((o for o in meta.get("ownerReferences", []) if o.get("controller")), None)
+        where = f"{meta['namespace']}/{meta['name']} on {spec['nodeName']}"
+        if owner is None:
+            say(f"warning: pod {where} runs an old {images.AGENT} and has no controller: left")
+            continue
+        say(f"restarting pod {where}: it runs an old {images.AGENT}")
+        d = subprocess.run(
+            [kubectl, kc, "-n", meta["namespace"], "delete", "pod", meta["name"],
+             "--ignore-not-found", "--wait=true", "--timeout=60s"],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        if d.returncode != 0:
+            say(f"warning: deleting pod {where} failed: {d.stderr.strip()}")
+        elif owner.get("kind") == "DaemonSet":
+            owners.add((meta["namespace"], owner["name"]))
+    for ns, name in sorted(owners):
+        w = subprocess.run(
+            [kubectl, kc, "-n", ns, "rollout", "status", f"daemonset/{name}", "--timeout=60s"],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        if w.returncode != 0:
+            say(f"warning: daemonset {ns}/{name} not rolled out: {w.stderr.strip()}")
+
+
+def ensure_images(lab: LabSpec, say: Progress = _say) -> None:
+    """Every running node has the lab's images, and the node-agent image built from this
+    checkout (rebuilt when its content key changed, imported again where the node's image
+    ID differs); agent pods running an older image are restarted."""
+    before = images.agent_record(_images_dir()).get("key")
+    images.build_all(_images_dir())
+    images.build_agent(_images_dir(), REPO, cache_dir())
+    if images.agent_record(_images_dir()).get("key") != before:
+        say(f"built {images.AGENT} from this checkout")
+    agent_id = _agent_id()
+    with ThreadPoolExecutor(max_workers=len(lab.nodes) or 1) as pool:  # imports take seconds
+        changed = list(pool.map(lambda n: _import_images(n, agent_id), lab.nodes))
+    imported = {n.name for n, c in zip(lab.nodes, changed, strict=True) if c}
+    for name in sorted(imported):
+        say(f"node {name}: imported {images.AGENT} ({agent_id[:19]})")
+    _restart_stale_agents(lab, imported, agent_id, say)
 
 
 # --- status ----------------------------------------------------------------------
@@ -296,6 +406,7 @@ def up(lab: LabSpec, say: Progress = _say, timeout: float = 180) -> Path:
     t0 = time.monotonic()
     st = status(lab)
     if st.up:
+        ensure_images(lab, say)  # the checkout may have changed since the lab came up
         say("lab is up (nothing to do)")
         return paths().admin_kubeconfig
     t = table()
@@ -328,10 +439,13 @@ def up(lab: LabSpec, say: Progress = _say, timeout: float = 180) -> Path:
     deadline = time.monotonic() + timeout
     pending = {n.name for n in lab.nodes}
     imported: set[str] = set()
+    reimported: set[str] = set()  # nodes whose node-agent image changed
+    agent_id = _agent_id()
     while pending and time.monotonic() < deadline:
         for n in lab.nodes:
             if n.name not in imported and _node_booted(n):
-                _import_images(n)
+                if _import_images(n, agent_id):
+                    reimported.add(n.name)
                 imported.add(n.name)
         ready = _ready_nodes(lab)
         for name in list(pending):
@@ -345,6 +459,7 @@ def up(lab: LabSpec, say: Progress = _say, timeout: float = 180) -> Path:
             f"nodes not Ready after {timeout:.0f}s: {', '.join(sorted(pending))};"
             f" see {paths().logs} and `gpukit lab status`"
         )
+    _restart_stale_agents(lab, reimported, agent_id, say)
     say(f"lab up in {time.monotonic() - t0:.1f}s; kubeconfig: {paths().admin_kubeconfig}")
     return paths().admin_kubeconfig
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -61,14 +62,7 @@ def write_archive(
     """Write a docker-archive; `layer` is one layer's bytes or a list of layer tar files."""
     layers: list[tuple[str, Path | bytes]] = []
     for item in [layer] if isinstance(layer, bytes) else layer:
-        if isinstance(item, bytes):
-            digest = hashlib.sha256(item).hexdigest()
-        else:
-            h = hashlib.sha256()
-            with open(item, "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    h.update(chunk)
-            digest = h.hexdigest()
+        digest = hashlib.sha256(item).hexdigest() if isinstance(item, bytes) else _file_sha256(item)
         layers.append((digest, item))
     image_config = {
         "architecture": "amd64",
@@ -101,6 +95,40 @@ def write_archive(
     else:
         tmp.replace(out)
     return out
+
+
+def _file_sha256(path: Path) -> str:
+    """A layer file's sha256, remembered beside it (keyed by size and mtime): the agent's
+    base and dependency layers are hundreds of MB and change rarely."""
+    st = path.stat()
+    memo = path.with_name(path.name + ".sha256")
+    stamp = f"{st.st_size}:{st.st_mtime_ns}"
+    try:
+        seen, digest = memo.read_text().split()
+        if seen == stamp and len(digest) == 64:
+            return digest
+    except (OSError, ValueError):
+        pass
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    try:  # several lab instances share the cache: write it whole or not at all
+        tmp = memo.with_name(f"{memo.name}.{os.getpid()}")
+        tmp.write_text(f"{stamp} {h.hexdigest()}\n")
+        tmp.replace(memo)
+    except OSError:
+        pass
+    return h.hexdigest()
+
+
+def image_id(archive: Path) -> str:
+    """The image ID (its config's digest, as the kubelet reports it) of a docker-archive."""
+    with tarfile.open(archive) as tar:
+        member = tar.extractfile("manifest.json")
+        assert member is not None
+        config = json.loads(member.read())[0]["Config"]
+    return "sha256:" + str(config).removesuffix(".json")
 
 
 def _same_bytes(a: Path, b: Path) -> bool:
@@ -187,10 +215,57 @@ def _requirements(repo: Path) -> list[str]:
     return list(data["project"]["dependencies"])
 
 
+# Tests set this to put a marker file into the agent's image, which changes its content
+# key and its image ID, without touching the checkout.
+AGENT_MARKER_ENV = "GPUKIT_LAB_AGENT_MARKER"
+_GENERATED = ("_pb2.py", "_pb2_grpc.py")  # made from the .proto files, which the key covers
+
+
+def _code_files(repo: Path) -> list[tuple[str, Path]]:
+    """What the image's code layer copies from the checkout (symlinks followed, as
+    `shutil.copytree` does), by path inside the package, sorted."""
+    top = repo / "gpukit"
+    found: list[tuple[str, Path]] = []
+    for dirpath, dirnames, filenames in os.walk(top, followlinks=True):
+        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+        for name in filenames:
+            if not name.endswith(".pyc"):
+                path = Path(dirpath, name)
+                found.append((path.relative_to(top).as_posix(), path))
+    return sorted(found)
+
+
+def agent_key(repo: Path, base: Path, deps_layer: Path) -> str:
+    """A content key of everything that goes into the node-agent image: gpukit's files
+    (by content), the base and dependency layers (by name, size and mtime), the marker."""
+    h = hashlib.sha256()
+    for layer in (base, deps_layer):
+        st = layer.stat()
+        h.update(f"{layer.name}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    h.update(f"marker:{os.environ.get(AGENT_MARKER_ENV, '')}\n".encode())
+    for rel, path in _code_files(repo):
+        if rel.endswith(_GENERATED):
+            continue
+        h.update(f"{rel}\0".encode())
+        h.update(hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def agent_record(out_dir: Path) -> dict[str, str]:
+    """What the last agent build recorded: its content key and image ID ({} if none)."""
+    try:
+        data = json.loads((out_dir / "node-agent.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
 def build_agent(out_dir: Path, repo: Path, cache: Path) -> Path:
     """The node agent's image: Debian's python3, gpukit's dependencies, gpukit itself.
 
-    Three layers, so that a code change re-imports only the small top layer.
+    Three layers, so that a code change re-imports only the small top layer. The image is
+    rebuilt only when its content key (`agent_key`) differs from the last build's, which
+    `node-agent.json` records with the image's ID.
     """
     base_root = cache / "rootfs" / "bookworm-agent"
     if not (base_root / ".complete").exists():
@@ -213,6 +288,10 @@ def build_agent(out_dir: Path, repo: Path, cache: Path) -> Path:
         )  # fmt: skip
         _dir_layer(target, deps_layer, prefix="opt/gpukit/")
         shutil.rmtree(target, ignore_errors=True)
+    out = out_dir / "node-agent.tar"
+    content_key = agent_key(repo, base, deps_layer)
+    if out.exists() and agent_record(out_dir).get("key") == content_key:
+        return out
     # The image's root filesystem is read-only: its gRPC stubs must exist before copying.
     subprocess.run(
         [sys.executable, "-m", "gpukit.plugin.api.generate"],
@@ -227,12 +306,15 @@ def build_agent(out_dir: Path, repo: Path, cache: Path) -> Path:
         code / "src" / "gpukit",
         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
     )
+    marker = os.environ.get(AGENT_MARKER_ENV)
+    if marker:
+        (code / "marker").write_text(marker + "\n")
     code_layer = out_dir / "agent-code.tar"
     code_layer.unlink(missing_ok=True)
     _dir_layer(code, code_layer, prefix="opt/gpukit/")
     shutil.rmtree(code, ignore_errors=True)
-    return write_archive(
-        out_dir / "node-agent.tar",
+    write_archive(
+        out,
         AGENT,
         [base, deps_layer, code_layer],
         {
@@ -244,6 +326,11 @@ def build_agent(out_dir: Path, repo: Path, cache: Path) -> Path:
             "Entrypoint": ["python3", "-m", "gpukit.plugin"],
         },
     )
+    record = out_dir / "node-agent.json"
+    tmp = record.with_name(record.name + ".partial")
+    tmp.write_text(json.dumps({"key": content_key, "id": image_id(out)}) + "\n")
+    tmp.replace(record)
+    return out
 
 
 def build_all(out_dir: Path) -> list[Path]:

@@ -48,6 +48,8 @@ class LabManager(AClusterManager):  # type: ignore[misc]
         self, cluster_options: ClusterOptions | None = None, timeout: int = 20, **kwargs: Any
     ) -> None:
         if cluster.status(self.spec).up:
+            # An up lab may run images built from an older checkout: bring them up to date.
+            cluster.ensure_images(self.spec)
             self._created = False
             return
         self._on_create(self._cluster_options)
