@@ -40,14 +40,18 @@ conformance: venv ## prove the lab serves what its inventory declares
 	  rc=$$?; [ "$(SUMMARY)" = 0 ] || $(PY) -m gpukit.summary --junit $(RESULTS)/conformance.xml; \
 	  exit $$rc
 
+# The three lab instances `make test` uses: the suite's and the roles' lab tests each
+# reshape a cluster, so each part gets its own lab (override to run beside other labs).
+TEST_LABS ?= 0 1 2
+
 test: deps venv protos nvml k8s rootfs ## the project's tests: lint, types, unit, lab integration
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy -p gpukit
-	$(PY) -m gpukit.lab.packages build
-	$(PY) -m pytest tests --ignore=tests/conformance --ignore=tests/roles
-	# The suite's and the roles' lab tests each reshape a cluster: each gets its own lab.
-	GPUKIT_LAB_INSTANCE=1 $(PY) -m pytest tests/conformance
-	GPUKIT_LAB_INSTANCE=2 $(PY) -m pytest tests/roles
+	@set -- $(TEST_LABS); set -x; \
+	  GPUKIT_LAB_INSTANCE=$$1 $(PY) -m gpukit.lab.packages build && \
+	  GPUKIT_LAB_INSTANCE=$$1 $(PY) -m pytest tests --ignore=tests/conformance --ignore=tests/roles && \
+	  GPUKIT_LAB_INSTANCE=$$2 $(PY) -m pytest tests/conformance && \
+	  GPUKIT_LAB_INSTANCE=$$3 $(PY) -m pytest tests/roles
 
 deps: build/.deps
 build/.deps: lab/scripts/install-deps.sh
