@@ -1,5 +1,7 @@
 """site.yml on the lab: both nodes converge to the inventory, a second run changes nothing,
-check mode reports drift without touching it, and a branch switch upgrades the driver.
+check mode reports drift without touching it, a branch switch upgrades the driver, and an edit
+of the inventory's group_vars changes only the nodes it declares (the conformance suite then
+passes against the edited inventory).
 
 The tests share one lab and run in order (each builds on the previous one's state). The
 inventory is the lab's (a copy for this lab instance) plus the lab's provisioning settings
@@ -10,9 +12,12 @@ edits to the checkout while the tests run do not count as changes on the nodes.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
+import sys
 import time
 import tomllib
+import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +27,7 @@ import pytest
 import tomlkit
 import yaml
 from kubernetes import client, config
-from labplay import BIN, LAB_VARS, PlayResult, run_playbook
+from labplay import BIN, LAB_VARS, REPO, PlayResult, run_playbook
 
 from gpukit.lab import cluster, nodes
 from gpukit.lab.config import LabSpec, NodeSpec, cache_dir, load_spec
@@ -52,9 +57,10 @@ class Lab:
         assert r.returncode == 0, f"{name}: {command}: {r.stderr}"
         return r.stdout
 
-    def play(self, *args: str, **kw: Any) -> PlayResult:
+    def play(self, *args: str, inventory: Path | None = None, **kw: Any) -> PlayResult:
         extra = {"gpukit_node_wheelhouse_archive": self.wheelhouse, **kw.pop("extra_vars", {})}
-        return run_playbook("site.yml", self.inventory, *args, extra_vars=extra, **kw)
+        return run_playbook("site.yml", inventory or self.inventory, *args, extra_vars=extra,
+                            **kw)  # fmt: skip
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 90) -> Any:
@@ -279,3 +285,140 @@ def test_branch_switch_upgrades_the_driver_and_reboots(lab: Lab) -> None:
     assert installed(lab, name)["nvidia-driver"] == f"{branch_version(old)}-1"
     assert lab.sh(name, "nvidia-smi --query-gpu=driver_version --format=csv,noheader"
                   ).split()[0] == branch_version(old)  # fmt: skip
+
+
+# The device plugin's cluster-wide objects (the ConfigMap of every named config, the DaemonSet)
+# are applied once per play (run_once): Ansible reports that task on the play's first host,
+# whichever nodes select the config that changed.
+FLEET_TASK = "Apply the device plugin's objects"
+NEW_LAYOUT = "a100-balanced"
+
+
+def edit_yaml(path: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    doc = yaml.safe_load(path.read_text()) or {}
+    change(doc)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def set_time_sliced_replicas(n: int) -> Callable[[dict[str, Any]], None]:
+    def change(doc: dict[str, Any]) -> None:
+        cfg = doc["gpukit_device_plugin_configs"]["time-sliced"]
+        (res,) = [r for r in cfg["sharing"]["timeSlicing"]["resources"]
+                  if r["name"] == "nvidia.com/gpu"]  # fmt: skip
+        res["replicas"] = n
+
+    return change
+
+
+def agent_pods(core: client.CoreV1Api) -> dict[str, str]:
+    """{node: uid} of the node agent's pods."""
+    pods = core.list_namespaced_pod("gpukit-system",
+                                    label_selector="app.kubernetes.io/name=gpukit-node-agent")
+    return {p.spec.node_name: p.metadata.uid for p in pods.items
+            if p.status.phase == "Running" and p.metadata.deletion_timestamp is None}
+
+
+def run_conformance(inventory: Path, junit: Path, *args: str) -> tuple[int, str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "conformance", "--inventory", str(inventory),
+         "--kubeconfig", str(paths().admin_kubeconfig), "-q", "-p", "no:cacheprovider",
+         f"--junitxml={junit}", *args],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    return proc.returncode, proc.stdout[-6000:] + proc.stderr[-2000:]
+
+
+def conformance_checks(junit: Path) -> list[dict[str, Any]]:
+    """Every expected-vs-observed comparison the suite recorded (JUnit `check` properties)."""
+    return [json.loads(p.get("value", "{}")) for p in ET.parse(junit).getroot().iter("property")
+            if p.get("name") == "check"]  # fmt: skip
+
+
+def test_group_vars_change_only_the_nodes_they_declare(lab: Lab, tmp_path: Path) -> None:
+    """A user edits the inventory's group_vars and re-runs site.yml: only the nodes whose
+    declarations changed change, and the conformance suite passes against the edited inventory
+    (and fails against the old one). Two edits, one run each, on a copy of the inventory:
+
+    - time-slicing for the t4 group: replicas of the `time-sliced` config (the one the t4 group
+      selects) 4 -> 8. Named configs live in gpu_nodes (one ConfigMap for the fleet), so the
+      change is that ConfigMap (FLEET_TASK) and no node-level task on either node; gpu-t4's
+      agent reloads the config, gpu-a100's is untouched;
+    - a new named MIG layout selected by the a100 group: only gpu-a100 changes (MIG, CDI spec,
+      its mig.config label); gpu-t4 reports changed=0.
+
+    Then the original group_vars are run again and the lab is back as declared."""
+    from gpukit.summary import read_junit
+
+    hosts = set(lab.hostvars)
+    edited = tmp_path / "inventory"
+    shutil.copytree(lab.inventory, edited)
+    gv = edited / "group_vars"
+    # Converged before the edits (a lab left drifted would blur what each edit changed).
+    base = lab.play(inventory=edited)
+    assert base.rc == 0 and not base.failed, base.describe()
+    wait_for("allocatable as declared", lambda: all(
+        gpu_allocatable(lab.core, h) == expected_allocatable(lab.hostvars[h]) for h in hosts))
+    pods = agent_pods(lab.core)
+    assert set(pods) == hosts, pods
+    try:
+        # 1. time-slicing replicas 4 -> 8 for the t4 group.
+        edit_yaml(gv / "gpu_nodes.yml", set_time_sliced_replicas(8))
+        r = lab.play(inventory=edited)
+        assert r.rc == 0 and not r.failed, r.describe()
+        # gpu-a100 comes first in the inventory: the fleet-wide apply reports there.
+        assert r.changed == {"gpu-a100": [FLEET_TASK]}, r.changed
+        assert r.changed_count("gpu-a100") == 1 and r.changed_count("gpu-t4") == 0, r.stats
+        # 2. a new named MIG layout for the a100 group.
+        edit_yaml(gv / "gpu_nodes.yml", lambda d: d["gpukit_mig_configs"].update({NEW_LAYOUT: [
+            {"devices": [0, 1, 2, 3], "mig-enabled": True,
+             "mig-devices": {"3g.20gb": 1, "2g.10gb": 1, "1g.5gb": 1}},
+            {"devices": [4, 5, 6, 7], "mig-enabled": False}]}))
+        edit_yaml(gv / "a100_nodes.yml", lambda d: d.update(gpukit_mig_config=NEW_LAYOUT))
+        r = lab.play(inventory=edited)
+        assert r.rc == 0 and not r.failed, r.describe()
+        assert set(r.changed) == {"gpu-a100"}, r.changed
+        assert set(r.changed["gpu-a100"]) == {
+            "Apply the node's MIG layout", "Rewrite the CDI spec for the new MIG devices",
+            "Label and taint the node"}, r.changed  # fmt: skip
+        assert r.changed_count("gpu-t4") == 0 and r.changed_count("gpu-a100") == 3, r.stats
+        # The nodes serve the new declarations; the agents were not restarted (gpu-t4's
+        # reloaded its config when the kubelet refreshed the ConfigMap volume).
+        new = hostvars_of(edited)
+        want = {h: expected_allocatable(new[h]) for h in hosts}
+        assert want["gpu-t4"] == {"nvidia.com/gpu": 16}
+        assert want["gpu-a100"] == {"nvidia.com/gpu": 4, "nvidia.com/mig-1g.5gb": 4,
+                                    "nvidia.com/mig-2g.10gb": 4, "nvidia.com/mig-3g.20gb": 4}
+        for h in sorted(hosts):
+            wait_for(f"{h} allocatable {want[h]}",
+                     lambda h=h: gpu_allocatable(lab.core, h) == want[h], timeout=180)  # fmt: skip
+        assert agent_pods(lab.core) == pods
+        labels = lab.core.read_node("gpu-a100").metadata.labels
+        assert labels["nvidia.com/mig.config"] == NEW_LAYOUT
+        # The conformance suite passes against the edited inventory, with its expectations...
+        junit = tmp_path / "conformance.xml"
+        rc, out = run_conformance(edited, junit)
+        assert rc == 0, out
+        run = read_junit(junit)
+        assert run.failed == 0 and all(run.nodes[h].passed > 0 for h in hosts), out
+        seen = {(c["node"], c["resource"], c["what"], c["expected"], c["observed"])
+                for c in conformance_checks(junit)}  # fmt: skip
+        assert ("gpu-t4", "nvidia.com/gpu", "allocatable", "16", "16") in seen
+        assert ("gpu-a100", "nvidia.com/mig-3g.20gb", "allocatable", "4", "4") in seen
+        # ...and fails against the old one, naming the old expectations.
+        old_junit = tmp_path / "old.xml"
+        rc, out = run_conformance(lab.inventory, old_junit, "-m", "discovery")
+        assert rc == 1, out
+        failures = "\n".join(f"{f.get('message')}\n{f.text}" for tag in ("failure", "error")
+                             for f in ET.parse(old_junit).getroot().iter(tag))  # fmt: skip
+        assert "node gpu-t4: nvidia.com/gpu: capacity: expected 8, observed 16" in failures
+        assert "node gpu-a100: nvidia.com/gpu: capacity: expected 6, observed 4" in failures
+    finally:
+        # The original group_vars again: the lab ends as declared (later tests depend on it).
+        back = lab.play()
+    assert back.rc == 0 and not back.failed, back.describe()
+    assert set(back.changed.get("gpu-a100", [])) == {
+        FLEET_TASK, "Apply the node's MIG layout", "Rewrite the CDI spec for the new MIG devices",
+        "Label and taint the node"} and "gpu-t4" not in back.changed, back.changed  # fmt: skip
+    for h in sorted(hosts):
+        wait_for(f"{h} allocatable back", lambda h=h: gpu_allocatable(
+            lab.core, h) == expected_allocatable(lab.hostvars[h]), timeout=180)  # fmt: skip
