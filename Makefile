@@ -44,14 +44,24 @@ conformance: venv ## prove the lab serves what its inventory declares
 # reshape a cluster, so each part gets its own lab (override to run beside other labs).
 TEST_LABS ?= 0 1 2
 
+# Two lanes side by side (the roles' lab tests, mostly waiting on reboots and rollouts,
+# take as long as everything else): lane 1 runs everything but the roles' tests, then
+# the suite's tests; lane 2 the roles' tests. Each lane's output goes to
+# $(RESULTS)/test-<lane>.log and is printed when both are done.
 test: deps venv protos nvml k8s rootfs ## the project's tests: lint, types, unit, lab integration
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy -p gpukit
-	@set -- $(TEST_LABS); set -x; \
-	  GPUKIT_LAB_INSTANCE=$$1 $(PY) -m gpukit.lab.packages build && \
-	  GPUKIT_LAB_INSTANCE=$$1 $(PY) -m pytest tests --ignore=tests/conformance --ignore=tests/roles && \
-	  GPUKIT_LAB_INSTANCE=$$2 $(PY) -m pytest tests/conformance && \
-	  GPUKIT_LAB_INSTANCE=$$3 $(PY) -m pytest tests/roles
+	@mkdir -p $(RESULTS); set -- $(TEST_LABS); \
+	  for i in $$1 $$3; do GPUKIT_LAB_INSTANCE=$$i $(PY) -m gpukit.lab.packages build || exit; done; \
+	  ( GPUKIT_LAB_INSTANCE=$$1 $(PY) -m pytest tests --ignore=tests/conformance --ignore=tests/roles \
+	    && GPUKIT_LAB_INSTANCE=$$2 $(PY) -m pytest tests/conformance ) > $(RESULTS)/test-lane1.log 2>&1 & \
+	  lane1=$$!; \
+	  GPUKIT_LAB_INSTANCE=$$3 $(PY) -m pytest tests/roles > $(RESULTS)/test-lane2.log 2>&1; rc2=$$?; \
+	  wait $$lane1; rc1=$$?; \
+	  for lane in 1 2; do echo "===== lane $$lane ($(RESULTS)/test-lane$$lane.log)"; \
+	    cat $(RESULTS)/test-lane$$lane.log; done; \
+	  echo "lane 1 (unit, lab, suite): exit $$rc1; lane 2 (roles): exit $$rc2"; \
+	  [ $$rc1 = 0 ] && [ $$rc2 = 0 ]
 
 deps: build/.deps
 build/.deps: lab/scripts/install-deps.sh
