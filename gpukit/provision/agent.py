@@ -33,6 +33,29 @@ def check_configs(configs: Mapping[str, Any], where: str = "gpukit_device_plugin
         raise AgentSpecError("; ".join(problems))
 
 
+def merge_configs(
+    per_host: Mapping[str, Mapping[str, Any]], where: str = "gpukit_device_plugin_configs"
+) -> dict[str, Any]:
+    """One ConfigMap for the cluster from every node's named configs: groups may declare
+    configs of their own, but a name must mean the same config on every node (otherwise
+    the ConfigMap would silently carry one host's version)."""
+    merged: dict[str, Any] = {}
+    owner: dict[str, str] = {}
+    problems: list[str] = []
+    for host, configs in per_host.items():
+        for name, cfg in (configs or {}).items():
+            if name not in merged:
+                merged[name], owner[name] = cfg, host
+            elif merged[name] != cfg:
+                problems.append(
+                    f"{where}[{name!r}]: differs between {owner[name]} and {host}; the configs"
+                    " share one cluster-wide ConfigMap: give a group's own config its own name"
+                )
+    if problems:
+        raise AgentSpecError("; ".join(dict.fromkeys(problems)))
+    return merged
+
+
 def check_selection(configs: Mapping[str, Any], selected: str | None, where: str) -> None:
     if selected is not None and selected not in configs:
         raise AgentSpecError(

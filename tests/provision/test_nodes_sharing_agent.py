@@ -202,3 +202,17 @@ def test_mig_parted_config_rejects_bad_layouts() -> None:
 
     with pytest.raises(MigConfigError):
         mig.parted_config({"bad": [{"devices": "all", "mig-enabled": "maybe"}]})
+def test_named_configs_of_all_nodes_merge_into_one_configmap() -> None:
+    from gpukit.provision.agent import AgentSpecError, merge_configs
+
+    base = {"version": "v1", "flags": {"migStrategy": "none"}}
+    sliced = {"version": "v1", "sharing": {"timeSlicing": {"resources": [
+        {"name": "nvidia.com/gpu", "replicas": 4}]}}}  # fmt: skip
+    merged = merge_configs({"a100-1": {"default": base},
+                            "t4-1": {"default": base, "time-sliced": sliced}})  # fmt: skip
+    assert merged == {"default": base, "time-sliced": sliced}
+    other = {**sliced, "sharing": {"timeSlicing": {"resources": [
+        {"name": "nvidia.com/gpu", "replicas": 8}]}}}  # fmt: skip
+    with pytest.raises(AgentSpecError, match=r"gpukit_device_plugin_configs\['time-sliced'\]:"
+                                             r" differs between t4-1 and t4-2"):  # fmt: skip
+        merge_configs({"t4-1": {"time-sliced": sliced}, "t4-2": {"time-sliced": other}})

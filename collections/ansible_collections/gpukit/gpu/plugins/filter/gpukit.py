@@ -5,7 +5,7 @@ from __future__ import annotations
 from ansible.errors import AnsibleFilterError
 
 try:
-    from gpukit.provision import driver, nodes, sharing, upgrade
+    from gpukit.provision import agent, driver, nodes, sharing, upgrade
 
     HAS_GPUKIT = True
 except ImportError as e:  # pragma: no cover - reported when a filter is used
@@ -105,6 +105,22 @@ def sharing_check(plugin_configs, plugin_config=None, mig_configs=None, mig_conf
     }
 
 
+def merge_plugin_configs(hosts, hostvars, fact):
+    """Every host's named device plugin configs (the per-host `fact`) as one mapping."""
+    _need()
+    per_host = {h: inventory_plain(hostvars[h][fact]) for h in hosts if fact in hostvars[h]}
+    try:
+        return agent.merge_configs(per_host)
+    except agent.AgentSpecError as e:
+        raise AnsibleFilterError(str(e)) from e
+
+
+def inventory_plain(value):
+    from gpukit.inventory import plain
+
+    return plain(value)
+
+
 def upgrade_plan(states, max_failed=None):
     """The rollout's batches from the planning play's per-node findings."""
     _need()
@@ -200,6 +216,7 @@ class FilterModule:
             "node_patch": node_patch,
             "sharing_check": sharing_check,
             "upgrade_plan": upgrade_plan,
+            "merge_plugin_configs": merge_plugin_configs,
             "upgrade_report": upgrade_report,
             "upgrade_node_serves": upgrade_node_serves,
             "upgrade_agent_started_since": upgrade_agent_started_since,
