@@ -16,9 +16,7 @@ from typing import Any
 
 from kubernetes import client, watch
 
-from gpukit.provision.upgrade import STATE_LABEL
-
-DRIVER_LABEL = "nvidia.com/cuda.driver-version.full"
+from gpukit.provision.upgrade import DRIVER_LABEL, STATE_LABEL
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-STATE_LABEL = "gpukit.io/upgrade-state"
+from gpukit.plugin import label_names
+
 # Written by the node agent from NVML: the driver the node runs.
-DRIVER_LABEL = "nvidia.com/cuda.driver-version.full"
+DRIVER_LABEL = label_names.CUDA_DRIVER_FULL
+STATE_LABEL = "gpukit.io/upgrade-state"
 MESSAGE_ANNOTATION = "gpukit.io/upgrade-message"
 SKIP_LABEL = "gpukit.io/upgrade"
 SKIP_VALUE = "skip"

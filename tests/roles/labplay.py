@@ -88,3 +88,10 @@ def run_playbook(
                 if res.get("failed") or res.get("unreachable"):
                     out.failed.setdefault(host, []).append(f"{name}: {_msg(res)}")
     return out
+
+
+def branch_version(branch: str) -> str:
+    """The driver version the lab's stand-in packages ship on `branch`."""
+    from gpukit.lab.packages import BRANCHES
+
+    return next(b.driver_version for b in BRANCHES if b.name == branch)

@@ -27,7 +27,7 @@ import pytest
 import tomlkit
 import yaml
 from kubernetes import client, config
-from labplay import BIN, LAB_VARS, REPO, PlayResult, run_playbook
+from labplay import BIN, LAB_VARS, REPO, PlayResult, branch_version, run_playbook
 
 from gpukit.lab import cluster, nodes
 from gpukit.lab.config import LabSpec, NodeSpec, cache_dir, load_spec
@@ -126,12 +126,6 @@ def installed(lab: Lab, name: str) -> dict[str, str]:
 
 def boot_time(lab: Lab, name: str) -> str:
     return lab.sh(name, "ps -o lstart= -p 1").strip()
-
-
-def branch_version(branch: str) -> str:
-    from gpukit.lab.packages import BRANCHES
-
-    return next(b.driver_version for b in BRANCHES if b.name == branch)
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from xml.etree import ElementTree
 import pytest
 import yaml
 from kubernetes import client, config
-from labplay import PlayResult, run_playbook
+from labplay import PlayResult, branch_version, run_playbook
 
 from gpukit.lab import cluster
 from gpukit.lab.config import LabSpec, cache_dir, load_spec
@@ -43,12 +43,6 @@ FIRST, SECOND = "gpu-a100", "gpu-t4"  # batch order: group a100_nodes, then t4_n
 NS = "gpukit-upgrade-test"
 ROLL = ["cordoned", "draining", "upgrading", "validating", "done"]
 FAIL_SWITCH = "/etc/gpukit-lab/fail-postinst"
-
-
-def version_of(branch: str) -> str:
-    from gpukit.lab.packages import BRANCHES
-
-    return next(b.driver_version for b in BRANCHES if b.name == branch)
 
 
 @dataclass
@@ -165,7 +159,7 @@ def test_check_lists_the_batches_and_changes_nothing(lab: Lab) -> None:
     lines = plan_lines(r)
     assert lines.index(f"batch 1 (group a100_nodes, serial 1): {FIRST}") < lines.index(
         f"batch 2 (group t4_nodes, serial 1): {SECOND}")  # fmt: skip
-    old, new = version_of("550"), version_of("570")
+    old, new = branch_version("550"), branch_version("570")
     for node in (FIRST, SECOND):
         assert f"  {node}: driver: upgrade nvidia-driver {old}-1 -> {new}-1" in lines
         assert f"  {node}: driver: {new} is not the running driver ({old})" in lines
@@ -198,8 +192,8 @@ def test_injected_failure_stops_the_rollout(lab: Lab) -> None:
     # The other node was never touched.
     assert seen.node_events(SECOND) and all(
         not e.unschedulable and not e.state for e in seen.node_events(SECOND))
-    assert lab.installed_driver(SECOND) == f"{version_of('550')}-1"
-    assert lab.running_driver(SECOND) == version_of("550")
+    assert lab.installed_driver(SECOND) == f"{branch_version('550')}-1"
+    assert lab.running_driver(SECOND) == branch_version("550")
 
 
 def _gpu_pod_spec(node: str | None, command: list[str]) -> dict[str, Any]:
@@ -309,7 +303,7 @@ def test_rerun_after_the_fix_resumes_node_by_node(lab: Lab) -> None:
     done_first, cordon_second = seen.first(FIRST, "done"), seen.first(SECOND, "cordoned")
     assert done_first is not None and cordon_second is not None and done_first < cordon_second
     assert seen.max_unschedulable() == 1
-    new = version_of("570")
+    new = branch_version("570")
     for node in (FIRST, SECOND):
         # Uncordoned only after validation; the new driver appeared during the upgrade step.
         periods = seen.unschedulable_periods(node)
