@@ -136,19 +136,9 @@ def lab(lab_cluster: object, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 def _delete_namespace(core: client.CoreV1Api) -> None:
-    try:
-        core.delete_namespace(NS, grace_period_seconds=0)
-    except client.ApiException as e:
-        if e.status != 404:
-            raise
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            core.read_namespace(NS)
-        except client.ApiException as e:
-            if e.status == 404:
-                return
-        time.sleep(1)
+    from gpukit.conformance.kube import Kube
+
+    assert Kube(core.api_client).delete_namespace(NS, timeout=60), f"namespace {NS} stayed"
 
 
 def test_check_lists_the_batches_and_changes_nothing(lab: Lab) -> None:
