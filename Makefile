@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export GPUKIT_CACHE ?= $(HOME)/.cache/gpukit
 
-.PHONY: lab provision conformance test deps venv nvml k8s rootfs protos lab-down clean
+.PHONY: lab provision conformance test hardware deps venv nvml k8s rootfs protos lab-down clean
 
 # The running lab instance (GPUKIT_LAB_INSTANCE, default 0): its inventory (instance 0:
 # inventories/lab; others: a copy with their addresses) and kubeconfig.
@@ -62,6 +62,13 @@ test: deps venv protos nvml k8s rootfs ## the project's tests: lint, types, unit
 	    cat $(RESULTS)/test-lane$$lane.log; done; \
 	  echo "lane 1 (unit, lab, suite): exit $$rc1; lane 2 (roles): exit $$rc2"; \
 	  [ $$rc1 = 0 ] && [ $$rc2 = 0 ]
+
+# On a machine with a real NVIDIA GPU and driver (not collected by `make test`): gpukit's
+# discovery, labels, facts and device plugin against the driver, and the driver's NVML answers
+# recorded for the mock's fidelity test (tests/nvml/test_fidelity.py).
+hardware: venv protos
+	mkdir -p $(RESULTS) && GPUKIT_HARDWARE=1 GPUKIT_FIDELITY_OUT=$(RESULTS)/nvml-record.json \
+	  $(PY) -m pytest tests/hardware -v --junitxml=$(RESULTS)/hardware.xml
 
 deps: build/.deps
 build/.deps: lab/scripts/install-deps.sh

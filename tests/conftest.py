@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
+
+# tests/hardware need a real GPU (`make hardware` sets this); elsewhere they are not collected.
+collect_ignore = [] if os.environ.get("GPUKIT_HARDWARE") == "1" else ["hardware"]
 
 
 @pytest.fixture(scope="session")
