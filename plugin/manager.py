@@ -81,6 +81,9 @@ class ManagerOptions:
     node_labels: bool = False
     health: bool = True
     pause_file: str | None = None  # the MIG manager's pause file (gpukit.plugin.mig.hooks)
+    # A registered resource with no ListAndWatch stream for this long was dropped by the
+    # kubelet: registered again (see `_dropped_by_kubelet`).
+    stream_grace_seconds: float = 15.0
 
 
 RegisterFn = Callable[[str, str, str, float], None]
@@ -117,6 +120,7 @@ class PluginManager:
         self._loop: threading.Thread | None = None
         self._kubelet_inode: int | None = None
         self._unregistered: set[str] = set()
+        self._registered_at: dict[str, float] = {}
         self._next_register = 0.0
         self._next_serve_retry = 0.0
         self._next_rescan = 0.0
@@ -447,6 +451,7 @@ class PluginManager:
             log.info("registered %s (%s) with the kubelet", name, endpoint)
             self.metrics.registrations.labels(resource=name, result="ok").inc()
             self._unregistered.discard(name)
+            self._registered_at[name] = time.monotonic()
         self._kubelet_inode = current
         if failed:
             self._next_register = time.monotonic() + self.options.register_retry_seconds
@@ -476,7 +481,29 @@ class PluginManager:
                     log.warning("kubelet.sock was re-created: re-registering all resources")
                 self._unregistered.update(self.servers)
                 self._next_register = 0.0
+            elif current is not None:
+                self._dropped_by_kubelet()
         self._register_pending()
+
+    def _dropped_by_kubelet(self) -> None:
+        """Register again each resource whose ListAndWatch stream the kubelet closed.
+
+        The kubelet opens the stream right after a registration and keeps it open; when an
+        older plugin's stream for the same resource ends after ours began, the kubelet
+        disconnects *ours* and reports the resource's devices unhealthy until the plugin
+        registers again (kubernetes#121994), e.g. after an overlapping agent restart."""
+        now = time.monotonic()
+        grace = self.options.stream_grace_seconds
+        for name, server in self.servers.items():
+            since = server.state.streamless_since()
+            if name in self._unregistered or since is None:
+                continue
+            if now - max(since, self._registered_at.get(name, now)) < grace:
+                continue
+            log.warning("the kubelet has no ListAndWatch stream open for %s: registering again",
+                        name)
+            self._unregistered.add(name)
+            self._next_register = 0.0
 
     def _run(self) -> None:
         while not self._stop.wait(self.options.tick):

@@ -11,6 +11,7 @@ import logging
 import os
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass
@@ -52,6 +53,8 @@ class ResourceState:
         self.inventory = inventory
         self.views: tuple[DeviceView, ...] = tuple(views)
         self.replica_policy = replica_policy
+        self._streams = 0
+        self._streams_changed = time.monotonic()
 
     @property
     def name(self) -> str:
@@ -79,6 +82,21 @@ class ResourceState:
         with self._cond:
             self._cond.wait_for(lambda: self._version != version or self._closed, timeout)
             return self._version, self.views
+
+    def stream_opened(self) -> None:
+        with self._cond:
+            self._streams += 1
+            self._streams_changed = time.monotonic()
+
+    def stream_closed(self) -> None:
+        with self._cond:
+            self._streams -= 1
+            self._streams_changed = time.monotonic()
+
+    def streamless_since(self) -> float | None:
+        """Since when (monotonic) no ListAndWatch stream is open; None while one is."""
+        with self._cond:
+            return None if self._streams else self._streams_changed
 
     def close(self) -> None:
         with self._cond:
@@ -130,6 +148,11 @@ class DevicePluginService:
     def ListAndWatch(self, request: Any, context: Any) -> Iterator[Any]:
         version, views = self.state.snapshot()
         log.info("ListAndWatch(%s): %d devices", self.state.name, len(views))
+        # Counted until the RPC ends, however it ends (the manager re-registers a resource
+        # whose stream the kubelet dropped).
+        self.state.stream_opened()
+        if not context.add_callback(self.state.stream_closed):
+            self.state.stream_closed()
         yield list_response(views)
         while context.is_active() and not self.state.closed:
             new_version, views = self.state.wait_change(version, self.stream_poll)

@@ -286,3 +286,40 @@ def test_node_label_switches_config_live(kubelet: FakeKubelet, short_tmp: Path) 
         channel.close()
     finally:
         manager.stop()
+
+
+def test_a_stream_the_kubelet_drops_is_registered_again(
+    kubelet: FakeKubelet, short_tmp: Path
+) -> None:
+    """The kubelet can close a plugin's ListAndWatch stream for good (an older instance of
+    the same resource disconnecting after the new one registered, kubernetes#121994): the
+    plugin registers again, and only then."""
+    import queue
+
+    backend = FakeBackend(make_inventory([make_gpu(0, T4)]))
+    manager = PluginManager(
+        ConfigSource(overrides=[Override("gpukit.kubeletDir", str(short_tmp), "test"),
+                                Override("gpukit.rescanIntervalSeconds", 0, "test")]),
+        backend, options=ManagerOptions(tick=0.05, health=False, register_retry_seconds=0.2,
+                                        stream_grace_seconds=0.5))  # fmt: skip
+    manager.start()
+    try:
+        req = kubelet.next_request()
+        channel, stub = dial(str(short_tmp / req.endpoint))
+        stream = stub.ListAndWatch(pb.Empty(), timeout=30)
+        assert len(next(stream).devices) == 1
+        # While the stream is open: no registration, however long.
+        with pytest.raises(queue.Empty):
+            kubelet.next_request(timeout=1.5)
+        stream.cancel()
+        again = kubelet.next_request(timeout=5)
+        assert again.resource_name == "nvidia.com/gpu"
+        # The new registration's stream opens: quiet again.
+        stream = stub.ListAndWatch(pb.Empty(), timeout=30)
+        assert len(next(stream).devices) == 1
+        with pytest.raises(queue.Empty):
+            kubelet.next_request(timeout=1.5)
+        stream.cancel()
+        channel.close()
+    finally:
+        manager.stop()
