@@ -76,3 +76,40 @@ def mock_library() -> Path:
     if lib is None:
         raise LabError("the mock NVML library is not built: run `make nvml`")
     return lib
+
+
+def diagnose(lab: LabSpec, node: str, log_lines: int = 25) -> str:
+    """What a test that waited in vain for the agent on `node` should print: the agent pods
+    and their last log lines, the node's GPU capacity and allocatable, and what the node's
+    kubelet said about device plugins (a plugin's registration and disconnection)."""
+    out: list[str] = []
+
+    def run(what: str, fn: Any) -> None:
+        try:
+            out.append(f"--- {what}\n{fn()}")
+        except Exception as exc:  # a diagnosis must not hide the failure it explains
+            out.append(f"--- {what}: {exc}")
+
+    selector = f"--field-selector=spec.nodeName={node}"
+    run("agent pods", lambda: kubectl(lab, "-n", "gpukit-system", "get", "pods", "-o", "wide",
+                                      selector))  # fmt: skip
+    names = kubectl(lab, "-n", "gpukit-system", "get", "pods", selector, "-o",
+                    "jsonpath={.items[*].metadata.name}").split()  # fmt: skip
+    for name in names:
+        run(f"log of {name}", lambda n=name: kubectl(
+            lab, "-n", "gpukit-system", "logs", n, f"--tail={log_lines}", "--timestamps"))
+    run("node resources", lambda: kubectl(
+        lab, "get", "node", node, "-o",
+        "jsonpath=capacity {.status.capacity}{'\\n'}allocatable {.status.allocatable}"))
+
+    def kubelet_log() -> str:
+        from gpukit.lab.cluster import node_exec
+
+        r = node_exec(lab.node(node), ["journalctl", "-u", "kubelet", "--no-pager", "-o",
+                                       "short-precise", "-n", "400"])  # fmt: skip
+        lines = [ln for ln in r.stdout.splitlines()
+                 if "plugin" in ln.lower() or "endpoint" in ln.lower()]  # fmt: skip
+        return "\n".join(lines[-log_lines:]) or r.stderr
+
+    run("kubelet, device plugins", kubelet_log)
+    return "\n".join(out)

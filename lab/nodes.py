@@ -225,3 +225,22 @@ def _write_nvml_profile(node: NodeSpec, r: Path) -> None:
         tmp = dst_lib.with_suffix(".gpukit-new")
         shutil.copyfile(lib, tmp)
         tmp.replace(dst_lib)
+
+
+def nvml_cli(node: NodeSpec, *args: str) -> str:
+    """`python -m gpukit.lab.nvml ARGS` against a node's mock GPUs (its profile and state)."""
+    import sys
+
+    r = root(node)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpukit.lab.nvml",
+         "--profile", str(r / "etc/gpukit-lab/nvml/profile.yaml"),
+         "--state-dir", str(r / "var/lib/gpukit-lab/nvml"), *args],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return proc.stdout
+
+
+def gpu_uuids(node: NodeSpec) -> list[str]:
+    """The UUIDs of a node's mock GPUs, in index order."""
+    return [g["uuid"] for g in json.loads(nvml_cli(node, "status"))["gpus"]]

@@ -48,6 +48,10 @@ class PluginMetrics:
             "gpukit_plugin_registrations", "Registrations with the kubelet",
             ["resource", "result"], registry=r,
         )
+        self.device_lists = Counter(
+            "gpukit_plugin_device_lists_sent", "ListAndWatch responses sent to the kubelet",
+            ["resource", "reason"], registry=r,
+        )
         self.config_reloads = Counter(
             "gpukit_plugin_config_reloads", "Config reloads", ["result"], registry=r,
         )

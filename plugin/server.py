@@ -153,14 +153,19 @@ class DevicePluginService:
         self.state.stream_opened()
         if not context.add_callback(self.state.stream_closed):
             self.state.stream_closed()
-        yield list_response(views)
+        yield self._sent(views, "first")
         while context.is_active() and not self.state.closed:
             new_version, views = self.state.wait_change(version, self.stream_poll)
             if new_version != version:
                 version = new_version
                 log.info("ListAndWatch(%s): update, %d devices, %d unhealthy", self.state.name,
                          len(views), sum(not v.healthy for v in views))
-                yield list_response(views)
+                yield self._sent(views, "change")
+
+    def _sent(self, views: Sequence[DeviceView], reason: str) -> Any:
+        if self.metrics:
+            self.metrics.device_lists.labels(resource=self.state.name, reason=reason).inc()
+        return list_response(views)
 
     def GetPreferredAllocation(self, request: Any, context: Any) -> Any:
         state = self.state

@@ -49,10 +49,12 @@ def agent_pods() -> dict[str, tuple[str, str]]:
 def running_agent(lab_cluster: object) -> Iterator[None]:
     spec = load_spec()
     d = agent.lab_deployment(CONFIGS)
-    agent.apply(spec, d)
-    agent.wait_rolled_out(spec, d)
-    yield
-    agent.remove(spec, d)
+    try:
+        agent.apply(spec, d)
+        agent.wait_rolled_out(spec, d)
+        yield
+    finally:
+        agent.remove(spec, d)
 
 
 def test_lab_up_brings_a_changed_agent_image_to_every_node_once(

@@ -50,8 +50,10 @@ CONFIG_LABEL = "nvidia.com/device-plugin.config"
 NS = "default"
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 60, every: float = 0.5) -> Any:
-    """Poll `check` until it returns something truthy (bounded)."""
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 60, every: float = 0.5,
+             explain: Callable[[], str] | None = None) -> Any:
+    """Poll `check` until it returns something truthy (bounded); on timeout, fail with
+    `explain()` appended."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
@@ -59,7 +61,8 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float = 60, every: fl
         if last:
             return last
         time.sleep(every)
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+    more = f"\n{explain()}" if explain else ""
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r}){more}")
 
 
 @pytest.fixture(scope="module")
@@ -82,18 +85,11 @@ def set_config(core: client.CoreV1Api, node: str, name: str | None) -> None:
 
 
 def nvml_cli(node: str, *args: str) -> str:
-    root = nodes.node_dir(load_spec().node(node)) / "root"
-    r = subprocess.run(
-        [sys.executable, "-m", "gpukit.lab.nvml",
-         "--profile", str(root / "etc/gpukit-lab/nvml/profile.yaml"),
-         "--state-dir", str(root / "var/lib/gpukit-lab/nvml"), *args],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    return r.stdout
+    return nodes.nvml_cli(load_spec().node(node), *args)
 
 
 def gpu_uuids(node: str) -> list[str]:
-    return [g["uuid"] for g in json.loads(nvml_cli(node, "status"))["gpus"]]
+    return nodes.gpu_uuids(load_spec().node(node))
 
 
 @pytest.fixture(scope="module")
@@ -107,13 +103,19 @@ def deployed(core: client.CoreV1Api) -> Iterator[AgentDeployment]:
         GPUKIT_RESCAN_INTERVAL_SECONDS="2",
     )
     set_config(core, "gpu-t4", "ts")
-    agent.apply(spec, d)
-    agent.wait_rolled_out(spec, d, timeout=120)
-    wait_for("gpu-a100: 8 GPUs", lambda: resources(core, "gpu-a100").get("nvidia.com/gpu") == 8)
-    wait_for("gpu-t4: 8 replicas", lambda: resources(core, "gpu-t4").get("nvidia.com/gpu") == 8)
-    yield d
-    agent.remove(spec, d)
-    set_config(core, "gpu-t4", None)
+    try:
+        agent.apply(spec, d)
+        agent.wait_rolled_out(spec, d, timeout=120)
+        # Started is not registered: the agent may take a while to start on a loaded machine.
+        for node, want in (("gpu-a100", 8), ("gpu-t4", 8)):
+            wait_for(f"{node}: {want} nvidia.com/gpu",
+                     lambda n=node, w=want: resources(core, n).get("nvidia.com/gpu") == w,
+                     timeout=120, explain=lambda n=node: agent.diagnose(spec, n))  # fmt: skip
+        yield d
+    finally:
+        # Also after a failed start: the next module must not find this deployment or label.
+        agent.remove(spec, d)
+        set_config(core, "gpu-t4", None)
 
 
 def gpu_pod(name: str, node: str, count: int, resource: str = "nvidia.com/gpu") -> client.V1Pod:

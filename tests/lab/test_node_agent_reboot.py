@@ -29,11 +29,12 @@ SHUTDOWN_BOUND_SECONDS = 20.0
 CONFIGS = {"default": {"version": "v1", "flags": {"migStrategy": "none"}}}
 
 
-def wait_for(what: str, check: Callable[[], bool], timeout: float) -> None:
+def wait_for(what: str, check: Callable[[], bool], timeout: float, node: str = "") -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
+            more = f"\n{agent.diagnose(load_spec(), node)}" if node else ""
+            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}{more}")
         time.sleep(0.5)
 
 
@@ -90,10 +91,12 @@ def agent_started_since(core: client.CoreV1Api, node: str, since: datetime) -> b
 def deployed(lab_cluster: object) -> Iterator[AgentDeployment]:
     spec = load_spec()
     d = agent.lab_deployment(CONFIGS, default_config="default")
-    agent.apply(spec, d)
-    agent.wait_rolled_out(spec, d, timeout=120)
-    yield d
-    agent.remove(spec, d)
+    try:
+        agent.apply(spec, d)
+        agent.wait_rolled_out(spec, d, timeout=120)
+        yield d
+    finally:
+        agent.remove(spec, d)
 
 
 def test_a_node_running_the_agent_reboots_promptly(deployed: AgentDeployment) -> None:
@@ -101,7 +104,8 @@ def test_a_node_running_the_agent_reboots_promptly(deployed: AgentDeployment) ->
     node = spec.nodes[-1]
     core = kube.api(paths().admin_kubeconfig)
     assert node_ready(core, node.name)
-    wait_for(f"the agent serving on {node.name}", lambda: agent_serving(core, node.name), 60)
+    wait_for(f"the agent serving on {node.name}", lambda: agent_serving(core, node.name), 120,
+             node.name)
     assert agent_pids(node), f"the agent is not running on {node.name}"
     init = cluster.init_proc(node)
     assert init is not None
@@ -121,8 +125,8 @@ def test_a_node_running_the_agent_reboots_promptly(deployed: AgentDeployment) ->
     # Back as before (checked first, so that a slow shutdown leaves the lab usable): the node
     # Ready, a new agent Ready on it.
     wait_for(f"a new agent on {node.name}",
-             lambda: agent_started_since(core, node.name, wall0), timeout=120)  # fmt: skip
-    wait_for(f"{node.name} to be Ready", lambda: node_ready(core, node.name), timeout=60)
+             lambda: agent_started_since(core, node.name, wall0), 120, node.name)  # fmt: skip
+    wait_for(f"{node.name} to be Ready", lambda: node_ready(core, node.name), 60, node.name)
     assert agent_pids(node)
     assert took < SHUTDOWN_BOUND_SECONDS, (
         f"{node.name} took {took:.1f}s to shut down with the agent running"

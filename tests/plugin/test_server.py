@@ -323,3 +323,4 @@ def test_a_stream_the_kubelet_drops_is_registered_again(
         channel.close()
     finally:
         manager.stop()
+
