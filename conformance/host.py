@@ -99,8 +99,9 @@ def parse_probe(doc: dict[str, Any]) -> NvmlSeen:
         for m in g.get("migs", []):
             profile = f"?{m['gi_profile_id']}"
             if table is not None:
-                try:
-                    profile = table.gpu_instance_profile(int(m["gi_profile_id"])).name
+                try:  # nvmlGpuInstanceGetInfo's profileId is the driver's id, not the constant
+                    profile = table.gpu_instance_profile_by_driver_id(
+                        int(m["gi_profile_id"])).name
                 except KeyError:
                     pass
             migs.append(MigSeen(m["uuid"], int(m["gi"]), int(m["ci"]), profile,

@@ -9,7 +9,9 @@ share the code it checks.
 Output: {"ok": bool, "error": str, "library": path, "mock": bool, "driver_version": str,
 "cuda_driver_version": int, "gpus": [{"index", "uuid", "name", "minor", "memory_mib",
 "mig_current", "mig_pending", "migs": [{"uuid", "gi", "ci", "gi_profile_id", "start", "size",
-"memory_mib"}]}]}
+"memory_mib"}]}]}; gi_profile_id is nvmlGpuInstanceInfo_t.profileId, the driver's profile id
+(`nvidia-smi mig -lgip`'s ID: 19 for an A100's 1g.5gb), not an NVML_GPU_INSTANCE_PROFILE_*
+constant.
 """
 
 from __future__ import annotations

@@ -11,7 +11,13 @@ Example::
 
     a100 = mig_profiles.for_product("NVIDIA A100-SXM4-40GB")
     p = a100.gpu_instance_profile("3g.20gb")
-    p.profile_id, p.memory_mb, [pl.start for pl in p.placements]   # (2, 19968, [0, 4])
+    p.profile_id, p.driver_id, p.memory_mb, [pl.start for pl in p.placements]
+    # (2, 9, 19968, [0, 4])
+
+``profile_id`` is the ``NVML_GPU_INSTANCE_PROFILE_*`` constant, which only
+``nvmlDeviceGetGpuInstanceProfileInfo(V)`` takes; ``driver_id`` is the id the driver gives the
+profile (``nvmlGpuInstanceProfileInfo_t.id``, ``nvidia-smi mig -lgip``'s ID), which every call
+taking a ``profileId`` takes and ``nvmlGpuInstanceGetInfo`` reports.
 """
 
 from __future__ import annotations
@@ -112,10 +118,15 @@ class ComputeInstanceProfile:
 
 @dataclass(frozen=True)
 class GpuInstanceProfile:
-    """One GPU-instance profile of one GPU model (NVML ``nvmlGpuInstanceProfileInfo_v2_t``)."""
+    """One GPU-instance profile of one GPU model (NVML ``nvmlGpuInstanceProfileInfo_v2_t``).
+
+    ``profile_id``: the ``NVML_GPU_INSTANCE_PROFILE_*`` constant (what
+    ``nvmlDeviceGetGpuInstanceProfileInfo`` takes); ``driver_id``: the driver's id for it (the
+    info's ``id``, what the calls taking a ``profileId`` take)."""
 
     name: str
     profile_id: int
+    driver_id: int
     nvml_constant: str
     compute_slices: int
     memory_slices: int
@@ -145,6 +156,14 @@ class GpuInstanceProfile:
     def multiprocessors_per_slice(self) -> int:
         return self.multiprocessors // self.compute_slices
 
+    def compute_instance_multiprocessors(self, cip: ComputeInstanceProfile) -> int:
+        """SMs of a compute instance of this profile: all of the GPU instance's when it spans
+        the GPU instance, else its slices times the per-slice share (an approximation the mock
+        NVML uses too: a real driver's partial compute instances were not recorded)."""
+        if cip.compute_slices == self.compute_slices:
+            return self.multiprocessors
+        return cip.compute_slices * self.multiprocessors_per_slice()
+
 
 @dataclass(frozen=True)
 class MigGpu:
@@ -160,7 +179,8 @@ class MigGpu:
 
     def gpu_instance_profile(self, name_or_id: str | int) -> GpuInstanceProfile:
         """Look a profile up by name (``1g.5gb+me``, or its resource suffix ``1g.5gb.me``) or
-        by NVML profile id."""
+        by ``NVML_GPU_INSTANCE_PROFILE_*`` constant (``profile_id``; for the id a driver reports,
+        see :meth:`gpu_instance_profile_by_driver_id`)."""
         for p in self.gpu_instance_profiles:
             if isinstance(name_or_id, int):
                 if p.profile_id == name_or_id:
@@ -169,6 +189,15 @@ class MigGpu:
                 return p
         known = ", ".join(p.name for p in self.gpu_instance_profiles)
         raise KeyError(f"{self.key} has no MIG profile {name_or_id!r} (known: {known})")
+
+    def gpu_instance_profile_by_driver_id(self, driver_id: int) -> GpuInstanceProfile:
+        """The profile a driver's profile id names (``nvmlGpuInstanceInfo_t.profileId``, the
+        ``id`` of a profile info, ``nvidia-smi mig -lgip``'s ID)."""
+        for p in self.gpu_instance_profiles:
+            if p.driver_id == driver_id:
+                return p
+        known = ", ".join(f"{p.name} {p.driver_id}" for p in self.gpu_instance_profiles)
+        raise KeyError(f"{self.key} has no MIG profile with driver id {driver_id} (known: {known})")
 
     def fits(self, placed: list[tuple[GpuInstanceProfile, Placement]]) -> bool:
         """Whether these GPU instances can coexist on one GPU (placements valid, no overlap,
@@ -311,6 +340,7 @@ def _parse_gpu(r: _Reader, key: str, raw: object) -> MigGpu:
         raise r.fail(f"{field}.gpu_instance_profiles", "expected a non-empty list")
     profiles: list[GpuInstanceProfile] = []
     seen_ids: set[int] = set()
+    seen_driver_ids: set[int] = set()
     for i, rp in enumerate(raw_profiles):
         pf = f"{field}.gpu_instance_profiles[{i}]"
         pm = r.mapping(rp, pf)
@@ -320,6 +350,10 @@ def _parse_gpu(r: _Reader, key: str, raw: object) -> MigGpu:
         if pid in seen_ids:
             raise r.fail(f"{pf}.profile_id", f"duplicate profile id {pid}")
         seen_ids.add(pid)
+        driver_id = r.integer(pm, "driver_id", pf)
+        if driver_id in seen_driver_ids:
+            raise r.fail(f"{pf}.driver_id", f"duplicate driver id {driver_id}")
+        seen_driver_ids.add(driver_id)
         gi_compute = r.integer(pm, "compute_slices", pf, 1)
         gi_memory = r.integer(pm, "memory_slices", pf, 1)
         if gi_compute > compute_slices:
@@ -336,6 +370,7 @@ def _parse_gpu(r: _Reader, key: str, raw: object) -> MigGpu:
             GpuInstanceProfile(
                 name=r.string(pm, "name", pf),
                 profile_id=pid,
+                driver_id=driver_id,
                 nvml_constant=r.string(pm, "nvml_constant", pf),
                 compute_slices=gi_compute,
                 memory_slices=gi_memory,

@@ -4,6 +4,8 @@ Usage: python gen_mig_tables.py OUT.h   (run by lab/nvml/Makefile with the repo 
 
 The header initialises the tables with the NVML_*_PROFILE_* constant names and asserts, against
 the real nvml.h, that each constant has the numeric id the YAML (and so the Python side) uses.
+Each GPU-instance profile also carries the driver's id for it (``driver_id``), which the mock
+reports and takes where the real driver does.
 """
 
 from __future__ import annotations
@@ -45,12 +47,14 @@ def render(tables: mig_profiles.MigTables, source: str) -> str:
                     f".placements = {_list([pl.start for pl in c.placements])} }}"
                 )
             gis.append(
-                '      {{ .name = "{name}", .profile_id = {const}, .compute_slices = {cs}, '
+                '      {{ .name = "{name}", .profile_id = {const}, .driver_id = {did}, '
+                ".compute_slices = {cs}, "
                 ".memory_slices = {ms}, .multiprocessors = {sm}, .memory_mb = {mb}ULL, "
                 ".max_count = {mx}, .nplacements = {npl}, .placements = {pl}, "
                 ".engines = {eng}, .p2p = 0, .nci = {nci},\n        .ci = {{ {cis} }} }}".format(
                     name=p.name,
                     const=p.nvml_constant,
+                    did=p.driver_id,
                     cs=p.compute_slices,
                     ms=p.memory_slices,
                     sm=p.multiprocessors,

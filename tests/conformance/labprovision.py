@@ -78,7 +78,7 @@ for key, placed in sorted(layout.items(), key=lambda kv: int(kv[0])):
         p = table.gpu_instance_profile(name)
         where = n.c_nvmlGpuInstancePlacement_t()
         where.start, where.size = start, p.memory_slices
-        gi = n.nvmlDeviceCreateGpuInstanceWithPlacement(h, p.profile_id, ctypes.byref(where))
+        gi = n.nvmlDeviceCreateGpuInstanceWithPlacement(h, p.driver_id, ctypes.byref(where))
         n.nvmlGpuInstanceCreateComputeInstance(
             gi, p.compute_instance_profile(p.compute_slices).profile_id)
 n.nvmlShutdown()

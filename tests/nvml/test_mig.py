@@ -1,9 +1,15 @@
 """MIG through pynvml: mode (pending until reset), GPU- and compute-instance profiles (checked
 against gpukit.mig_profiles, the planner's tables), placements, capacity, create/destroy/list,
-MIG device handles, and the error codes real hardware gives."""
+MIG device handles, and the error codes real hardware gives.
+
+As with a real driver, nvmlDeviceGetGpuInstanceProfileInfo takes an NVML_GPU_INSTANCE_PROFILE_*
+constant (P1, P3, ...) and every other call that takes a profile id takes the driver's id for it
+(the info's ``id``: 19 for an A100's 1g.5gb); the helpers here map one to the other as gpukit's
+MIG manager does."""
 
 from __future__ import annotations
 
+import ctypes
 import re
 from pathlib import Path
 from typing import Any
@@ -20,18 +26,27 @@ pytestmark = pytest.mark.nvml
 MIB = 1 << 20
 P1, P2, P3, P4, P7 = 0, 1, 2, 3, 4  # NVML_GPU_INSTANCE_PROFILE_<n>_SLICE
 P1_ME, P1_REV2 = 7, 9  # +me, 1g.10gb (A100-40GB) / 1g.20gb (80GB)
+# The driver's ids for those constants (A100 and H100 alike), as nvidia-smi mig -lgip lists them.
+DRIVER_ID = {P1: 19, P1_ME: 20, P1_REV2: 15, P2: 14, P3: 9, P4: 5, P7: 0}
 C1, C2, C3, C4, C7 = 0, 1, 2, 3, 4  # NVML_COMPUTE_INSTANCE_PROFILE_<n>_SLICE
 ERR = {
     "invalid": 2, "not_supported": 3, "not_found": 6, "in_use": 19, "insufficient": 23,
 }
 
 
+def driver_id(nvml: Any, h: Any, profile: int) -> int:
+    """The driver's id for a profile constant, as gpukit's MIG manager asks for it."""
+    return int(nvml.nvmlDeviceGetGpuInstanceProfileInfo(h, profile).id)
+
+
 def create(nvml: Any, h: Any, profile: int, start: int | None = None) -> Any:
+    """Create a GPU instance of the profile constant ``profile``."""
+    pid = driver_id(nvml, h, profile)
     if start is None:
-        return nvml.nvmlDeviceCreateGpuInstance(h, profile)
+        return nvml.nvmlDeviceCreateGpuInstance(h, pid)
     size = mig_profiles.gpu("A100-SXM4-40GB").gpu_instance_profile(profile).memory_slices
     where = gi_placement(nvml, start, size)
-    return nvml.nvmlDeviceCreateGpuInstanceWithPlacement(h, profile, where)
+    return nvml.nvmlDeviceCreateGpuInstanceWithPlacement(h, pid, where)
 
 
 def placement_of(nvml: Any, gi: Any) -> tuple[int, int, int]:
@@ -45,7 +60,22 @@ def is_mig(nvml: Any, h: Any) -> int:
 
 
 def remaining(nvml: Any, h: Any, profile: int) -> int:
-    return int(nvml.nvmlDeviceGetGpuInstanceRemainingCapacity(h, profile))
+    return int(nvml.nvmlDeviceGetGpuInstanceRemainingCapacity(h, driver_id(nvml, h, profile)))
+
+
+def placements(nvml: Any, h: Any, pid: int) -> list[tuple[int, int]]:
+    """nvmlDeviceGetGpuInstancePossiblePlacements_v2 for a driver profile id."""
+    count = nvml.c_uint(0)
+    arr = (nvml.c_nvmlGpuInstancePlacement_t * 8)()
+    nvml.nvmlDeviceGetGpuInstancePossiblePlacements(h, pid, arr, nvml.byref(count))
+    return [(x.start, x.size) for x in arr[: count.value]]
+
+
+def instance_count(nvml: Any, h: Any, pid: int) -> int:
+    count = nvml.c_uint(0)
+    arr = (nvml.c_nvmlGpuInstance_t * 8)()
+    nvml.nvmlDeviceGetGpuInstances(h, pid, arr, nvml.byref(count))
+    return count.value
 
 
 # ---- mode ----
@@ -54,7 +84,7 @@ def test_mig_mode_pending_until_reset(nvml: Any, ctl: MockControl) -> None:
     assert nvml.nvmlDeviceGetMigMode(h) == [0, 0]
     assert nvml.nvmlDeviceSetMigMode(h, 1) == nvml.NVML_ERROR_RESET_REQUIRED
     assert nvml.nvmlDeviceGetMigMode(h) == [0, 1]
-    nvml_error(nvml, ERR["not_supported"], nvml.nvmlDeviceCreateGpuInstance, h, P1)
+    nvml_error(nvml, ERR["not_supported"], nvml.nvmlDeviceCreateGpuInstance, h, DRIVER_ID[P1])
     assert nvml.nvmlDeviceGetMaxMigDeviceCount(h) == 0
     ctl.reset(0)
     assert nvml.nvmlDeviceGetMigMode(h) == [1, 1]
@@ -73,24 +103,58 @@ def test_t4_is_not_mig_capable(nvml: Any) -> None:
     ns = ERR["not_supported"]
     nvml_error(nvml, ns, nvml.nvmlDeviceGetMigMode, h)
     nvml_error(nvml, ns, nvml.nvmlDeviceSetMigMode, h, 1)
-    nvml_error(nvml, ns, nvml.nvmlDeviceGetGpuInstanceProfileInfo, h, P1)
-    nvml_error(nvml, ns, nvml.nvmlDeviceGetGpuInstanceRemainingCapacity, h, P1)
-    nvml_error(nvml, ns, nvml.nvmlDeviceCreateGpuInstance, h, P1)
+    for const in (P1, P3, 17):  # no MIG at all: not even an unknown constant is an argument error
+        nvml_error(nvml, ns, nvml.nvmlDeviceGetGpuInstanceProfileInfo, h, const)
+        nvml_error(nvml, ns, nvml.nvmlDeviceGetGpuInstanceProfileInfo, h, const, 1)
+    for pid in (DRIVER_ID[P1], DRIVER_ID[P3]):
+        nvml_error(nvml, ns, nvml.nvmlDeviceGetGpuInstanceRemainingCapacity, h, pid)
+        nvml_error(nvml, ns, placements, nvml, h, pid)
+        nvml_error(nvml, ns, instance_count, nvml, h, pid)
+        nvml_error(nvml, ns, nvml.nvmlDeviceCreateGpuInstance, h, pid)
+        nvml_error(nvml, ns, nvml.nvmlDeviceGetGpuInstanceProfileInfoByIdV, h, pid)
+    nvml_error(nvml, ns, nvml.nvmlDeviceGetGpuInstanceById, h, 1)
     nvml_error(nvml, ns, nvml.nvmlDeviceGetMigDeviceHandleByIndex, h, 0)
+    nvml_error(nvml, ERR["invalid"], nvml.nvmlDeviceGetGpuInstanceId, h)
     assert nvml.nvmlDeviceGetMaxMigDeviceCount(h) == 0
     assert is_mig(nvml, h) == 0
 
 
-def test_mig_disabled_refuses_instances_but_lists_placements(nvml: Any) -> None:
+def test_mig_disabled_answers_the_profile_table_but_creates_nothing(nvml: Any) -> None:
+    """A MIG-capable GPU with MIG disabled answers the profile table, placements, capacity and
+    an empty instance list (as an H100 on driver 580.159.04 does); creating needs MIG enabled."""
     h = nvml.nvmlDeviceGetHandleByIndex(0)
-    ns = ERR["not_supported"]
-    nvml_error(nvml, ns, nvml.nvmlDeviceGetGpuInstanceProfileInfo, h, P3)
-    nvml_error(nvml, ns, nvml.nvmlDeviceGetGpuInstanceRemainingCapacity, h, P3)
-    nvml_error(nvml, ns, nvml.nvmlDeviceCreateGpuInstance, h, P3)
-    count = nvml.c_uint(0)
-    arr = (nvml.c_nvmlGpuInstancePlacement_t * 2)()
-    nvml.nvmlDeviceGetGpuInstancePossiblePlacements(h, P3, arr, nvml.byref(count))
-    assert [(p.start, p.size) for p in arr[: count.value]] == [(0, 4), (4, 4)]
+    assert nvml.nvmlDeviceGetMigMode(h) == [0, 0]
+    info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(h, P3)
+    assert (info.id, info.name, info.sliceCount) == (DRIVER_ID[P3], "MIG 3g.20gb", 3)
+    assert nvml.nvmlDeviceGetGpuInstanceProfileInfo(h, P3, version=1).id == DRIVER_ID[P3]
+    assert nvml.nvmlDeviceGetGpuInstanceProfileInfoByIdV(h, DRIVER_ID[P3]).name == "MIG 3g.20gb"
+    assert placements(nvml, h, DRIVER_ID[P3]) == [(0, 4), (4, 4)]
+    assert remaining(nvml, h, P3) == 2 and remaining(nvml, h, P1) == 7
+    assert instance_count(nvml, h, DRIVER_ID[P3]) == 0
+    nvml_error(nvml, ERR["not_supported"], nvml.nvmlDeviceCreateGpuInstance, h, DRIVER_ID[P3])
+    nvml_error(nvml, ERR["not_supported"], nvml.nvmlDeviceCreateGpuInstanceWithPlacement, h,
+               DRIVER_ID[P3], gi_placement(nvml, 0, 4))
+    for gid in (0, 1, 14, 99):
+        nvml_error(nvml, ERR["not_found"], nvml.nvmlDeviceGetGpuInstanceById, h, gid)
+
+
+def test_profile_constants_and_driver_ids_are_not_interchangeable(nvml: Any) -> None:
+    """Unknown constants are argument errors, unsupported ones NOT_SUPPORTED; a call taking a
+    driver id refuses an id that names no profile of the GPU (driver 580.159.04 on an H100)."""
+    h = nvml.nvmlDeviceGetHandleByIndex(0)
+    for const in (5, 6, 8, *range(10, 17)):
+        nvml_error(nvml, ERR["not_supported"], nvml.nvmlDeviceGetGpuInstanceProfileInfo, h, const)
+    for const in (17, 18, nvml.NVML_GPU_INSTANCE_PROFILE_COUNT, 1000):
+        for version in (1, 2):
+            nvml_error(nvml, ERR["invalid"], nvml.nvmlDeviceGetGpuInstanceProfileInfo, h, const,
+                       version)
+    known = set(DRIVER_ID.values())
+    for pid in (1, 2, 3, 4, 7, 21, 255):
+        assert pid not in known
+        nvml_error(nvml, ERR["invalid"], placements, nvml, h, pid)
+        nvml_error(nvml, ERR["invalid"], nvml.nvmlDeviceGetGpuInstanceRemainingCapacity, h, pid)
+        nvml_error(nvml, ERR["invalid"], instance_count, nvml, h, pid)
+        nvml_error(nvml, ERR["invalid"], nvml.nvmlDeviceGetGpuInstanceProfileInfoByIdV, h, pid)
 
 
 def test_enable_refused_while_processes_run(nvml: Any, ctl: MockControl) -> None:
@@ -147,31 +211,31 @@ def test_profiles_match_the_planner_tables(nvml: Any, ctl: MockControl, table: s
     h = enable_mig(nvml, ctl, 0)
     assert mig_profiles.for_product(nvml.nvmlDeviceGetName(h)) == t
     seen = set()
-    for pid in range(nvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+    for const in range(nvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
         try:
-            v2 = nvml.nvmlDeviceGetGpuInstanceProfileInfo(h, pid)
+            v2 = nvml.nvmlDeviceGetGpuInstanceProfileInfo(h, const)
         except nvml.NVMLError as e:
-            assert e.value == ERR["not_supported"]
+            assert e.value == (ERR["not_supported"] if const < 17 else ERR["invalid"])
             continue
-        seen.add(pid)
-        p = t.gpu_instance_profile(pid)
-        v1 = nvml.nvmlDeviceGetGpuInstanceProfileInfo(h, pid, version=1)
-        for info in (v1, v2):
+        seen.add(const)
+        p = t.gpu_instance_profile(const)
+        pid = p.driver_id
+        v1 = nvml.nvmlDeviceGetGpuInstanceProfileInfo(h, const, version=1)
+        by_id = nvml.nvmlDeviceGetGpuInstanceProfileInfoByIdV(h, pid)
+        for info in (v1, v2, by_id):
             assert (info.id, info.sliceCount, info.instanceCount, info.multiprocessorCount,
-                    info.memorySizeMB) == (p.profile_id, p.compute_slices, p.max_count,
+                    info.memorySizeMB) == (p.driver_id, p.compute_slices, p.max_count,
                                            p.multiprocessors, p.memory_mb)
             assert (info.copyEngineCount, info.decoderCount, info.encoderCount, info.jpegCount,
                     info.ofaCount) == (p.engines.copy, p.engines.decoder, p.engines.encoder,
                                        p.engines.jpeg, p.engines.ofa)
-        assert v2.name == f"MIG {p.name}"
-        count = nvml.c_uint(0)
-        arr = (nvml.c_nvmlGpuInstancePlacement_t * 8)()
-        nvml.nvmlDeviceGetGpuInstancePossiblePlacements(h, pid, arr, nvml.byref(count))
-        assert [(x.start, x.size) for x in arr[: count.value]] == [
-            (pl.start, pl.size) for pl in p.placements]
-        assert remaining(nvml, h, pid) == p.max_count
+        assert v2.name == by_id.name == f"MIG {p.name}"
+        assert placements(nvml, h, pid) == [(pl.start, pl.size) for pl in p.placements]
+        assert remaining(nvml, h, const) == p.max_count
         # compute-instance profiles inside a GPU instance of this profile
         gi = nvml.nvmlDeviceCreateGpuInstance(h, pid)
+        assert nvml.nvmlGpuInstanceGetInfo(gi).profileId == pid
+        assert instance_count(nvml, h, pid) == 1
         ci_seen = set()
         for cid in range(nvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
             try:
@@ -182,7 +246,7 @@ def test_profiles_match_the_planner_tables(nvml: Any, ctl: MockControl, table: s
             cp = next(c for c in p.compute_instance_profiles if c.profile_id == cid)
             ci_seen.add(cp.compute_slices)
             assert (ci.sliceCount, ci.instanceCount, ci.multiprocessorCount) == (
-                cp.compute_slices, cp.max_count, cp.compute_slices * p.multiprocessors_per_slice())
+                cp.compute_slices, cp.max_count, p.compute_instance_multiprocessors(cp))
             assert ci.sharedCopyEngineCount == p.engines.copy
             assert ci.name == f"MIG {cp.name_in(p)}"
             ci1 = nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, cid, 0, version=1)
@@ -203,8 +267,39 @@ def test_profile_info_v_checks_the_struct_version(nvml: Any, ctl: MockControl) -
     h = enable_mig(nvml, ctl, 0)
     fn = nvml._nvmlGetFunctionPointer("nvmlDeviceGetGpuInstanceProfileInfoV")
     info = nvml.c_nvmlGpuInstanceProfileInfo_v2_t()
-    info.version = 1
-    assert fn(h, P1, nvml.byref(info)) == nvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+    info.version = 1  # driver 580.159.04 answers another version so (also 0x01000098, 0x04000098)
+    assert fn(h, P1, nvml.byref(info)) == nvml.NVML_ERROR_INVALID_ARGUMENT
+
+
+class _ProfileInfoV3(ctypes.Structure):
+    """nvmlGpuInstanceProfileInfo_v3_t (pynvml has no binding for it)."""
+
+    _fields_ = [(n, ctypes.c_uint) for n in (
+        "version", "id", "sliceCount", "instanceCount", "multiprocessorCount", "copyEngineCount",
+        "decoderCount", "encoderCount", "jpegCount", "ofaCount")] + [
+        ("memorySizeMB", ctypes.c_ulonglong), ("name", ctypes.c_char * 96),
+        ("capabilities", ctypes.c_uint)]
+
+
+@pytest.mark.parametrize("profile_name", ["h100-80gb-x8"])
+def test_profile_info_v3_and_the_deprecated_placements_call(nvml: Any) -> None:
+    """As driver 580.159.04 answers on an MIG-disabled H100: v3 by constant and by driver id
+    (its name left empty), and the pre-_v2 placements call refusing 1g.10gb+me (7 placements,
+    1 instance) that _v2 lists."""
+    h = nvml.nvmlDeviceGetHandleByIndex(0)
+    v3 = _ProfileInfoV3()
+    for fn, arg in (("nvmlDeviceGetGpuInstanceProfileInfoV", P3),
+                    ("nvmlDeviceGetGpuInstanceProfileInfoByIdV", DRIVER_ID[P3])):
+        v3.version = ctypes.sizeof(_ProfileInfoV3) | 3 << 24
+        assert nvml._nvmlGetFunctionPointer(fn)(h, arg, ctypes.byref(v3)) == 0
+        assert (v3.id, v3.sliceCount, v3.multiprocessorCount, v3.memorySizeMB, v3.name,
+                v3.capabilities) == (9, 3, 60, 40448, b"", 0)
+    old = nvml._nvmlGetFunctionPointer("nvmlDeviceGetGpuInstancePossiblePlacements")
+    count = ctypes.c_uint(0)
+    arr = (nvml.c_nvmlGpuInstancePlacement_t * 8)()
+    assert old(h, DRIVER_ID[P1_ME], arr, ctypes.byref(count)) == ERR["not_supported"]
+    assert old(h, DRIVER_ID[P1], arr, ctypes.byref(count)) == 0 and count.value == 7
+    assert placements(nvml, h, DRIVER_ID[P1_ME]) == [(i, 1) for i in range(7)]
 
 
 # ---- placements and capacity (A100-SXM4-40GB) ----
@@ -268,14 +363,16 @@ def test_invalid_and_occupied_placements(nvml: Any, ctl: MockControl) -> None:
     h = enable_mig(nvml, ctl, 0)
     inv, full = ERR["invalid"], ERR["insufficient"]
     wp = nvml.nvmlDeviceCreateGpuInstanceWithPlacement
-    nvml_error(nvml, inv, wp, h, P3, gi_placement(nvml, 2, 4))  # 3g starts at 0 or 4
-    nvml_error(nvml, inv, wp, h, P2, gi_placement(nvml, 6, 2))  # 2g starts at 0, 2, 4
-    nvml_error(nvml, inv, wp, h, P1, gi_placement(nvml, 7, 1))  # no 1g on slice 7
-    nvml_error(nvml, inv, wp, h, P3, gi_placement(nvml, 0, 3))  # wrong size
-    nvml_error(nvml, ERR["not_supported"], wp, h, 5, gi_placement(nvml, 0, 8))  # no 8-slice on A100
+    d = DRIVER_ID
+    nvml_error(nvml, inv, wp, h, d[P3], gi_placement(nvml, 2, 4))  # 3g starts at 0 or 4
+    nvml_error(nvml, inv, wp, h, d[P2], gi_placement(nvml, 6, 2))  # 2g starts at 0, 2, 4
+    nvml_error(nvml, inv, wp, h, d[P1], gi_placement(nvml, 7, 1))  # no 1g on slice 7
+    nvml_error(nvml, inv, wp, h, d[P3], gi_placement(nvml, 0, 3))  # wrong size
+    nvml_error(nvml, inv, wp, h, 1, gi_placement(nvml, 0, 8))  # no profile with driver id 1
+    nvml_error(nvml, inv, wp, h, P3, gi_placement(nvml, 0, 4))  # the constant is no driver id
     create(nvml, h, P1, start=2)
-    nvml_error(nvml, full, wp, h, P2, gi_placement(nvml, 2, 2))  # overlaps the 1g
-    nvml_error(nvml, full, wp, h, P4, gi_placement(nvml, 0, 4))
+    nvml_error(nvml, full, wp, h, d[P2], gi_placement(nvml, 2, 2))  # overlaps the 1g
+    nvml_error(nvml, full, wp, h, d[P4], gi_placement(nvml, 0, 4))
     assert placement_of(nvml, create(nvml, h, P2))[1:] == (0, 2)  # first free 2g placement
     assert remaining(nvml, h, P2) == 1
 
@@ -287,13 +384,13 @@ def test_list_get_destroy_gpu_instances(nvml: Any, ctl: MockControl) -> None:
     create(nvml, h, P1)
     count = nvml.c_uint(0)
     arr = (nvml.c_nvmlGpuInstance_t * 3)()
-    nvml.nvmlDeviceGetGpuInstances(h, P2, arr, nvml.byref(count))
+    nvml.nvmlDeviceGetGpuInstances(h, DRIVER_ID[P2], arr, nvml.byref(count))
     assert sorted(placement_of(nvml, arr[i])[0] for i in range(count.value)) == sorted(
         [placement_of(nvml, a)[0], placement_of(nvml, b)[0]])
     gid = placement_of(nvml, a)[0]
     same = nvml.nvmlDeviceGetGpuInstanceById(h, gid)
     info = nvml.nvmlGpuInstanceGetInfo(same)
-    assert (info.profileId, nvml.nvmlDeviceGetIndex(info.device)) == (P2, 0)
+    assert (info.profileId, nvml.nvmlDeviceGetIndex(info.device)) == (DRIVER_ID[P2], 0)
     nvml_error(nvml, ERR["not_found"], nvml.nvmlDeviceGetGpuInstanceById, h, 0)
     nvml.nvmlGpuInstanceDestroy(a)
     nvml_error(nvml, ERR["invalid"], nvml.nvmlGpuInstanceGetInfo, a)  # the handle is gone
@@ -375,7 +472,8 @@ def test_mig_device_handles(nvml: Any, ctl: MockControl) -> None:
         assert nvml.nvmlDeviceGetUUID(parent) == parent_uuid
         assert nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByUUID(u)) == u
     assert is_mig(nvml, h) == 0
-    nvml_error(nvml, ERR["not_supported"], nvml.nvmlDeviceGetGpuInstanceId, h)
+    nvml_error(nvml, ERR["invalid"], nvml.nvmlDeviceGetGpuInstanceId, h)  # a full GPU's handle
+    nvml_error(nvml, ERR["invalid"], nvml.nvmlDeviceGetComputeInstanceId, h)
     nvml_error(nvml, ERR["invalid"], nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle, h)
     assert nvml.nvmlDeviceGetMemoryInfo(migs[0]).total == 19968 * MIB
     assert nvml.nvmlDeviceGetMemoryInfo(migs[2]).total == 4864 * MIB

@@ -26,11 +26,35 @@ def test_tables_and_lookup() -> None:
         a100.gpu_instance_profile("8g.80gb")
     h100 = mp.gpu("H100-80GB")
     plain = [p for p in h100.gpu_instance_profiles if not p.media_extensions]
-    assert [(p.name, p.multiprocessors) for p in plain] == [
-        ("1g.10gb", 16), ("1g.20gb", 16), ("2g.20gb", 32), ("3g.40gb", 48), ("4g.40gb", 64),
-        ("7g.80gb", 112)]
+    assert [(p.name, p.multiprocessors) for p in plain] == [  # as a real H100 80GB HBM3 says
+        ("1g.10gb", 16), ("1g.20gb", 26), ("2g.20gb", 32), ("3g.40gb", 60), ("4g.40gb", 64),
+        ("7g.80gb", 132)]
     assert [p.name for p in mp.gpu("A100-80GB").gpu_instance_profiles] == [
         "1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]
+
+
+def test_driver_ids() -> None:
+    """The driver's profile ids (nvidia-smi mig -lgip's ID), which A100 and H100 drivers give
+    the same constants; looked up by driver id, never by indexing with the constant."""
+    want = {"NVML_GPU_INSTANCE_PROFILE_1_SLICE": 19, "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1": 20,
+            "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2": 15, "NVML_GPU_INSTANCE_PROFILE_2_SLICE": 14,
+            "NVML_GPU_INSTANCE_PROFILE_3_SLICE": 9, "NVML_GPU_INSTANCE_PROFILE_4_SLICE": 5,
+            "NVML_GPU_INSTANCE_PROFILE_7_SLICE": 0}
+    for gpu in mp.tables().gpus.values():
+        assert {p.nvml_constant: p.driver_id for p in gpu.gpu_instance_profiles} == want
+    a100 = mp.gpu("A100-SXM4-40GB")
+    assert a100.gpu_instance_profile_by_driver_id(9).name == "3g.20gb"
+    assert a100.gpu_instance_profile(9).name == "1g.10gb"  # constant 9 is another profile
+    with pytest.raises(KeyError, match="no MIG profile with driver id 2"):
+        a100.gpu_instance_profile_by_driver_id(2)
+
+
+def test_compute_instance_multiprocessors() -> None:
+    g = mp.gpu("H100-80GB").gpu_instance_profile
+    assert g("7g.80gb").compute_instance_multiprocessors(
+        g("7g.80gb").compute_instance_profile(7)) == 132  # all of it, not 7 x 18
+    assert g("3g.40gb").compute_instance_multiprocessors(
+        g("3g.40gb").compute_instance_profile(1)) == 20
 
 
 def test_values_are_nvml_constants() -> None:
@@ -82,4 +106,10 @@ def test_malformed_table_names_file_and_field(tmp_path: Path) -> None:
     assert str(e.value).startswith(f"{bad}: {field}: expected an integer, got 'many'")
     bad.write_text(good.replace("placements: [0, 4], engines", "placements: [0, 5], engines", 1))
     with pytest.raises(mp.MigTableError, match=r"placements: start 5 \(size 4\) is invalid"):
+        mp.load(bad)
+    bad.write_text(good.replace("profile_id: 1, driver_id: 14,", "profile_id: 1, driver_id: 9,", 1))
+    with pytest.raises(mp.MigTableError, match=r"\[4\]\.driver_id: duplicate driver id 9"):
+        mp.load(bad)
+    bad.write_text(good.replace(" driver_id: 14,", "", 1))
+    with pytest.raises(mp.MigTableError, match=r"\[3\]\.driver_id: missing"):
         mp.load(bad)

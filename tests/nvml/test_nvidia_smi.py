@@ -25,7 +25,7 @@ def smi(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
 
 def _mig_node(nvml: Any, ctl: MockControl) -> Any:
     h = enable_mig(nvml, ctl, 0)
-    for profile, ci in ((2, 2), (2, 2)):  # two 3g.20gb, each one full compute instance
+    for profile, ci in ((9, 2), (9, 2)):  # two 3g.20gb (driver id 9), each one full CI
         gi = nvml.nvmlDeviceCreateGpuInstance(h, profile)
         nvml.nvmlGpuInstanceCreateComputeInstance(gi, ci)
     return h

@@ -22,7 +22,8 @@ from gpukit.lab import nvml as mock
 from gpukit.lab.nvml.control import MockControl
 
 pytestmark = pytest.mark.nvml
-P1, P3 = 0, 2
+# The driver's profile ids (what create/list/capacity take) of an A100's 1g.5gb and 3g.20gb.
+P1, P3 = 19, 9
 
 
 def gi_count(nvml: Any, h: Any, profile: int = P1) -> int:
@@ -41,7 +42,7 @@ def test_layout_persists_across_processes(nvml_env: dict[str, str], state_dir: P
         h = pynvml.nvmlDeviceGetHandleByIndex(4)
         pynvml.nvmlDeviceSetMigMode(h, 1)
         MockControl().reset(4)
-        gi = pynvml.nvmlDeviceCreateGpuInstance(h, 2)
+        gi = pynvml.nvmlDeviceCreateGpuInstance(h, 9)  # 3g.20gb
         pynvml.nvmlGpuInstanceCreateComputeInstance(gi, 2)
         pynvml.nvmlDeviceSetMigMode(pynvml.nvmlDeviceGetHandleByIndex(5), 1)  # left pending
         m = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, 0)
@@ -78,11 +79,11 @@ WORKER = """
     won = lost = created = 0
     for _ in range(7):
         try:
-            pynvml.nvmlDeviceCreateGpuInstance(shared, 0)
+            pynvml.nvmlDeviceCreateGpuInstance(shared, 19)  # 1g.5gb
             won += 1
         except pynvml.NVMLError_InsufficientResources:
             lost += 1
-        pynvml.nvmlDeviceCreateGpuInstance(mine, 0)
+        pynvml.nvmlDeviceCreateGpuInstance(mine, 19)
         created += 1
     print(json.dumps({"won": won, "lost": lost, "created": created}))
 """
@@ -128,7 +129,7 @@ def test_process_killed_mid_change_leaves_state_valid(
     code = """
         import pynvml
         pynvml.nvmlInit()
-        pynvml.nvmlDeviceCreateGpuInstance(pynvml.nvmlDeviceGetHandleByIndex(0), 2)
+        pynvml.nvmlDeviceCreateGpuInstance(pynvml.nvmlDeviceGetHandleByIndex(0), 9)
         print("finished")
     """
     p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=env,
@@ -154,7 +155,7 @@ def test_process_killed_mid_change_leaves_state_valid(
         import json, pynvml
         pynvml.nvmlInit()
         print(json.dumps(pynvml.nvmlDeviceGetGpuInstanceRemainingCapacity(
-            pynvml.nvmlDeviceGetHandleByIndex(0), 2)))
+            pynvml.nvmlDeviceGetHandleByIndex(0), 9)))
         """,
         nvml_env,
     ) == 0

@@ -894,7 +894,7 @@ static nvmlReturn_t attributes_impl(nvmlDevice_t d, nvmlDeviceAttributes_t *a)
     if (!gp || !cp)
         return NVML_ERROR_UNKNOWN;
     memset(a, 0, sizeof *a);
-    a->multiprocessorCount = cp->slices * (gp->multiprocessors / gp->compute_slices);
+    a->multiprocessorCount = mig_ci_multiprocessors(gp, cp);
     a->sharedCopyEngineCount = gp->engines.copy;
     a->sharedDecoderCount = gp->engines.decoder;
     a->sharedEncoderCount = gp->engines.encoder;

@@ -13,6 +13,16 @@
  * - GPU instance ids follow the memory position (0 for the whole GPU, 1-2 halves, 3-6 quarters,
  *   7-14 eighths, upper half first), compute instance ids are the lowest free from 0.
  * - Destroying an instance that has compute instances or processes fails with NVML_ERROR_IN_USE.
+ * - Profile ids, as the driver numbers them: nvmlDeviceGetGpuInstanceProfileInfo(V) takes an
+ *   NVML_GPU_INSTANCE_PROFILE_* constant and reports the driver's id for it in `id` (an H100's or
+ *   A100's 1-slice profile, constant 0, is id 19); every other call that takes a profileId
+ *   (placements, remaining capacity, create, list, ProfileInfoByIdV) takes that driver id, and
+ *   nvmlGpuInstanceGetInfo reports it. The state file keeps the constant.
+ * - The profile table, placements, remaining capacity and the (empty) instance list answer with
+ *   MIG disabled too, on a MIG-capable GPU; a GPU that is not MIG capable answers
+ *   NVML_ERROR_NOT_SUPPORTED. Creating instances needs MIG enabled.
+ * The answers of a MIG-disabled H100 (driver 580.159.04) are recorded in
+ * tests/nvml/data/h100-80gb-hbm3.driver-580.159.04.json and checked by tests/nvml/test_fidelity.py.
  */
 #include "mock.h"
 
@@ -68,12 +78,27 @@ static nvmlReturn_t gi_get(nvmlGpuInstance_t h, giref *out)
     return out->gp ? NVML_SUCCESS : NVML_ERROR_UNKNOWN;
 }
 
+/* NVML_GPU_INSTANCE_PROFILE_* constants from here on are unknown to the driver the mock follows
+ * (580.159.04 answers NVML_ERROR_INVALID_ARGUMENT for NVML_GPU_INSTANCE_PROFILE_3_SLICE_GFX, 0x11,
+ * and above); a known constant the GPU has no profile for is NVML_ERROR_NOT_SUPPORTED. */
+#define MOCK_GI_PROFILE_CONSTANTS_KNOWN NVML_GPU_INSTANCE_PROFILE_3_SLICE_GFX
+
+/* A profile by NVML_GPU_INSTANCE_PROFILE_* constant (nvmlDeviceGetGpuInstanceProfileInfo(V)). */
 static nvmlReturn_t gi_profile_of(const devref *r, unsigned profile, const mock_gi_profile **gp)
 {
-    if (profile >= NVML_GPU_INSTANCE_PROFILE_COUNT)
+    if (profile >= MOCK_GI_PROFILE_CONSTANTS_KNOWN)
         return NVML_ERROR_INVALID_ARGUMENT;
     *gp = mig_gi_profile(r->p->mig, profile);
     return *gp ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
+}
+
+/* A profile by the driver's id (every other call taking a profileId). The real driver answers
+ * NVML_ERROR_INVALID_ARGUMENT for ids that name no profile of the GPU (on an H100, 580.159.04,
+ * a few ids of other GPUs' profiles answer NOT_FOUND or NOT_SUPPORTED instead: not modelled). */
+static nvmlReturn_t gi_profile_by_id(const devref *r, unsigned id, const mock_gi_profile **gp)
+{
+    *gp = mig_gi_profile_by_driver_id(r->p->mig, id);
+    return *gp ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
 }
 
 /* ---- MIG mode ---- */
@@ -133,14 +158,15 @@ EXPORT nvmlReturn_t nvmlDeviceSetMigMode(nvmlDevice_t device, unsigned int mode,
     LOCKED(set_mode(device, mode, activationStatus));
 }
 
-/* ---- GPU instance profiles ---- */
-static nvmlReturn_t gi_info_common(nvmlDevice_t d, unsigned profile, const mock_gi_profile **gp)
+/* ---- GPU instance profiles (answered whether MIG is enabled or not) ---- */
+static nvmlReturn_t gi_info_common(nvmlDevice_t d, unsigned profile, int by_id,
+                                   const mock_gi_profile **gp)
 {
     devref r;
-    nvmlReturn_t rc = mig_dev(d, &r, 1);
+    nvmlReturn_t rc = mig_dev(d, &r, 0);
     if (rc != NVML_SUCCESS)
         return rc;
-    return gi_profile_of(&r, profile, gp);
+    return by_id ? gi_profile_by_id(&r, profile, gp) : gi_profile_of(&r, profile, gp);
 }
 
 static nvmlReturn_t gi_info_v1(nvmlDevice_t d, unsigned profile, nvmlGpuInstanceProfileInfo_t *info)
@@ -148,11 +174,11 @@ static nvmlReturn_t gi_info_v1(nvmlDevice_t d, unsigned profile, nvmlGpuInstance
     if (!info)
         return NVML_ERROR_INVALID_ARGUMENT;
     const mock_gi_profile *gp;
-    nvmlReturn_t rc = gi_info_common(d, profile, &gp);
+    nvmlReturn_t rc = gi_info_common(d, profile, 0, &gp);
     if (rc != NVML_SUCCESS)
         return rc;
     memset(info, 0, sizeof *info);
-    info->id = gp->profile_id;
+    info->id = gp->driver_id;
     info->isP2pSupported = gp->p2p;
     info->sliceCount = gp->compute_slices;
     info->instanceCount = gp->max_count;
@@ -171,15 +197,17 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t device, uns
     LOCKED(gi_info_v1(device, profile, info));
 }
 
-static nvmlReturn_t gi_info_v(nvmlDevice_t d, unsigned profile, nvmlGpuInstanceProfileInfo_v2_t *info)
+/* by_id: profile is the driver's id (ProfileInfoByIdV), else a constant (ProfileInfoV). */
+static nvmlReturn_t gi_info_v(nvmlDevice_t d, unsigned profile, int by_id,
+                              nvmlGpuInstanceProfileInfo_v2_t *info)
 {
     if (!info)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (info->version != nvmlGpuInstanceProfileInfo_v2 &&
         info->version != nvmlGpuInstanceProfileInfo_v3)
-        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+        return NVML_ERROR_INVALID_ARGUMENT; /* what 580.159.04 answers for another version */
     const mock_gi_profile *gp;
-    nvmlReturn_t rc = gi_info_common(d, profile, &gp);
+    nvmlReturn_t rc = gi_info_common(d, profile, by_id, &gp);
     if (rc != NVML_SUCCESS)
         return rc;
     if (info->version == nvmlGpuInstanceProfileInfo_v3) {
@@ -187,7 +215,7 @@ static nvmlReturn_t gi_info_v(nvmlDevice_t d, unsigned profile, nvmlGpuInstanceP
         unsigned version = v3->version;
         memset(v3, 0, sizeof *v3);
         v3->version = version;
-        v3->id = gp->profile_id;
+        v3->id = gp->driver_id;
         v3->sliceCount = gp->compute_slices;
         v3->instanceCount = gp->max_count;
         v3->multiprocessorCount = gp->multiprocessors;
@@ -197,14 +225,14 @@ static nvmlReturn_t gi_info_v(nvmlDevice_t d, unsigned profile, nvmlGpuInstanceP
         v3->jpegCount = gp->engines.jpeg;
         v3->ofaCount = gp->engines.ofa;
         v3->memorySizeMB = gp->memory_mb;
-        snprintf(v3->name, sizeof v3->name, "MIG %s", gp->name);
+        /* name left empty: 580.159.04 fills it in v2 but not in v3 (seen on a MIG-disabled H100) */
         v3->capabilities = gp->p2p ? NVML_GPU_INSTANCE_PROFILE_CAPS_P2P : 0;
         return NVML_SUCCESS;
     }
     unsigned version = info->version;
     memset(info, 0, sizeof *info);
     info->version = version;
-    info->id = gp->profile_id;
+    info->id = gp->driver_id;
     info->isP2pSupported = gp->p2p;
     info->sliceCount = gp->compute_slices;
     info->instanceCount = gp->max_count;
@@ -221,16 +249,19 @@ static nvmlReturn_t gi_info_v(nvmlDevice_t d, unsigned profile, nvmlGpuInstanceP
 EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(nvmlDevice_t device, unsigned int profile,
                                                          nvmlGpuInstanceProfileInfo_v2_t *info)
 {
-    LOCKED(gi_info_v(device, profile, info));
+    LOCKED(gi_info_v(device, profile, 0, info));
 }
 EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoByIdV(nvmlDevice_t device, unsigned int profileId,
                                                              nvmlGpuInstanceProfileInfo_v2_t *info)
 {
-    LOCKED(gi_info_v(device, profileId, info));
+    LOCKED(gi_info_v(device, profileId, 1, info));
 }
 
-static nvmlReturn_t gi_placements(nvmlDevice_t d, unsigned profile, nvmlGpuInstancePlacement_t *pl,
-                                  unsigned int *count)
+/* v1: the deprecated entry point, which 580.159.04 refuses (NOT_SUPPORTED) for a profile with
+ * more placements than instances (an H100's 1g.10gb+me: 7 placements, 1 instance) while _v2 lists
+ * them; modelled on that one observation. */
+static nvmlReturn_t gi_placements(nvmlDevice_t d, unsigned id, nvmlGpuInstancePlacement_t *pl,
+                                  unsigned int *count, int v1)
 {
     if (!count)
         return NVML_ERROR_INVALID_ARGUMENT;
@@ -238,9 +269,11 @@ static nvmlReturn_t gi_placements(nvmlDevice_t d, unsigned profile, nvmlGpuInsta
     nvmlReturn_t rc = mig_dev(d, &r, 0); /* placements are known whether MIG is on or not */
     const mock_gi_profile *gp;
     if (rc == NVML_SUCCESS)
-        rc = gi_profile_of(&r, profile, &gp);
+        rc = gi_profile_by_id(&r, id, &gp);
     if (rc != NVML_SUCCESS)
         return rc;
+    if (v1 && gp->max_count < gp->nplacements)
+        return NVML_ERROR_NOT_SUPPORTED;
     if (pl)
         for (unsigned i = 0; i < gp->nplacements; i++) {
             pl[i].start = gp->placements[i];
@@ -253,13 +286,13 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(nvmlDevice_t d
                                                                   nvmlGpuInstancePlacement_t *placements,
                                                                   unsigned int *count)
 {
-    LOCKED(gi_placements(device, profileId, placements, count));
+    LOCKED(gi_placements(device, profileId, placements, count, 0));
 }
 EXPORT nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements(nvmlDevice_t device, unsigned int profileId,
                                                                nvmlGpuInstancePlacement_t *placements,
                                                                unsigned int *count)
 {
-    LOCKED(gi_placements(device, profileId, placements, count));
+    LOCKED(gi_placements(device, profileId, placements, count, 1));
 }
 
 /* ---- GPU instance capacity checks ---- */
@@ -316,15 +349,15 @@ static unsigned gi_id_for(const mock_mig_table *t, const mock_gpu_state *gs, uns
     return MOCK_NO_ID;
 }
 
-static nvmlReturn_t remaining(nvmlDevice_t d, unsigned profile, unsigned int *count)
+static nvmlReturn_t remaining(nvmlDevice_t d, unsigned id, unsigned int *count)
 {
     if (!count)
         return NVML_ERROR_INVALID_ARGUMENT;
     devref r;
     const mock_gi_profile *gp;
-    nvmlReturn_t rc = mig_dev(d, &r, 1);
+    nvmlReturn_t rc = mig_dev(d, &r, 0); /* MIG disabled: no instances, all of it remains */
     if (rc == NVML_SUCCESS)
-        rc = gi_profile_of(&r, profile, &gp);
+        rc = gi_profile_by_id(&r, id, &gp);
     if (rc != NVML_SUCCESS)
         return rc;
     /* Greedy fill on a scratch copy: placements of one profile never overlap each other. */
@@ -352,7 +385,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceRemainingCapacity(nvmlDevice_t devic
 }
 
 /* ---- create / destroy / list GPU instances ---- */
-static nvmlReturn_t gi_create(nvmlDevice_t d, unsigned profile, const nvmlGpuInstancePlacement_t *want,
+static nvmlReturn_t gi_create(nvmlDevice_t d, unsigned profile_id, const nvmlGpuInstancePlacement_t *want,
                               nvmlGpuInstance_t *out)
 {
     if (!out)
@@ -361,7 +394,7 @@ static nvmlReturn_t gi_create(nvmlDevice_t d, unsigned profile, const nvmlGpuIns
     const mock_gi_profile *gp;
     nvmlReturn_t rc = mig_dev(d, &r, 1);
     if (rc == NVML_SUCCESS)
-        rc = gi_profile_of(&r, profile, &gp);
+        rc = gi_profile_by_id(&r, profile_id, &gp);
     if (rc != NVML_SUCCESS)
         return rc;
     if (want && (want->size != gp->memory_slices || !valid_start(gp, want->start)))
@@ -452,20 +485,20 @@ static nvmlReturn_t gi_destroy(nvmlGpuInstance_t h)
 }
 EXPORT nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t gpuInstance) { LOCKED(gi_destroy(gpuInstance)); }
 
-static nvmlReturn_t gi_list(nvmlDevice_t d, unsigned profile, nvmlGpuInstance_t *arr, unsigned int *count)
+static nvmlReturn_t gi_list(nvmlDevice_t d, unsigned id, nvmlGpuInstance_t *arr, unsigned int *count)
 {
     if (!arr || !count)
         return NVML_ERROR_INVALID_ARGUMENT;
     devref r;
     const mock_gi_profile *gp;
-    nvmlReturn_t rc = mig_dev(d, &r, 1);
+    nvmlReturn_t rc = mig_dev(d, &r, 0); /* MIG disabled: none */
     if (rc == NVML_SUCCESS)
-        rc = gi_profile_of(&r, profile, &gp);
+        rc = gi_profile_by_id(&r, id, &gp);
     if (rc != NVML_SUCCESS)
         return rc;
     unsigned n = 0;
     for (unsigned g = 0; g < MOCK_MAX_GI; g++)
-        if (r.s->gi[g].used && r.s->gi[g].profile_id == profile)
+        if (r.s->gi[g].used && r.s->gi[g].profile_id == gp->profile_id)
             arr[n++] = &g_gi_handles[r.gpu][g];
     *count = n;
     return NVML_SUCCESS;
@@ -478,12 +511,16 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t device, unsigned int 
 
 static nvmlReturn_t gi_by_id(nvmlDevice_t d, unsigned id, nvmlGpuInstance_t *out)
 {
-    if (!out || id >= MOCK_MAX_GI)
+    if (!out)
         return NVML_ERROR_INVALID_ARGUMENT;
     devref r;
-    nvmlReturn_t rc = mig_dev(d, &r, 1);
+    nvmlReturn_t rc = mig_dev(d, &r, 0);
     if (rc != NVML_SUCCESS)
         return rc;
+    if (r.s->mig_current != NVML_DEVICE_MIG_ENABLE)
+        return NVML_ERROR_NOT_FOUND; /* as 580.159.04 answers on a MIG-disabled H100, any id */
+    if (id >= MOCK_MAX_GI)
+        return NVML_ERROR_INVALID_ARGUMENT;
     if (!r.s->gi[id].used)
         return NVML_ERROR_NOT_FOUND;
     *out = &g_gi_handles[r.gpu][id];
@@ -506,7 +543,7 @@ static nvmlReturn_t gi_info(nvmlGpuInstance_t h, nvmlGpuInstanceInfo_t *info)
     const mock_gi_state *gi = &g.s->gi[g.gi];
     info->device = &g_dev_handles[g.gpu];
     info->id = g.gi;
-    info->profileId = gi->profile_id;
+    info->profileId = g.gp->driver_id; /* the driver's id, as nvidia-smi mig -lgi shows it */
     info->placement.start = gi->start;
     info->placement.size = gi->size;
     return NVML_SUCCESS;
@@ -533,7 +570,7 @@ static void ci_fill(const giref *g, const mock_ci_profile *cp, unsigned *id, uns
     *id = cp->profile_id;
     *slices = cp->slices;
     *count = cp->max_count;
-    *sms = cp->slices * (g->gp->multiprocessors / g->gp->compute_slices);
+    *sms = mig_ci_multiprocessors(g->gp, cp);
     *ce = g->gp->engines.copy;
     *dec = g->gp->engines.decoder;
     *enc = g->gp->engines.encoder;
@@ -910,7 +947,7 @@ static nvmlReturn_t mig_ids(nvmlDevice_t d, unsigned int *id, int want_ci)
     if (rc != NVML_SUCCESS)
         return rc;
     if (!r.mig)
-        return NVML_ERROR_NOT_SUPPORTED;
+        return NVML_ERROR_INVALID_ARGUMENT; /* a full GPU's handle, as the driver answers */
     *id = want_ci ? r.ci : r.gi;
     return NVML_SUCCESS;
 }

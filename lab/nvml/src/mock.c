@@ -97,6 +97,26 @@ const mock_gi_profile *mig_gi_profile(const mock_mig_table *t, unsigned profile_
     return NULL;
 }
 
+const mock_gi_profile *mig_gi_profile_by_driver_id(const mock_mig_table *t, unsigned driver_id)
+{
+    if (!t)
+        return NULL;
+    for (unsigned i = 0; i < t->ngi; i++)
+        if (t->gi[i].driver_id == driver_id)
+            return &t->gi[i];
+    return NULL;
+}
+
+/* SMs of a compute instance: the GPU instance's all when it spans it (an H100's 7g.80gb has 132,
+ * not 7 x 18), else its slices times the per-slice share (partial compute instances of a real
+ * driver were not recorded; gpukit.mig_profiles computes the same). */
+unsigned mig_ci_multiprocessors(const mock_gi_profile *g, const mock_ci_profile *c)
+{
+    if (c->slices >= g->compute_slices)
+        return g->multiprocessors;
+    return c->slices * (g->multiprocessors / g->compute_slices);
+}
+
 const mock_ci_profile *mig_ci_profile(const mock_gi_profile *g, unsigned ci_profile_id)
 {
     for (unsigned i = 0; g && i < g->nci; i++)

@@ -44,9 +44,13 @@ typedef struct {
     unsigned placements[8];
 } mock_ci_profile;
 
+/* A GPU-instance profile: profile_id is the NVML_GPU_INSTANCE_PROFILE_* constant (what
+ * nvmlDeviceGetGpuInstanceProfileInfo(V) takes, and what the state file records), driver_id the
+ * driver's id for it (the profile info's id, nvmlGpuInstanceInfo_t.profileId, and what every call
+ * taking a profileId takes). */
 typedef struct {
     const char *name;
-    unsigned profile_id, compute_slices, memory_slices, multiprocessors;
+    unsigned profile_id, driver_id, compute_slices, memory_slices, multiprocessors;
     unsigned long long memory_mb;
     unsigned max_count, nplacements;
     unsigned placements[8];
@@ -67,6 +71,8 @@ typedef struct {
 const mock_mig_table *mock_mig_table_find(const char *key);
 const char *mock_mig_table_keys(void);
 const mock_gi_profile *mig_gi_profile(const mock_mig_table *t, unsigned profile_id);
+const mock_gi_profile *mig_gi_profile_by_driver_id(const mock_mig_table *t, unsigned driver_id);
+unsigned mig_ci_multiprocessors(const mock_gi_profile *g, const mock_ci_profile *c);
 const mock_ci_profile *mig_ci_profile(const mock_gi_profile *g, unsigned ci_profile_id);
 
 /* ---- the node's GPU profile (read from YAML at nvmlInit) ---- */

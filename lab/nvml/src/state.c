@@ -13,7 +13,9 @@
  *   gpukit-nvml-state 1
  *   serial N                                  bumps on every write
  *   gpu IDX uuid UUID mig CUR pending PEND lost 0|1 counter N [events timeout|spurious]
- *   gi IDX GI_ID profile P start S size Z      a GPU instance (placement in memory slices)
+ *   gi IDX GI_ID profile P start S size Z      a GPU instance (placement in memory slices; P is
+ *                                              the NVML_GPU_INSTANCE_PROFILE_* constant, not the
+ *                                              driver's profile id NVML reports)
  *   ci IDX GI_ID CI_ID profile P start S size Z uuid MIG-...   a compute instance
  *   proc IDX PID bytes B gi GI|- ci CI|- name NAME             a process using the GPU
  * `events` (a fault injected by gpukitMockSetEventFault) is written only when it is not `normal`.
@@ -571,9 +573,9 @@ char *mock_status_json(size_t *len)
                 fprintf(m, "%s{\"id\": %u, \"profile\": ", first ? "" : ", ", g);
                 json_str(m, gp ? gp->name : "?");
                 fprintf(m,
-                        ", \"profile_id\": %u, \"placement\": {\"start\": %u, \"size\": %u}, "
-                        "\"compute_instances\": [",
-                        gi->profile_id, gi->start, gi->size);
+                        ", \"profile_id\": %u, \"driver_profile_id\": %u, \"placement\": "
+                        "{\"start\": %u, \"size\": %u}, \"compute_instances\": [",
+                        gi->profile_id, gp ? gp->driver_id : MOCK_NO_ID, gi->start, gi->size);
                 first = 0;
                 int cfirst = 1;
                 for (unsigned c = 0; c < MOCK_MAX_CI; c++) {
