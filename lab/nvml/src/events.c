@@ -27,9 +27,22 @@
 #include <unistd.h>
 
 #define EVENTSET_MAGIC 0x45565354u
+/* What nvmlDeviceGetSupportedEventTypes answers: every event type nvml.h defines, i.e.
+ * nvmlEventTypeAll (0xFF9F), as a real H100 does on driver 580.159.04 (65439 in
+ * tests/nvml/data/h100-80gb-hbm3.driver-580.159.04.json). Spelled out rather than
+ * nvmlEventTypeAll so that a newer nvml.h does not silently change the answer. */
 #define SUPPORTED_EVENTS                                                                           \
     (nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError | nvmlEventTypePState |       \
-     nvmlEventTypeXidCriticalError | nvmlEventTypeClock)
+     nvmlEventTypeXidCriticalError | nvmlEventTypeClock | nvmlEventTypePowerSourceChange |         \
+     nvmlEventMigConfigChange | nvmlEventTypeSingleBitEccErrorStorm |                              \
+     nvmlEventTypeDramRetirementEvent | nvmlEventTypeDramRetirementFailure |                       \
+     nvmlEventTypeNonFatalPoisonError | nvmlEventTypeFatalPoisonError |                            \
+     nvmlEventTypeGpuUnavailableError | nvmlEventTypeGpuRecoveryAction)
+/* What nvmlDeviceRegisterEvents accepts: that same driver took every bit below 0x10000 (the two
+ * nvml.h leaves undefined, 0x20 and 0x40, too) and refused each higher bit with
+ * NVML_ERROR_NOT_SUPPORTED. */
+#define REGISTERABLE_EVENTS 0xFFFFULL
+_Static_assert((SUPPORTED_EVENTS & ~REGISTERABLE_EVENTS) == 0, "supported events must register");
 
 struct nvmlEventSet_st {
     unsigned magic;
@@ -95,7 +108,7 @@ static nvmlReturn_t register_impl(nvmlDevice_t d, unsigned long long types, nvml
     nvmlReturn_t rc = dev_get(d, &r, 0);
     if (rc != NVML_SUCCESS)
         return rc;
-    if (types & ~(unsigned long long)SUPPORTED_EVENTS)
+    if (types & ~REGISTERABLE_EVENTS)
         return NVML_ERROR_NOT_SUPPORTED;
     set->mask[r.gpu] |= types;
     return NVML_SUCCESS;
