@@ -8,6 +8,8 @@ import json
 import logging
 import os
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -150,3 +152,52 @@ def test_record_the_driver_answers_for_the_mock(tmp_path: Path) -> None:
     assert by_key["device.xid_events(wait 10 ms)"]["rc"] == "NVML_ERROR_TIMEOUT"
     out = Path(os.environ.get("GPUKIT_FIDELITY_OUT", tmp_path / "record.json"))
     out.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+
+
+def _mig_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpukit.plugin.mig", *args],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+def test_the_mig_manager_plans_against_the_real_gpu_without_touching_it(
+    smi: list[dict[str, str]],
+) -> None:
+    """plan, assert and export read the driver's MIG state and profile table (driver profile
+    ids included); the GPU's MIG mode is the same afterwards. Nothing is applied."""
+    first = smi[0]
+    if first["mig.mode.current"] == "[N/A]":
+        pytest.fail(f"{first['name']} is not MIG capable: this test needs a MIG-capable GPU")
+    enabled = first["mig.mode.current"] == "Enabled"
+    configs = json.dumps({
+        "mixed": [{"devices": [0], "mig-enabled": True,
+                   "mig-devices": {"3g.40gb": 1, "2g.20gb": 1, "1g.10gb": 2}}],
+        "as-is": [{"devices": "all", "mig-enabled": enabled}],
+    })  # fmt: skip
+    plan = _mig_cli("plan", "--configs-json", configs, "--selected", "mixed", "--json")
+    assert plan.returncode == 0, plan.stderr
+    doc = json.loads(plan.stdout)
+    gpu0 = doc["gpus"][0]
+    assert gpu0["current"]["mig_capable"] and gpu0["current"]["mig_enabled"] == enabled
+    assert sorted(d["profile"] for d in gpu0["target"]["devices"]) == [
+        "1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]
+    texts = [a["text"] for a in doc["actions"]]
+    if not enabled:
+        assert doc["reset_required"] == [0]
+        assert texts[:2] == ["GPU 0: set MIG mode enabled",
+                             "GPU 0: reset the GPU (applies the pending MIG mode)"]
+    assert "GPU 0: create GPU instance 3g.40gb at slice 4" in texts
+    # An impossible layout is refused against the real table before anything is touched.
+    bad = json.dumps({"bad": [{"devices": [0], "mig-enabled": True,
+                               "mig-devices": {"3g.40gb": 3}}]})  # fmt: skip
+    refused = _mig_cli("plan", "--configs-json", bad, "--selected", "bad")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    held = _mig_cli("assert", "--configs-json", configs, "--selected", "as-is")
+    assert held.returncode == 0, held.stdout + held.stderr
+    export = _mig_cli("export", "--json")
+    assert export.returncode == 0, export.stderr
+    current = json.loads(export.stdout)["mig-configs"]["current"]
+    assert {e["mig-enabled"] for e in current} == {enabled}
+    after = subprocess.run(["nvidia-smi", "--query-gpu=mig.mode.current,mig.mode.pending",
+                            "--format=csv,noheader"], capture_output=True, text=True,
+                           check=True).stdout.splitlines()[0]  # fmt: skip
+    assert [v.strip() for v in after.split(",")] == [first["mig.mode.current"]] * 2
