@@ -128,6 +128,20 @@ def test_unknown_profile_for_the_product() -> None:
     assert "1g.10gb+me: unknown profile for NVIDIA A100-SXM4-40GB" in p
 
 
+@pytest.mark.parametrize("product", ["NVIDIA H100 NVL", "NVIDIA H100 PCIe",
+                                     "NVIDIA A100-PCIE-40GB", "NVIDIA A100 80GB PCIe"])
+def test_a_board_without_its_own_table_is_refused_not_planned(product: str) -> None:
+    """A MIG-capable board no table describes: a clear refusal, never another board's plan;
+    leaving MIG off where it is off needs no table."""
+    gpu = a100(0, product=product, pci_device_id=None)
+    (p,) = layout_problems(
+        {"x": [{"devices": "all", "mig-enabled": True, "mig-devices": {"3g.40gb": 2}}]}, [gpu])
+    assert p.startswith(f"GPU 0 ({product}): no MIG profile table for this product, cannot plan "
+                        "mig-configs.x[0]")
+    off = plan(schema.parse({"off": [{"devices": "all", "mig-enabled": False}]}), "off", [gpu])
+    assert not off.changed
+
+
 def test_whole_layout_validated_every_gpu_reported() -> None:
     t4 = GpuState(index=2, uuid="GPU-t4", product="Tesla T4")
     found = layout_problems(

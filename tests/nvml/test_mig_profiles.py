@@ -33,6 +33,24 @@ def test_tables_and_lookup() -> None:
         "1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]
 
 
+@pytest.mark.parametrize("name", [
+    # other boards than the tables describe: none of them may borrow a table
+    "NVIDIA H100 NVL",  # 94 GB, 1g.12gb ... 7g.94gb
+    "NVIDIA H100 PCIe",  # 80 GB but 114 SMs: other per-profile SM counts
+    "NVIDIA A100-PCIE-40GB", "A100-PCIE-40GB", "NVIDIA A100 80GB PCIe", "A100 80GB PCIe",
+])
+def test_boards_the_tables_do_not_describe_have_no_table(name: str) -> None:
+    assert mp.for_product(name) is None
+
+
+def test_product_names_are_the_boards_each_table_describes() -> None:
+    assert {k: g.product_names for k, g in mp.tables().gpus.items()} == {
+        "A100-SXM4-40GB": ("NVIDIA A100-SXM4-40GB", "A100-SXM4-40GB"),
+        "A100-80GB": ("NVIDIA A100-SXM4-80GB", "A100-SXM4-80GB"),
+        "H100-80GB": ("NVIDIA H100 80GB HBM3",),
+    }
+
+
 def test_driver_ids() -> None:
     """The driver's profile ids (nvidia-smi mig -lgip's ID), which A100 and H100 drivers give
     the same constants; looked up by driver id, never by indexing with the constant."""
