@@ -4,7 +4,7 @@ Modules, one concept each:
 
 * ``schema``    mig-parted ``version: v1`` configs (and the inventory's ``gpukit_mig_configs``)
 * ``state``     what a node's GPUs look like (plain data)
-* ``device``    the GPU backend protocol and its pynvml implementation
+* ``device``    the GPU backend protocol, its pynvml implementation, the table-driver check
 * ``placement`` packing GPU instances into the placement tables (search with backtracking)
 * ``planner``   config + GPUs -> validated plan (targets and the minimal actions)
 * ``applier``   apply a plan: process check, pause, actions, reset, verify; converges on rerun

@@ -8,7 +8,8 @@
 
 Exit codes: 0 ok (changed or not: see ``changed`` in --json), 1 error (NVML, reset, processes
 running, apply failed part-way: rerun to converge), 2 invalid config (schema, no such config,
-layout impossible on this node), 3 assert mismatch.
+layout impossible on this node, a profile the driver does not offer, a GPU whose MIG table the
+driver contradicts), 3 assert mismatch.
 """
 
 from __future__ import annotations

@@ -6,13 +6,23 @@ The backend speaks the table's profile ids (``NVML_GPU_INSTANCE_PROFILE_*`` and
 and list differently (an A100's 1g.5gb is profile id 19), so the pynvml backend maps constants to
 the ids ``nvmlDeviceGetGpuInstanceProfileInfo`` reports and back. Handles are looked up again for
 every call: a GPU reset invalidates them.
+
+Before a MIG-capable GPU is planned, the pynvml backend holds the MIG table its product name
+selected to what the driver reports (:func:`check_table`): for every table profile the driver
+offers, ``sliceCount``, ``instanceCount``, ``memorySizeMB`` and the possible placements must be
+the table's, else the GPU carries the disagreements (``GpuState.table_mismatches``) and the
+planner refuses it; multiprocessor and engine counts, the driver's id and name are compared
+and only logged. A table profile the driver does not offer (NOT_SUPPORTED: an older driver
+without a newer profile) is ``GpuState.unavailable_profiles``: not planned on that GPU.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import pynvml
@@ -20,10 +30,11 @@ import pynvml
 from gpukit import mig_profiles
 from gpukit.plugin import nvml
 
-from .state import ComputeInstance, GpuInstance, GpuState, Process
+from .state import ComputeInstance, GpuInstance, GpuState, Process, TableMismatch
 
 NO_ID = 0xFFFFFFFF
 _ENGINE_SHARED = 0  # NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+log = logging.getLogger("gpukit.plugin.mig")
 
 
 class MigBackend(Protocol):
@@ -58,8 +69,127 @@ def _opt_id(value: Any) -> int | None:
     return None if v == NO_ID else v
 
 
+# -- the table held to the driver ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TableCheck:
+    """What :func:`check_table` found for one GPU: profiles the driver does not offer, fields
+    that must match and do not (the GPU is refused), and informational differences (logged)."""
+
+    unavailable: tuple[str, ...] = ()
+    mismatches: tuple[TableMismatch, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+
+def _placements_text(placements: list[tuple[int, int]]) -> str:
+    return "[" + ", ".join(f"{start}/{size}" for start, size in placements) + "] (start/size)"
+
+
+def compare_profile(table: mig_profiles.MigGpu, p: mig_profiles.GpuInstanceProfile, info: Any,
+                    placements: list[tuple[int, int]] | None
+                    ) -> tuple[list[TableMismatch], list[str]]:
+    """One table profile against the driver's profile info (``nvmlGpuInstanceProfileInfo_v2_t``
+    or v1) and possible placements (None: the driver did not say). Returns (mismatches that
+    make the table wrong for this GPU, informational differences)."""
+    mismatches: list[TableMismatch] = []
+    warnings: list[str] = []
+
+    def must(field: str, table_value: object, driver_value: object) -> None:
+        if table_value != driver_value:
+            mismatches.append(TableMismatch(table.key, p.name, field, str(table_value),
+                                            str(driver_value)))
+
+    must("sliceCount", p.compute_slices, int(info.sliceCount))
+    must("instanceCount", p.max_count, int(info.instanceCount))
+    must("memorySizeMB", p.memory_mb, int(info.memorySizeMB))
+    if placements is not None:
+        ours = sorted((pl.start, pl.size) for pl in p.placements)
+        if ours != sorted(placements):
+            must("placements", _placements_text(ours), _placements_text(sorted(placements)))
+
+    def note(field: str, table_value: object, driver_value: object) -> None:
+        if table_value != driver_value:
+            warnings.append(f"MIG table {table.key}, profile {p.name}: {field} is {table_value} "
+                            f"in the table, {driver_value} by the driver (informational)")
+
+    note("multiprocessorCount", p.multiprocessors, int(info.multiprocessorCount))
+    for field, ours_count in (("copyEngineCount", p.engines.copy),
+                              ("decoderCount", p.engines.decoder),
+                              ("encoderCount", p.engines.encoder),
+                              ("jpegCount", p.engines.jpeg), ("ofaCount", p.engines.ofa)):
+        note(field, ours_count, int(getattr(info, field)))
+    note("id (the driver's profile id)", p.driver_id, int(info.id))
+    name = _text(getattr(info, "name", b""))
+    if name:  # v2 only; "MIG 1g.10gb"
+        note("name", f"MIG {p.name}", name)
+    if placements is None:
+        warnings.append(f"MIG table {table.key}, profile {p.name}: the driver did not report "
+                        "its possible placements; placements not checked")
+    return mismatches, warnings
+
+
+def _possible_placements(index: int, h: Any, driver_id: int) -> list[tuple[int, int]] | None:
+    """nvmlDeviceGetGpuInstancePossiblePlacements_v2 (pynvml's binding) for a driver profile id:
+    asked for the count first (NULL array), then the placements. None if not reported."""
+    subject = f"GPU {index}"
+    count = ctypes.c_uint(0)
+    fn = pynvml.nvmlDeviceGetGpuInstancePossiblePlacements
+    name = "nvmlDeviceGetGpuInstancePossiblePlacements_v2"
+    if nvml.optional(name, fn, h, driver_id, None, ctypes.byref(count), default=None,
+                     subject=subject) is None:
+        return None
+    arr = (pynvml.c_nvmlGpuInstancePlacement_t * max(1, count.value))()
+    if nvml.optional(name, fn, h, driver_id, arr, ctypes.byref(count), default=None,
+                     subject=subject) is None:
+        return None
+    return [(int(arr[k].start), int(arr[k].size)) for k in range(count.value)]
+
+
+def check_table(index: int, h: Any, table: mig_profiles.MigGpu) -> TableCheck:
+    """Hold ``table`` to what the driver reports for GPU ``index`` (handle ``h``)."""
+    unavailable: list[str] = []
+    mismatches: list[TableMismatch] = []
+    warnings: list[str] = []
+    for p in table.gpu_instance_profiles:
+        info = nvml.optional("nvmlDeviceGetGpuInstanceProfileInfo",
+                             pynvml.nvmlDeviceGetGpuInstanceProfileInfo, h, p.profile_id,
+                             default=None, subject=f"GPU {index}")
+        if info is None:
+            unavailable.append(p.name)
+            continue
+        m, w = compare_profile(table, p, info, _possible_placements(index, h, int(info.id)))
+        mismatches.extend(m)
+        warnings.extend(w)
+    return TableCheck(tuple(unavailable), tuple(mismatches), tuple(warnings))
+
+
 class PynvmlBackend:
-    """MigBackend over pynvml. NVML must be initialised (see :func:`open_nvml`)."""
+    """MigBackend over pynvml. NVML must be initialised (see :func:`open_nvml`).
+
+    The table check (:func:`check_table`) runs once per GPU (by UUID) and table for the
+    backend's life; what it logs is logged once."""
+
+    def __init__(self) -> None:
+        self._checks: dict[tuple[str, mig_profiles.MigGpu], TableCheck] = {}
+
+    def table_check(self, index: int, h: Any, uuid: str, product: str,
+                    table: mig_profiles.MigGpu) -> TableCheck:
+        key = (uuid, table)
+        found = self._checks.get(key)
+        if found is None:
+            found = check_table(index, h, table)
+            label = f"GPU {index} ({product})"
+            for w in found.warnings:
+                log.warning("%s: %s", label, w)
+            if found.unavailable:
+                log.warning("%s: the driver does not offer MIG profile(s) %s of table %s "
+                            "(NOT_SUPPORTED); they cannot be planned on this GPU", label,
+                            ", ".join(found.unavailable), table.key)
+            for m in found.mismatches:
+                log.error("%s: %s", label, m.text())
+            self._checks[key] = found
+        return found
 
     def _handle(self, index: int) -> Any:
         return nvml.call("nvmlDeviceGetHandleByIndex", pynvml.nvmlDeviceGetHandleByIndex, index,
@@ -116,6 +246,9 @@ class PynvmlBackend:
             pending = int(mode[1]) == pynvml.NVML_DEVICE_MIG_ENABLE
         table = mig_profiles.for_product(name)
         gis: tuple[GpuInstance, ...] = ()
+        check = TableCheck()
+        if mode is not None and table is not None:
+            check = self.table_check(index, h, uuid, name, table)
         if current and table is not None:
             gis = self._gpu_instances(index, h, table)
         return GpuState(
@@ -123,6 +256,7 @@ class PynvmlBackend:
             pci_device_id=int(pci.pciDeviceId) if pci is not None else None,
             mig_current=current, mig_pending=pending, gpu_instances=gis,
             processes=self._processes(index, h),
+            unavailable_profiles=check.unavailable, table_mismatches=check.mismatches,
         )
 
     def _gpu_instances(self, index: int, h: Any, table: mig_profiles.MigGpu

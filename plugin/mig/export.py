@@ -36,6 +36,9 @@ def export_warnings(gpus: Sequence[GpuState]) -> list[str]:
     for g in gpus:
         if g.mig_capable and g.mig_pending != g.mig_current:
             out.append(f"{g.label()}: {g.mode_text()}; exported as the current mode")
+        for m in g.table_mismatches:
+            out.append(f"{g.label()}: {m.text()}; the table does not describe this GPU, the "
+                       "exported profile names may be wrong and planning it is refused")
         table = g.table
         for gi in g.gpu_instances:
             if table is None:

@@ -163,6 +163,7 @@ class GpuPlan:
             "changed": self.changed,
             "reset_required": self.reset_required,
             "note": self.note or None,
+            "unavailable_profiles": list(g.unavailable_profiles),
             "current": {
                 "mig_capable": g.mig_capable,
                 "mig_enabled": g.mig_current,
@@ -280,10 +281,19 @@ def _resolve(gpu: GpuState, entry: MigConfigEntry, table: mig_profiles.MigGpu) -
     known = ", ".join(p.name for p in table.gpu_instance_profiles)
     for name, count in entry.mig_devices.items():
         try:
-            out[table.gpu_instance_profile(name).name] = count
+            profile = table.gpu_instance_profile(name)
         except KeyError:
             problems.append(f"{entry.path}.mig-devices.{name}: unknown profile for {gpu.product} "
                             f"(GPU {gpu.index}; known: {known})")
+            continue
+        if count > 0 and profile.name in gpu.unavailable_profiles:
+            offered = ", ".join(p.name for p in table.gpu_instance_profiles
+                                if p.name not in gpu.unavailable_profiles) or "none"
+            problems.append(f"{entry.path}.mig-devices.{name}: {gpu.label()}: the driver does "
+                            f"not offer MIG profile {profile.name} on this GPU (NOT_SUPPORTED; "
+                            f"an older driver may lack it; offered: {offered})")
+            continue
+        out[profile.name] = count
     if problems:
         raise LayoutError(problems)
     return out
@@ -300,12 +310,20 @@ def plan_gpu(gpu: GpuState, entry: MigConfigEntry) -> GpuPlan:
             ])
         return GpuPlan(gpu=gpu, entry=entry.path, target=Target(False), note="not MIG capable")
     table = gpu.table
-    if table is None:
+    if table is None or gpu.table_mismatches:
+        # no table, or one the driver contradicts: nothing can be planned on this GPU but
+        # leaving MIG off where it is off (which needs no table)
         if not entry.mig_enabled and not gpu.mig_current and not gpu.mig_pending:
-            return GpuPlan(gpu=gpu, entry=entry.path, target=Target(False))
-        known = ", ".join(t.product_names[0] for t in mig_profiles.tables().gpus.values())
-        raise LayoutError([f"{gpu.label()}: no MIG profile table for this product, cannot plan "
-                           f"{entry.path} (tables: {known})"])
+            return GpuPlan(gpu=gpu, entry=entry.path, target=Target(False),
+                           note="" if table is None else "MIG table disagrees with the driver")
+        if table is None:
+            known = ", ".join(t.product_names[0] for t in mig_profiles.tables().gpus.values())
+            raise LayoutError([f"{gpu.label()}: no MIG profile table for this product, cannot "
+                               f"plan {entry.path} (tables: {known})"])
+        raise LayoutError([
+            f"{gpu.label()}: {m.text()}; the table does not describe this GPU, refusing to "
+            f"plan {entry.path} on it" for m in gpu.table_mismatches
+        ])
     if not entry.mig_enabled:
         return _plan_disable(gpu, entry)
     wanted = _resolve(gpu, entry, table)

@@ -39,6 +39,24 @@ class Process:
 
 
 @dataclass(frozen=True)
+class TableMismatch:
+    """Where a MIG table disagrees with what the GPU's driver reports for one GPU-instance
+    profile (``nvmlDeviceGetGpuInstanceProfileInfo`` for the profile's constant, and
+    ``nvmlDeviceGetGpuInstancePossiblePlacements_v2`` for the driver's id). ``field`` is NVML's
+    name for it (``memorySizeMB``, ``sliceCount``, ``instanceCount``, ``placements``)."""
+
+    table: str  # the MIG table's key, e.g. "H100-80GB"
+    profile: str  # the table's profile name, e.g. "3g.40gb"
+    field: str
+    table_value: str
+    driver_value: str
+
+    def text(self) -> str:
+        return (f"MIG table {self.table}, profile {self.profile}: {self.field} is "
+                f"{self.table_value} in the table, {self.driver_value} by the driver")
+
+
+@dataclass(frozen=True)
 class GpuState:
     """One GPU as discovered. ``mig_current``/``mig_pending`` are None when the GPU is not MIG
     capable (NVML says NOT_SUPPORTED)."""
@@ -51,6 +69,12 @@ class GpuState:
     mig_pending: bool | None = None
     gpu_instances: tuple[GpuInstance, ...] = ()
     processes: tuple[Process, ...] = ()
+    # Filled by a backend that asked the driver (PynvmlBackend; left empty by fakes): the
+    # table's profiles this GPU's driver does not offer (NOT_SUPPORTED: e.g. an older driver
+    # without a newer profile), which cannot be planned on this GPU; and where the table
+    # disagrees with the driver, which makes the planner refuse the GPU.
+    unavailable_profiles: tuple[str, ...] = ()
+    table_mismatches: tuple[TableMismatch, ...] = ()
 
     @property
     def mig_capable(self) -> bool:
@@ -80,6 +104,8 @@ class GpuState:
             "mig_capable": self.mig_capable,
             "mig_enabled": self.mig_current,
             "mig_pending": self.mig_pending,
+            "unavailable_profiles": list(self.unavailable_profiles),
+            "table_mismatches": [m.text() for m in self.table_mismatches],
             "gpu_instances": [
                 {
                     "id": gi.id,
