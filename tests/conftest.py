@@ -1,9 +1,13 @@
-"""Shared fixtures: the lab cluster (session-wide), brought up once when a test needs it."""
+"""Shared fixtures: the lab cluster (session-wide), brought up once when a test needs it;
+a short temporary directory for unix sockets."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -19,3 +23,13 @@ def lab_cluster() -> Iterator[object]:
     manager.create()
     yield manager
     manager.delete()
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A short temp dir: unix socket paths must stay under 108 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="gk-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

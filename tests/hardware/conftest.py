@@ -10,8 +10,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -60,13 +58,3 @@ def smi() -> list[dict[str, str]]:
     ).stdout
     return [dict(zip(SMI_FIELDS, (v.strip() for v in line.split(",")), strict=True))
             for line in out.strip().splitlines()]
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    """A short temp dir: unix socket paths must stay under 108 bytes."""
-    path = Path(tempfile.mkdtemp(prefix="gk-", dir="/tmp"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
