@@ -9,6 +9,15 @@ from typing import Any
 from kubernetes import client, config, watch
 
 
+def reported_after(node: Any, since: Any) -> bool:
+    """The node object carries a status the kubelet reported after `since` (a UTC datetime):
+    its resources are the kubelet's view since then, not an older report's."""
+    for cond in node.status.conditions or []:
+        if cond.type == "Ready" and cond.last_heartbeat_time is not None:
+            return bool(cond.last_heartbeat_time > since)
+    return False
+
+
 def api(kubeconfig: Path) -> client.CoreV1Api:
     return client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
 

@@ -162,7 +162,7 @@ def provision(lab: LabSpec, fleet: inv.GpuInventory, timeout: float = 120) -> No
         want = {k: v for k, v in inv.expected_resources(decl).items() if v > 0}
 
         def settled(o: Any, w: dict[str, int] = want) -> bool:
-            return reported_after(o, since) and advertised(o) == w
+            return kube.reported_after(o, since) and advertised(o) == w
 
         wait_node(decl.node_name, settled, f"allocatable {want} reported after {since}", timeout)
 
@@ -176,13 +176,6 @@ def unprovision(lab: LabSpec, fleet: inv.GpuInventory) -> None:
         set_labels(decl.node_name, labels)
         if decl.mig_declared:
             apply_mig(lab, decl.node_name, {str(g.index): None for g in decl.mig_gpus})
-
-
-def reported_after(node_obj: Any, since: dt.datetime) -> bool:
-    for cond in node_obj.status.conditions or []:
-        if cond.type == "Ready" and cond.last_heartbeat_time is not None:
-            return bool(cond.last_heartbeat_time > since)
-    return False
 
 
 def advertised(node_obj: Any) -> dict[str, int]:

@@ -14,6 +14,7 @@ import textwrap
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -75,7 +76,10 @@ def node_of(spec: LabSpec, name: str) -> NodeSpec:
 
 
 def resources(core: client.CoreV1Api, node: str, field: str = "allocatable") -> dict[str, int]:
-    n = core.read_node(node)
+    return resources_of(core.read_node(node), field)
+
+
+def resources_of(n: client.V1Node, field: str = "allocatable") -> dict[str, int]:
     values = getattr(n.status, field) or {}
     return {k: int(v) for k, v in values.items() if k.startswith("nvidia.com/")}
 
@@ -328,16 +332,32 @@ def test_the_plugin_registers_again_when_the_kubelet_restarts(
     node = load_spec().node("gpu-t4")
     before = _registrations("gpu-t4")
     assert before >= 1
+    since = datetime.now(UTC).replace(microsecond=0)
     r = cluster.node_exec(node, ["systemctl", "restart", "kubelet"])
     assert r.returncode == 0, r.stderr
     wait_for("the plugin to register again", lambda: _registrations("gpu-t4") > before, timeout=60)
+    # A report from the restarted kubelet: the node object still shows the old one's 8 until
+    # then, and a pod admitted before the plugin's devices are back fails (by design).
     wait_for(
         "gpu-t4 replicas served again",
-        lambda: resources(core, "gpu-t4").get("nvidia.com/gpu") == 8,
-        timeout=60,
+        lambda: kube.reported_after(n := core.read_node("gpu-t4"), since)
+        and resources_of(n).get("nvidia.com/gpu") == 8,
+        timeout=60, explain=lambda: agent.diagnose(load_spec(), "gpu-t4"),
     )
-    name = start(core, pods, "gpu-t4", 1)
-    assert running(core, name, timeout=90).status.phase == "Running"
+    # Right after its restart the kubelet still counts the devices of pods deleted before it
+    # (its checkpoint) as in use, until its pod sources are ready: a pod admitted then is
+    # rejected (UnexpectedAdmissionError, "Available: 0"), as a user's Job would see and retry.
+    rejected = []
+    for _ in range(4):
+        name = start(core, pods, "gpu-t4", 1)
+        pod = running(core, name, timeout=90)
+        if pod.status.phase == "Running" or pod.status.reason != "UnexpectedAdmissionError":
+            break
+        rejected.append(pod.status.message)
+        time.sleep(5)
+    assert pod.status.phase == "Running", (
+        f"{pod.status.reason}: {pod.status.message} (earlier: {rejected})\n"
+        f"{agent.diagnose(load_spec(), 'gpu-t4')}")
     ids, _ = pod_report(core, name)
     assert len(ids) == 1 and ids[0] in gpu_uuids("gpu-t4"), ids
 
