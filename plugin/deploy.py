@@ -139,13 +139,18 @@ def own_node_policy(d: AgentDeployment) -> list[dict[str, Any]]:
     return [policy, binding]
 
 
+def config_text(cfg: Any) -> str:
+    """A named config as the ConfigMap carries it."""
+    return yaml.safe_dump(cfg, sort_keys=False)
+
+
 def config_map(d: AgentDeployment) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": f"{APP}-configs", "namespace": d.namespace, "labels": _labels()},
         "data": {
-            name: yaml.safe_dump(cfg, sort_keys=False) for name, cfg in sorted(d.configs.items())
+            name: config_text(cfg) for name, cfg in sorted(d.configs.items())
         },
     }
 

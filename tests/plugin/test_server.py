@@ -324,3 +324,59 @@ def test_a_stream_the_kubelet_drops_is_registered_again(
     finally:
         manager.stop()
 
+
+
+def test_switching_to_a_config_of_identical_content_disrupts_nothing(
+    kubelet: FakeKubelet, short_tmp: Path
+) -> None:
+    """A rolling upgrade moves a node from a versioned config name back to the plain one once
+    that carries the same content: the agent reloads, but keeps its servers (no restart, no
+    new registration), its devices (no ListAndWatch update) and its labels."""
+    import queue
+
+    configs = short_tmp / "configs"
+    configs.mkdir()
+    shared = ("version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+              "    - {name: nvidia.com/gpu, replicas: 4}\n")
+    (configs / "default").write_text("version: v1\n")
+    (configs / "shared").write_text(shared)
+    # The same content, written otherwise (as a YAML dump with other formatting would be).
+    (configs / "shared-0123abcd").write_text(
+        "sharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n"
+        "      replicas: 4\nversion: v1\n")
+    node = FakeNode({"nvidia.com/device-plugin.config": "shared-0123abcd"})
+    source = ConfigSource(config_dir=configs, default_config="default", node_name="n1",
+                          label_reader=node.labels, overrides=[
+                              Override("gpukit.kubeletDir", str(short_tmp), "test"),
+                              Override("gpukit.rescanIntervalSeconds", 0, "test")])
+    manager = PluginManager(
+        source, FakeBackend(make_inventory([make_gpu(0, T4), make_gpu(1, T4)])),
+        options=ManagerOptions(tick=0.05, health=False, config_poll_seconds=0.1,
+                               node_labels=True),
+        node_client=node,  # type: ignore[arg-type]
+    )
+    manager.start()
+    try:
+        kubelet.next_request()
+        assert manager.loaded is not None and manager.loaded.name == "shared-0123abcd"
+        server = manager.servers["nvidia.com/gpu"]
+        version, views = server.state.snapshot()
+        assert len(views) == 8
+        deadline = time.monotonic() + 5
+        while node.labels_now.get("nvidia.com/gpu.replicas") != "4":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        patches = len(node.patches)
+        node.labels_now["nvidia.com/device-plugin.config"] = "shared"
+        deadline = time.monotonic() + 5
+        while manager.loaded.name != "shared":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.3)  # a few more ticks
+        assert manager.servers["nvidia.com/gpu"] is server
+        assert server.state.snapshot() == (version, views)
+        assert len(node.patches) == patches
+        with pytest.raises(queue.Empty):
+            kubelet.next_request(timeout=0.5)
+    finally:
+        manager.stop()
