@@ -18,6 +18,8 @@ from kubernetes import client, watch
 
 from gpukit.provision.upgrade import DRIVER_LABEL, STATE_LABEL
 
+CONFIG_LABEL = "nvidia.com/device-plugin.config"
+
 
 @dataclass(frozen=True)
 class NodeEvent:
@@ -26,6 +28,9 @@ class NodeEvent:
     unschedulable: bool
     state: str
     driver: str
+    # The device plugin config the node selects, and its allocatable nvidia.com/gpu.
+    config: str = ""
+    gpus: int = -1
 
 
 @dataclass(frozen=True)
@@ -121,13 +126,17 @@ class Timeline:
 
     def _node(self, kind: str, obj: Any) -> None:
         labels = obj.metadata.labels or {}
+        allocatable = (obj.status.allocatable if obj.status else None) or {}
+        text = str(allocatable.get("nvidia.com/gpu", "0"))
+        gpus = int(text) if text.isdigit() else -1
         ev = NodeEvent(time.monotonic(), obj.metadata.name, bool(obj.spec.unschedulable),
-                       labels.get(STATE_LABEL, ""), labels.get(DRIVER_LABEL, ""))  # fmt: skip
+                       labels.get(STATE_LABEL, ""), labels.get(DRIVER_LABEL, ""),
+                       labels.get(CONFIG_LABEL, ""), gpus)  # fmt: skip
         with self._lock:
             last = next((e for e in reversed(self.nodes) if e.node == ev.node), None)
-            if last is None or (last.unschedulable, last.state, last.driver) != (
-                ev.unschedulable, ev.state, ev.driver
-            ):
+            if last is None or (last.unschedulable, last.state, last.driver, last.config,
+                                last.gpus) != (ev.unschedulable, ev.state, ev.driver,
+                                               ev.config, ev.gpus):  # fmt: skip
                 self.nodes.append(ev)
 
     def _pod(self, kind: str, obj: Any) -> None:

@@ -68,6 +68,12 @@ def is_version_of(value: str | None, name: str) -> bool:
     return re.fullmatch(pattern, value) is not None
 
 
+def label_selects(value: str | None, name: str, content: Any) -> bool:
+    """A node labelled `value` serves config `name` with `content`: the plain name, or the
+    versioned name of exactly that content (a node in a rollout's batch)."""
+    return value == name or value == versioned_name(name, content)
+
+
 def base_of(value: str, names: Sequence[str]) -> str | None:
     """The declared config `value` is a versioned name of, if any (the longest match)."""
     found = [n for n in names if is_version_of(value, n)]

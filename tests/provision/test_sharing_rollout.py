@@ -47,6 +47,13 @@ def test_versioned_name_is_stable_and_follows_the_content() -> None:
     assert not sr.is_version_of(sr.versioned_name("default", ts(8)), "time-sliced")
 
 
+def test_the_conformance_suite_accepts_the_versioned_name_of_the_declared_content() -> None:
+    assert sr.label_selects("time-sliced", "time-sliced", ts(8))
+    assert sr.label_selects(sr.versioned_name("time-sliced", ts(8)), "time-sliced", ts(8))
+    assert not sr.label_selects(sr.versioned_name("time-sliced", ts(4)), "time-sliced", ts(8))
+    assert not sr.label_selects(None, "time-sliced", ts(8))
+
+
 def test_versioned_name_of_a_long_name_is_a_valid_label_value_and_key() -> None:
     name = "a" * 60 + "-.b"
     v = sr.versioned_name(name, ts(8))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ansible.errors import AnsibleFilterError
 
 try:
-    from gpukit.provision import agent, driver, nodes, sharing, upgrade
+    from gpukit.provision import agent, driver, nodes, sharing, sharing_rollout, upgrade
 
     HAS_GPUKIT = True
 except ImportError as e:  # pragma: no cover - reported when a filter is used
@@ -185,6 +185,68 @@ def upgrade_report(planned, hostvars, check_mode=False):
     return upgrade.report(planned, results, failures, bool(check_mode)).as_dict()
 
 
+def _live_configs(config_map):
+    """The ConfigMap's configs from a k8s_info result's resources (None: no ConfigMap)."""
+    if isinstance(config_map, list):
+        config_map = config_map[0] if config_map else None
+    return sharing_rollout.parse_data(inventory_plain(config_map) if config_map else None)
+
+
+def sharing_node_plan(config_map, configs, declared=None, default=None, current_label=None):
+    """{changes, label, plan_label}: a node's device plugin config content in a rollout."""
+    _need()
+    return sharing_rollout.node_plan(
+        _live_configs(config_map), inventory_plain(configs or {}), declared or None,
+        default or None, current_label or None,
+    ).as_dict()
+
+
+def sharing_publish(config_map, configs, namespace):
+    """The ConfigMap to apply before a rollout (changed configs also under versioned names),
+    or None when it already carries them."""
+    _need()
+    data = sharing_rollout.publish(_live_configs(config_map), inventory_plain(configs or {}))
+    return None if data is None else sharing_rollout.config_map(data, namespace)
+
+
+def sharing_finish(config_map, configs, node_objects, hostvars, hosts, default, complete,
+                   namespace):
+    """The finish step's decisions: {stage, relabel, final, lines, needed}; stage and final
+    are ConfigMaps to apply (or None), relabel maps hosts to the config whose new content
+    must be mounted on them before their label goes back to the declared name."""
+    _need()
+    by_node = {}
+    for h in hosts:
+        hv = hostvars[h]
+        by_node[str(hv.get("gpukit_node_name") or h)] = (h, hv.get("gpukit_device_plugin_config"))
+    uses = []
+    for obj in node_objects or []:
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name"))
+        label = (meta.get("labels") or {}).get(nodes.DEVICE_PLUGIN_CONFIG)
+        host, declared = by_node.get(name, (None, None))
+        uses.append(sharing_rollout.NodeUse(name, label or None, host, declared or None))
+    f = sharing_rollout.finish(_live_configs(config_map), inventory_plain(configs or {}), uses,
+                               default or None, bool(complete))
+    out = f.as_dict()
+    for key in ("stage", "final"):
+        if out[key] is not None:
+            out[key] = sharing_rollout.config_map(out[key], namespace)
+    return out
+
+
+def sharing_mounted(slurped, content):
+    """A node's mounted config file (slurp's base64 content) carries `content`."""
+    _need()
+    import base64
+
+    try:
+        text = base64.b64decode(slurped or "").decode()
+    except ValueError:
+        return False
+    return sharing_rollout.mounted(text, inventory_plain(content))
+
+
 def expected_resources(hostvars, host):
     """What the device plugin must advertise on `host` for its declarations (resource -> n)."""
     try:
@@ -226,4 +288,8 @@ class FilterModule:
             "upgrade_driver_changes": upgrade_driver_changes,
             "upgrade_label_changes": upgrade_label_changes,
             "upgrade_pods_to_wait_for": upgrade_pods_to_wait_for,
+            "sharing_node_plan": sharing_node_plan,
+            "sharing_publish": sharing_publish,
+            "sharing_finish": sharing_finish,
+            "sharing_mounted": sharing_mounted,
         }
