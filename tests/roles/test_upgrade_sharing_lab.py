@@ -1,0 +1,206 @@
+"""playbooks/upgrade.yml on the lab: a change of a sharing config's content rolls node by node.
+
+The `time-sliced` config (selected by the t4 group) goes from 4 to 8 time-slicing replicas
+in a copy of the lab's inventory. The config lives in one cluster-wide ConfigMap, so the
+nodes' selection labels do not change; the rollout must still find gpu-t4, roll it in its
+own batch (the new content under a versioned name between drain and validation) and leave
+gpu-a100 alone. A Timeline watches the nodes (upgrade state, config label, allocatable GPUs)
+for the whole of each run.
+
+The tests share one lab and run in order: --check, the rollout, a rerun. The module's
+fixture converges the lab to the inventory first, and at the end runs site.yml with the
+lab's own inventory (replicas 4) again, so the lab is left as declared.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client, config
+from labplay import PlayResult, run_playbook
+
+from gpukit.lab.config import LabSpec, cache_dir, load_spec
+from gpukit.lab.controlplane import paths
+from gpukit.lab.observe import Timeline
+from gpukit.provision import sharing_rollout
+from gpukit.provision.upgrade import STATE_LABEL
+
+pytestmark = pytest.mark.lab
+
+A100, T4 = "gpu-a100", "gpu-t4"
+ROLL = ["cordoned", "draining", "upgrading", "validating", "done"]
+CONFIG = "time-sliced"
+CONFIG_LABEL = "nvidia.com/device-plugin.config"
+
+
+@dataclass
+class Lab:
+    spec: LabSpec
+    inventory: Path
+    core: client.CoreV1Api
+    wheelhouse: str
+
+    def set_replicas(self, replicas: int) -> dict[str, Any]:
+        path = self.inventory / "group_vars" / "gpu_nodes.yml"
+        doc = yaml.safe_load(path.read_text())
+        cfg = doc["gpukit_device_plugin_configs"][CONFIG]
+        cfg["sharing"]["timeSlicing"]["resources"][0]["replicas"] = replicas
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return dict(cfg)
+
+    def upgrade(self, *args: str) -> PlayResult:
+        return run_playbook("playbooks/upgrade.yml", self.inventory, *args, var_files=(),
+                            timeout=1200)  # fmt: skip
+
+    def site(self, inventory: Path | None = None) -> PlayResult:
+        return run_playbook("site.yml", inventory or self.inventory, var_files=(),
+                            extra_vars={"gpukit_node_wheelhouse_archive": self.wheelhouse})
+
+    def configs(self) -> dict[str, Any]:
+        cm = self.core.read_namespaced_config_map(sharing_rollout.CONFIG_MAP, "gpukit-system")
+        return {k: yaml.safe_load(v) for k, v in (cm.data or {}).items()}
+
+    def gpus(self, node: str) -> int:
+        return int(self.core.read_node(node).status.allocatable.get("nvidia.com/gpu", "0"))
+
+    def label(self, node: str) -> str | None:
+        return (self.core.read_node(node).metadata.labels or {}).get(CONFIG_LABEL)
+
+
+def wait_for(what: str, predicate: Any, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(2)
+
+
+def plan_lines(r: PlayResult) -> list[str]:
+    for res in r.results.values():
+        if "Show the plan" in res:
+            return list(res["Show the plan"]["msg"])
+    raise AssertionError(f"no plan in the output: {r.describe()}")
+
+
+def report_lines(r: PlayResult) -> list[str]:
+    for res in r.results.values():
+        if "Show each node's result" in res:
+            return list(res["Show each node's result"]["msg"])
+    raise AssertionError(f"no report in the output: {r.describe()}")
+
+
+def replicas(cfg: dict[str, Any]) -> int:
+    return int(cfg["sharing"]["timeSlicing"]["resources"][0]["replicas"])
+
+
+@pytest.fixture(scope="module")
+def lab(lab_cluster: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    from gpukit.lab.inventory import for_instance
+    from gpukit.lab.packages import build_repo
+    from gpukit.provision import wheelhouse
+
+    spec = load_spec()
+    build_repo()
+    original = for_instance(spec)
+    inventory = tmp_path_factory.mktemp("upgrade-sharing") / "inventory"
+    shutil.copytree(original, inventory)
+    config.load_kube_config(str(paths().admin_kubeconfig))
+    wh = wheelhouse.build(cache_dir(), "3.11")
+    lab = Lab(spec, inventory, client.CoreV1Api(), str(wh.archive))
+    for name in (A100, T4):
+        lab.core.patch_node(name, {"spec": {"unschedulable": None},
+                                   "metadata": {"labels": {STATE_LABEL: None}}})  # fmt: skip
+    # Converged on the lab's inventory (replicas 4) before the edit.
+    r = lab.site()
+    assert r.rc == 0 and not r.failed, r.describe()
+    assert replicas(lab.configs()[CONFIG]) == 4
+    wait_for("gpu-t4 serving 8 GPUs (2 x 4 replicas)", lambda: lab.gpus(T4) == 8)
+    yield lab
+    # Leave the lab as its own inventory declares it (replicas 4, plain labels).
+    r = lab.site(original)
+    assert r.rc == 0 and not r.failed, r.describe()
+    wait_for("gpu-t4 serving 8 GPUs again", lambda: lab.gpus(T4) == 8)
+
+
+def test_check_lists_the_sharing_change_and_changes_nothing(lab: Lab) -> None:
+    lab.set_replicas(8)
+    before = lab.configs()
+    with Timeline(lab.core) as seen:
+        r = lab.upgrade("--check")
+    assert r.rc == 0 and not r.failed, r.describe()
+    lines = plan_lines(r)
+    assert f"{A100}: matches the inventory, not touched" in lines, lines
+    assert f"batch 1 (group t4_nodes, serial 1): {T4}" in lines, lines
+    assert (f"  {T4}: sharing config {CONFIG}: "
+            "sharing.timeSlicing.resources[nvidia.com/gpu].replicas 4 -> 8") in lines, lines
+    assert lines[-1] == "1 node(s) in 1 batch(es); the rollout stops after 1 failed node(s)"
+    assert "check mode: 1 node(s) would be upgraded" in str(r.results)
+    # Nothing changed: no cordon, no state, no versioned key, the old content served.
+    assert all(not e.unschedulable and not e.state for e in seen.nodes), seen.nodes
+    assert lab.configs() == before
+    assert lab.label(T4) == CONFIG and lab.gpus(T4) == 8
+
+
+@pytest.mark.timeout(1200)
+def test_the_rollout_moves_gpu_t4_alone_through_the_new_content(lab: Lab) -> None:
+    new = lab.set_replicas(8)
+    versioned = sharing_rollout.versioned_name(CONFIG, new)
+    with Timeline(lab.core) as seen:
+        r = lab.upgrade()
+        # The finish step's relabel is the last change: watch a little longer for a dip.
+        time.sleep(15)
+    assert r.rc == 0 and not r.failed, r.describe()
+    assert len(seen.errors) < 5, seen.errors
+    assert report_lines(r) == [f"{T4}: upgraded and validated",
+                               f"{A100}: matches the inventory"], report_lines(r)  # fmt: skip
+    # gpu-t4 went through every step; gpu-a100 was never cordoned nor labelled.
+    assert seen.states(T4) == ["", *ROLL]
+    assert all(not e.unschedulable and not e.state for e in seen.node_events(A100))
+    assert {e.config for e in seen.node_events(A100)} == {"mig-mixed"}
+    # gpu-t4's label: plain -> versioned (in its batch, after the drain, before validation)
+    # -> plain again (after its uncordon, by the finish step).
+    events = seen.node_events(T4)
+    configs = [c for i, c in enumerate(e.config for e in events)
+               if i == 0 or c != events[i - 1].config]  # fmt: skip
+    assert configs == [CONFIG, versioned, CONFIG], configs
+    to_versioned = next(e.at for e in events if e.config == versioned)
+    back = next(e.at for e in events if e.at > to_versioned and e.config == CONFIG)
+    draining, validating = seen.first(T4, "draining"), seen.first(T4, "validating")
+    assert draining is not None and validating is not None
+    assert draining < to_versioned < validating
+    periods = seen.unschedulable_periods(T4)
+    assert len(periods) == 1 and periods[0][1] is not None and periods[0][1] < back
+    # It served 8 GPUs (2 T4 x 4) until the versioned config, 16 from then on: the move back
+    # to the plain name (identical content) never disturbed it.
+    first_16 = next(e.at for e in events if e.gpus == 16)
+    assert to_versioned < first_16 < validating
+    assert all(e.gpus == 8 for e in events if e.at < to_versioned and e.gpus >= 0)
+    assert all(e.gpus == 16 for e in events if e.at >= first_16), [
+        (e.config, e.gpus) for e in events]
+    # The end state: the plain name carries the new content, no versioned key is left.
+    cfgs = lab.configs()
+    assert replicas(cfgs[CONFIG]) == 8
+    assert not [k for k in cfgs if sharing_rollout.is_version_of(k, CONFIG)], sorted(cfgs)
+    assert lab.label(T4) == CONFIG and lab.gpus(T4) == 16
+    node = lab.core.read_node(T4)
+    assert not node.spec.unschedulable and node.metadata.labels[STATE_LABEL] == "done"
+
+
+def test_a_rerun_changes_nothing(lab: Lab) -> None:
+    lab.set_replicas(8)
+    with Timeline(lab.core) as seen:
+        r = lab.upgrade()
+    assert r.rc == 0 and not r.failed, r.describe()
+    lines = plan_lines(r)
+    assert f"{A100}: matches the inventory, not touched" in lines
+    assert f"{T4}: matches the inventory, not touched" in lines
+    assert lines[-1].startswith("0 node(s) in 0 batch(es)")
+    assert all(not e.unschedulable for e in seen.nodes)
+    assert all(r.changed_count(h) == 0 for h in (A100, T4)), r.changed
+    assert not [h for h, tasks in r.changed.items() if tasks], r.changed
