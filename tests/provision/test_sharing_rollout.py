@@ -239,3 +239,46 @@ def test_mounted_compares_content(text: str) -> None:
     assert sr.mounted(text, ts(8))
     assert not sr.mounted(yaml.safe_dump(ts(4)), ts(8))
     assert not sr.mounted(None, ts(8)) and not sr.mounted("a: [", ts(8))
+
+
+# -- the Ansible filter adapters -------------------------------------------------------------
+
+
+def _filters() -> Any:
+    import importlib.util
+    from pathlib import Path
+
+    path = (Path(__file__).resolve().parents[2] / "collections/ansible_collections/gpukit/gpu"
+            "/plugins/filter/gpukit.py")  # fmt: skip
+    spec = importlib.util.spec_from_file_location("gpukit_filters_under_test", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.FilterModule().filters()
+
+
+def test_the_filters_plan_publish_and_finish_from_k8s_info_results() -> None:
+    f = _filters()
+    cm = sr.config_map(OLD, "gpukit-system")
+    p = f["sharing_node_plan"]([cm], NEW, "time-sliced", "default", "time-sliced")
+    assert p["changes"] and p["label"] == V8
+    assert f["sharing_node_plan"]([], NEW, "time-sliced", "default", "time-sliced")["changes"] == []
+    published = f["sharing_publish"]([cm], NEW, "gpukit-system")
+    assert published["metadata"]["name"] == sr.CONFIG_MAP and V8 in published["data"]
+    assert f["sharing_publish"]([published], NEW, "gpukit-system") is None
+    node_objs = [{"metadata": {"name": "gpu-t4", "labels": {"nvidia.com/device-plugin.config": V8}}},
+                 {"metadata": {"name": "gpu-a100",
+                               "labels": {"nvidia.com/device-plugin.config": "mig-mixed"}}}]
+    hostvars = {"gpu-t4": {"gpukit_device_plugin_config": "time-sliced"},
+                "gpu-a100": {"gpukit_device_plugin_config": "mig-mixed"}}
+    out = f["sharing_finish"]([published], NEW, node_objs, hostvars, ["gpu-a100", "gpu-t4"],
+                              "default", True, "gpukit-system")
+    assert out["needed"] and out["relabel"] == {"gpu-t4": "time-sliced"}
+    assert out["final"]["data"] == sr.config_map(NEW, "gpukit-system")["data"]
+    out = f["sharing_finish"]([published], NEW, node_objs, hostvars, ["gpu-a100", "gpu-t4"],
+                              "default", False, "gpukit-system")
+    assert not out["needed"]
+    import base64
+
+    text = base64.b64encode(yaml.safe_dump(ts(8)).encode()).decode()
+    assert f["sharing_mounted"](text, ts(8)) and not f["sharing_mounted"](text, ts(4))

@@ -171,15 +171,16 @@ def test_the_rollout_moves_gpu_t4_alone_through_the_new_content(lab: Lab) -> Non
     assert configs == [CONFIG, versioned, CONFIG], configs
     to_versioned = next(e.at for e in events if e.config == versioned)
     back = next(e.at for e in events if e.at > to_versioned and e.config == CONFIG)
-    draining, validating = seen.first(T4, "draining"), seen.first(T4, "validating")
-    assert draining is not None and validating is not None
-    assert draining < to_versioned < validating
+    upgrading, validating = seen.first(T4, "upgrading"), seen.first(T4, "validating")
+    assert upgrading is not None and validating is not None
+    assert upgrading < to_versioned < validating
     periods = seen.unschedulable_periods(T4)
     assert len(periods) == 1 and periods[0][1] is not None and periods[0][1] < back
-    # It served 8 GPUs (2 T4 x 4) until the versioned config, 16 from then on: the move back
-    # to the plain name (identical content) never disturbed it.
+    uncordoned = periods[0][1]
+    # It served 8 GPUs (2 T4 x 4) until the versioned config, 16 from then on (before it
+    # was uncordoned): the move back to the plain name (identical content) never disturbed it.
     first_16 = next(e.at for e in events if e.gpus == 16)
-    assert to_versioned < first_16 < validating
+    assert to_versioned < first_16 < uncordoned
     assert all(e.gpus == 8 for e in events if e.at < to_versioned and e.gpus >= 0)
     assert all(e.gpus == 16 for e in events if e.at >= first_16), [
         (e.config, e.gpus) for e in events]
