@@ -47,17 +47,21 @@ TEST_LABS ?= 0 1 2
 # Two lanes side by side (the roles' lab tests, mostly waiting on reboots and rollouts,
 # take as long as everything else; a third lane for the rolling upgrades was tried and
 # gained nothing on 2 cores): lane 1 runs everything but the roles' tests, then the
-# suite's tests (also when the first part failed); lane 2 the roles' tests. Each lane's
-# output goes to $(RESULTS)/test-lane<N>.log and is printed when both are done.
+# suite's tests, then the sharing-config rollout's lab test on the suite's lab (each part
+# also when an earlier one failed); lane 2 the other roles' tests. Each lane's output goes
+# to $(RESULTS)/test-lane<N>.log and is printed when both are done.
+SHARING_LAB_TEST = tests/roles/test_upgrade_sharing_lab.py
 test: deps venv protos nvml k8s rootfs ## the project's tests: lint, types, unit, lab integration
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy -p gpukit
 	@mkdir -p $(RESULTS); set -- $(TEST_LABS); \
-	  for i in $$1 $$3; do GPUKIT_LAB_INSTANCE=$$i $(PY) -m gpukit.lab.packages build || exit; done; \
+	  for i in $$1 $$2 $$3; do GPUKIT_LAB_INSTANCE=$$i $(PY) -m gpukit.lab.packages build || exit; done; \
 	  ( GPUKIT_LAB_INSTANCE=$$1 $(PY) -m pytest tests --ignore=tests/conformance --ignore=tests/roles; \
 	    a=$$?; GPUKIT_LAB_INSTANCE=$$2 $(PY) -m pytest tests/conformance; b=$$?; \
-	    [ $$a = 0 ] && [ $$b = 0 ] ) > $(RESULTS)/test-lane1.log 2>&1 & lane1=$$!; \
-	  GPUKIT_LAB_INSTANCE=$$3 $(PY) -m pytest tests/roles > $(RESULTS)/test-lane2.log 2>&1; rc2=$$?; \
+	    GPUKIT_LAB_INSTANCE=$$2 $(PY) -m pytest $(SHARING_LAB_TEST); c=$$?; \
+	    [ $$a = 0 ] && [ $$b = 0 ] && [ $$c = 0 ] ) > $(RESULTS)/test-lane1.log 2>&1 & lane1=$$!; \
+	  GPUKIT_LAB_INSTANCE=$$3 $(PY) -m pytest tests/roles --ignore=$(SHARING_LAB_TEST) \
+	    > $(RESULTS)/test-lane2.log 2>&1; rc2=$$?; \
 	  wait $$lane1; rc1=$$?; \
 	  for lane in 1 2; do echo "===== lane $$lane ($(RESULTS)/test-lane$$lane.log)"; \
 	    cat $(RESULTS)/test-lane$$lane.log; done; \
