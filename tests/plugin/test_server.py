@@ -8,6 +8,7 @@ import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -248,6 +249,22 @@ class FakeNode:
                 self.labels_now[k] = v
 
 
+def labelled_manager(short_tmp: Path, configs: Path, node: FakeNode, gpus: list[Any]
+                     ) -> PluginManager:
+    """A manager choosing among the named configs in `configs` by node n1's label, and
+    labelling n1 (through `node`)."""
+    source = ConfigSource(config_dir=configs, default_config="default", node_name="n1",
+                          label_reader=node.labels, overrides=[
+                              Override("gpukit.kubeletDir", str(short_tmp), "test"),
+                              Override("gpukit.rescanIntervalSeconds", 0, "test")])
+    return PluginManager(
+        source, FakeBackend(make_inventory(gpus)),
+        options=ManagerOptions(tick=0.05, health=False, config_poll_seconds=0.1,
+                               node_labels=True),
+        node_client=node,  # type: ignore[arg-type]
+    )
+
+
 def test_node_label_switches_config_live(kubelet: FakeKubelet, short_tmp: Path) -> None:
     configs = short_tmp / "configs"
     configs.mkdir()
@@ -256,16 +273,7 @@ def test_node_label_switches_config_live(kubelet: FakeKubelet, short_tmp: Path) 
         "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
         "    - {name: nvidia.com/gpu, replicas: 4}\n")
     node = FakeNode({"kubernetes.io/hostname": "n1"})
-    source = ConfigSource(config_dir=configs, default_config="default", node_name="n1",
-                          label_reader=node.labels, overrides=[
-                              Override("gpukit.kubeletDir", str(short_tmp), "test"),
-                              Override("gpukit.rescanIntervalSeconds", 0, "test")])
-    manager = PluginManager(
-        source, FakeBackend(make_inventory([make_gpu(0, T4)])),
-        options=ManagerOptions(tick=0.05, health=False, config_poll_seconds=0.1,
-                               node_labels=True),
-        node_client=node,  # type: ignore[arg-type]
-    )
+    manager = labelled_manager(short_tmp, configs, node, [make_gpu(0, T4)])
     manager.start()
     try:
         kubelet.next_request()
@@ -345,16 +353,7 @@ def test_switching_to_a_config_of_identical_content_disrupts_nothing(
         "sharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n"
         "      replicas: 4\nversion: v1\n")
     node = FakeNode({"nvidia.com/device-plugin.config": "shared-0123abcd"})
-    source = ConfigSource(config_dir=configs, default_config="default", node_name="n1",
-                          label_reader=node.labels, overrides=[
-                              Override("gpukit.kubeletDir", str(short_tmp), "test"),
-                              Override("gpukit.rescanIntervalSeconds", 0, "test")])
-    manager = PluginManager(
-        source, FakeBackend(make_inventory([make_gpu(0, T4), make_gpu(1, T4)])),
-        options=ManagerOptions(tick=0.05, health=False, config_poll_seconds=0.1,
-                               node_labels=True),
-        node_client=node,  # type: ignore[arg-type]
-    )
+    manager = labelled_manager(short_tmp, configs, node, [make_gpu(0, T4), make_gpu(1, T4)])
     manager.start()
     try:
         kubelet.next_request()

@@ -90,6 +90,34 @@ def run_playbook(
     return out
 
 
+def plan_lines(r: PlayResult) -> list[str]:
+    """What playbooks/upgrade.yml's plan play showed."""
+    for res in r.results.values():
+        if "Show the plan" in res:
+            return list(res["Show the plan"]["msg"])
+    raise AssertionError(f"no plan in the output: {r.describe()}")
+
+
+def report_lines(r: PlayResult) -> list[str]:
+    """What playbooks/upgrade.yml's report play showed."""
+    for res in r.results.values():
+        if "Show each node's result" in res:
+            return list(res["Show each node's result"]["msg"])
+    raise AssertionError(f"no report in the output: {r.describe()}")
+
+
+def assert_nothing_rolled(r: PlayResult, node_events: Any, hosts: tuple[str, ...]) -> None:
+    """An upgrade.yml run that found every node matching: no batch, no node unschedulable
+    at any moment (`node_events`: a gpukit.lab.observe Timeline's nodes), nothing changed."""
+    assert r.rc == 0 and not r.failed, r.describe()
+    lines = plan_lines(r)
+    for host in hosts:
+        assert f"{host}: matches the inventory, not touched" in lines
+    assert lines[-1].startswith("0 node(s) in 0 batch(es)")
+    assert all(not e.unschedulable for e in node_events)
+    assert all(r.changed_count(h) == 0 for h in hosts), r.changed
+
+
 def branch_version(branch: str) -> str:
     """The driver version the lab's stand-in packages ship on `branch`."""
     from gpukit.lab.packages import BRANCHES

@@ -28,7 +28,14 @@ from xml.etree import ElementTree
 import pytest
 import yaml
 from kubernetes import client, config
-from labplay import PlayResult, branch_version, run_playbook
+from labplay import (
+    PlayResult,
+    assert_nothing_rolled,
+    branch_version,
+    plan_lines,
+    report_lines,
+    run_playbook,
+)
 
 from gpukit.lab import cluster
 from gpukit.lab.config import LabSpec, cache_dir, load_spec
@@ -76,20 +83,6 @@ class Lab:
 
     def node(self, name: str) -> Any:
         return self.core.read_node(name)
-
-
-def plan_lines(r: PlayResult) -> list[str]:
-    for res in r.results.values():
-        if "Show the plan" in res:
-            return list(res["Show the plan"]["msg"])
-    raise AssertionError(f"no plan in the output: {r.describe()}")
-
-
-def report_lines(r: PlayResult) -> list[str]:
-    for res in r.results.values():
-        if "Show each node's result" in res:
-            return list(res["Show each node's result"]["msg"])
-    raise AssertionError(f"no report in the output: {r.describe()}")
 
 
 def validation_failures(lab: Lab) -> str:
@@ -335,10 +328,4 @@ def test_rerun_after_the_fix_resumes_node_by_node(lab: Lab) -> None:
 def test_a_third_run_touches_nothing(lab: Lab) -> None:
     with Timeline(lab.core) as seen:
         r = lab.upgrade()
-    assert r.rc == 0 and not r.failed, r.describe()
-    lines = plan_lines(r)
-    assert f"{FIRST}: matches the inventory, not touched" in lines
-    assert f"{SECOND}: matches the inventory, not touched" in lines
-    assert lines[-1].startswith("0 node(s) in 0 batch(es)")
-    assert all(not e.unschedulable for e in seen.nodes)
-    assert all(r.changed_count(h) == 0 for h in (FIRST, SECOND)), r.changed
+    assert_nothing_rolled(r, seen.nodes, (FIRST, SECOND))

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client, config
-from labplay import PlayResult, run_playbook
+from labplay import PlayResult, assert_nothing_rolled, plan_lines, report_lines, run_playbook
 
 from gpukit.lab.config import LabSpec, cache_dir, load_spec
 from gpukit.lab.controlplane import paths
@@ -79,20 +79,6 @@ def wait_for(what: str, predicate: Any, timeout: float = 180) -> None:
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(2)
-
-
-def plan_lines(r: PlayResult) -> list[str]:
-    for res in r.results.values():
-        if "Show the plan" in res:
-            return list(res["Show the plan"]["msg"])
-    raise AssertionError(f"no plan in the output: {r.describe()}")
-
-
-def report_lines(r: PlayResult) -> list[str]:
-    for res in r.results.values():
-        if "Show each node's result" in res:
-            return list(res["Show each node's result"]["msg"])
-    raise AssertionError(f"no report in the output: {r.describe()}")
 
 
 def replicas(cfg: dict[str, Any]) -> int:
@@ -202,11 +188,5 @@ def test_a_rerun_changes_nothing(lab: Lab) -> None:
     lab.set_replicas(8)
     with Timeline(lab.core) as seen:
         r = lab.upgrade()
-    assert r.rc == 0 and not r.failed, r.describe()
-    lines = plan_lines(r)
-    assert f"{A100}: matches the inventory, not touched" in lines
-    assert f"{T4}: matches the inventory, not touched" in lines
-    assert lines[-1].startswith("0 node(s) in 0 batch(es)")
-    assert all(not e.unschedulable for e in seen.nodes)
-    assert all(r.changed_count(h) == 0 for h in (A100, T4)), r.changed
+    assert_nothing_rolled(r, seen.nodes, (A100, T4))
     assert not [h for h, tasks in r.changed.items() if tasks], r.changed
