@@ -5,6 +5,7 @@ a stopped plugin). The lab instance comes from the environment (GPUKIT_LAB_INSTA
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -18,7 +19,6 @@ from pathlib import Path
 import labprovision as lp
 import pytest
 import yaml
-from kubernetes import watch
 
 from gpukit import inventory as inv
 from gpukit.lab import agent
@@ -27,6 +27,7 @@ from gpukit.lab.inventory import for_instance
 
 pytestmark = pytest.mark.lab
 MANAGED = "app.kubernetes.io/managed-by=gpukit-conformance"
+HERE = Path(__file__).resolve().parent
 
 
 @dataclass
@@ -271,18 +272,27 @@ def test_single_strategy_node_passes(lab: Lab, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_an_interrupted_run_leaves_nothing_behind(lab: Lab, sig: signal.Signals) -> None:
+def test_an_interrupted_run_leaves_nothing_behind(
+    lab: Lab, sig: signal.Signals, tmp_path: Path
+) -> None:
     """Stopped while its pods hold a node's devices, the suite still deletes its namespace."""
     api = lp.core()
     selector = MANAGED
     before = {n.metadata.name for n in api.list_namespace(label_selector=selector).items}
+    held = tmp_path / "held"
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", "conformance", "--lab", "-q", "-p", "no:cacheprovider",
-         "--nodes", "gpu-t4", "-m", "isolation"],
+         "-p", "hold_after_first_test", "--nodes", "gpu-t4", "-m", "isolation"],
         cwd=lp.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
+        env={**os.environ, "GPUKIT_TEST_HOLD_FILE": str(held),
+             "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))},
+    )  # fmt: skip
     try:
-        namespace = _wait_for_running_fill(api, selector, before, timeout=90)
+        deadline = time.monotonic() + 120
+        while not held.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert held.exists(), "the child run never reached its first test's end"
+        namespace = _running_fill_namespace(api, selector, before)
         proc.send_signal(sig)
         out, _ = proc.communicate(timeout=90)
     finally:
@@ -296,16 +306,11 @@ def test_an_interrupted_run_leaves_nothing_behind(lab: Lab, sig: signal.Signals)
     assert gone, f"namespace {namespace} still there after the interrupted run:\n{out}"
 
 
-def _wait_for_running_fill(api: object, selector: str, before: set[str], timeout: float) -> str:
-    deadline = time.monotonic() + timeout
-    w = watch.Watch()
-    for ev in w.stream(api.list_pod_for_all_namespaces,  # type: ignore[attr-defined]
-                       label_selector=f"{selector},gpukit.io/role=fill",
-                       timeout_seconds=int(timeout)):
-        pod = ev["object"]
-        if pod.metadata.namespace not in before and pod.status.phase == "Running":
-            w.stop()
-            return str(pod.metadata.namespace)
-        if time.monotonic() > deadline:
-            break
-    raise TimeoutError("the suite never got a fill pod Running")
+def _running_fill_namespace(api: object, selector: str, before: set[str]) -> str:
+    """The new run's namespace, where its fill pods are Running (the node's devices held)."""
+    pods = api.list_pod_for_all_namespaces(  # type: ignore[attr-defined]
+        label_selector=f"{selector},gpukit.io/role=fill").items
+    running = {p.metadata.namespace for p in pods
+               if p.metadata.namespace not in before and p.status.phase == "Running"}  # fmt: skip
+    assert len(running) == 1, f"fill pods Running in {running or 'no namespace'}"
+    return running.pop()
