@@ -175,16 +175,18 @@ def daemonset(d: AgentDeployment) -> dict[str, Any]:
         {"name": "driver-root", "mountPath": "/driver-root", "readOnly": True,
          "mountPropagation": "HostToContainer"},
         {"name": "configs", "mountPath": "/etc/gpukit/configs", "readOnly": True},
-        {"name": "tmp", "mountPath": "/tmp"},
         # The MIG manager pauses the plugin through a file here (see plugin/mig/pause.py).
         {"name": "run-gpukit", "mountPath": "/run/gpukit"},
+        # A writable /tmp on the host's /run, not an emptyDir: kubernetes.core's k8s_drain
+        # deletes every pod with an emptyDir, DaemonSet pods too (kubernetes.core#622), so
+        # each drain of a rolling upgrade would restart the agent and zero the node's GPUs.
+        {"name": "run-gpukit", "mountPath": "/tmp", "subPath": "tmp"},
     ]  # fmt: skip
     volumes: list[dict[str, Any]] = [
         {"name": "device-plugins",
          "hostPath": {"path": "/var/lib/kubelet/device-plugins", "type": "Directory"}},
         {"name": "driver-root", "hostPath": {"path": d.driver_root, "type": "Directory"}},
         {"name": "configs", "configMap": {"name": f"{APP}-configs"}},
-        {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
         {"name": "run-gpukit", "hostPath": {"path": "/run/gpukit", "type": "DirectoryOrCreate"}},
     ]  # fmt: skip
     for m in d.host_mounts:

@@ -158,6 +158,12 @@ def test_agent_manifests_from_role_variables() -> None:
     assert c["imagePullPolicy"] == "Never"
     assert {"name": "A", "value": "1"} in c["env"]
     assert {"name": "s", "mountPath": "/var/lib/s", "readOnly": False} in c["volumeMounts"]
+    # No emptyDir: kubernetes.core's k8s_drain would delete the agent's pod on every drain.
+    assert not [v for v in ds["volumes"] if "emptyDir" in v], ds["volumes"]
+    tmp = next(m for m in c["volumeMounts"] if m["mountPath"] == "/tmp")
+    assert next(v for v in ds["volumes"] if v["name"] == tmp["name"])["hostPath"]["path"] == (
+        "/run/gpukit"
+    )
 
 
 @pytest.mark.parametrize(

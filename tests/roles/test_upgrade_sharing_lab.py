@@ -169,11 +169,10 @@ def test_the_rollout_moves_gpu_t4_alone_through_the_new_content(lab: Lab) -> Non
     assert to_versioned < first_16 < uncordoned
     seen_t4 = [(round(e.at - events[0].at, 1), e.state, e.unschedulable, e.config, e.gpus)
                for e in events]  # fmt: skip
-    # (0 while the drain has evicted the agent: kubernetes.core's k8s_drain deletes
-    # DaemonSet pods that use an emptyDir, as the agent does; its new pod serves the old
-    # content again.) Never the new content before the node's batch switched it.
-    assert all(e.gpus in (8, 0) for e in events if e.at < to_versioned), seen_t4
-    assert [e.gpus for e in events if e.at < to_versioned and e.gpus][-1] == 8, seen_t4
+    # Never 0: the drain leaves the agent running (it has no emptyDir, which
+    # kubernetes.core's k8s_drain would delete it for). Never the new content before the
+    # node's batch switched it.
+    assert all(e.gpus == 8 for e in events if e.at < to_versioned), seen_t4
     assert all(e.gpus == 16 for e in events if e.at >= first_16), seen_t4
     # The end state: the plain name carries the new content, no versioned key is left.
     cfgs = lab.configs()
