@@ -294,7 +294,8 @@ def test_an_interrupted_run_leaves_nothing_behind(
         assert held.exists(), "the child run never reached its first test's end"
         namespace = _running_fill_namespace(api, selector, before)
         proc.send_signal(sig)
-        out, _ = proc.communicate(timeout=90)
+        # The run's cleanup waits up to its pod timeout (90 s) for its pods to be gone.
+        out, _ = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
