@@ -284,6 +284,9 @@ def test_an_interrupted_run_leaves_nothing_behind(
         [sys.executable, "-m", "pytest", "conformance", "--lab", "-q", "-p", "no:cacheprovider",
          "-p", "hold_after_first_test", "--nodes", "gpu-t4", "-m", "isolation"],
         cwd=lp.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        # As from a terminal: a background job of a shell (make test's lanes) ignores SIGINT,
+        # and a Python started with SIGINT ignored keeps ignoring it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         env={**os.environ, "GPUKIT_TEST_HOLD_FILE": str(held),
              "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))},
     )  # fmt: skip
