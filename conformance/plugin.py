@@ -12,6 +12,7 @@ modules are collected: the plugin is installed for every pytest run of the envir
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 import time
@@ -53,6 +54,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--kubeconfig", help="kubeconfig of the cluster (default: the inventory's "
                 "gpukit_kubeconfig, $KUBECONFIG, ~/.kube/config, in-cluster)")
     g.addoption("--nodes", default="", help="comma-separated node names to check (default all)")
+    g.addoption("--host-vars", help="JSON {host: {variable: value}} (or @file) that wins over "
+                "the inventory's files, as a play's -e does; the rolling upgrade passes what "
+                "its play applied to the node")
     g.addoption("--lab", action="store_true", help="run against the gpukit lab (pytest-kubernetes "
                 "lab provider; brings it up if needed; default inventory: the lab's)")
     g.addoption("--report-html", help="write the per-node HTML report to this file")
@@ -94,6 +98,7 @@ def _options(config: pytest.Config) -> Any:
     nodes = [n.strip() for n in (config.getoption("--nodes") or "").split(",") if n.strip()]
     return Options(
         inventory=config.getoption("--inventory"),
+        host_vars=_host_vars(config.getoption("--host-vars")),
         kubeconfig=config.getoption("--kubeconfig"),
         nodes=nodes,
         lab=bool(config.getoption("--lab")),
@@ -107,6 +112,19 @@ def _options(config: pytest.Config) -> Any:
         max_fill_pods=int(config.getoption("--max-fill-pods")),
         report_html=config.getoption("--report-html"),
     )
+
+
+def _host_vars(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        raw = Path(text[1:]).read_text() if text.startswith("@") else text
+        value = json.loads(raw)
+    except (OSError, ValueError) as exc:
+        raise pytest.UsageError(f"--host-vars: {text[:80]!r} is not JSON or @file: {exc}") from exc
+    if not isinstance(value, dict):
+        raise pytest.UsageError(f"--host-vars: {text[:80]!r} is not a JSON object of hosts")
+    return value
 
 
 def get_suite(config: pytest.Config) -> Any:

@@ -48,6 +48,7 @@ print(json.dumps({
 @dataclass
 class Options:
     inventory: str | None = None
+    host_vars: dict[str, Any] = field(default_factory=dict)
     kubeconfig: str | None = None
     nodes: list[str] = field(default_factory=list)
     lab: bool = False
@@ -117,7 +118,8 @@ class Suite:
             options.inventory = str(for_instance(load_spec()))
         if options.inventory:
             self.inventory_path = options.inventory
-            self.inventory = inv.load(options.inventory, hosts=options.nodes or None)
+            self.inventory = inv.load(options.inventory, hosts=options.nodes or None,
+                                      host_vars=options.host_vars)
         kubeconfig = options.kubeconfig or (self.inventory.kubeconfig if self.inventory else None)
         if options.lab or is_lab_kubeconfig(kubeconfig):
             # The lab: no pod network (host networking), images are local, nothing is pulled.

@@ -217,9 +217,17 @@ class GpuInventory:
 # Loading
 
 
-def load(path: str | Path, hosts: Sequence[str] | None = None) -> GpuInventory:
+def load(
+    path: str | Path,
+    hosts: Sequence[str] | None = None,
+    host_vars: Mapping[str, Mapping[str, Any]] | None = None,
+) -> GpuInventory:
     """Load an inventory (a directory, a hosts file, or anything Ansible accepts) and return the
-    declarations of the hosts in `gpu_nodes` (or only `hosts`, by host or node name)."""
+    declarations of the hosts in `gpu_nodes` (or only `hosts`, by host or node name).
+
+    `host_vars` (host -> {variable: value}) win over the inventory's files, as a play's extra
+    variables do: a rolling upgrade validates a node against what its play applied, `-e`
+    included (`declared_vars` reads those from a play's hostvars)."""
     from ansible.errors import AnsibleError  # type: ignore[import-untyped]
     from ansible.inventory.manager import InventoryManager  # type: ignore[import-untyped]
     from ansible.parsing.dataloader import DataLoader  # type: ignore[import-untyped]
@@ -241,7 +249,9 @@ def load(path: str | Path, hosts: Sequence[str] | None = None) -> GpuInventory:
             [Problem(None, "groups", sorted(inv.groups), f"has no {GPU_GROUP!r} group "
                      "(every GPU node must be in it, see inventories/README.md)")], source)
     members = inv.get_hosts(GPU_GROUP)
-    problems: list[Problem] = []
+    problems = _host_vars_problems(host_vars or {}, [h.name for h in members])
+    if problems:
+        raise InventoryError(problems, source)
     nodes: list[NodeDecl] = []
     for host in members:
         hv = variables.get_vars(host=host)
@@ -259,6 +269,7 @@ def load(path: str | Path, hosts: Sequence[str] | None = None) -> GpuInventory:
                 return default
 
         raw = {name: value(name) for name in _VARIABLES}
+        raw.update({k: plain(v) for k, v in (host_vars or {}).get(host.name, {}).items()})
         raw["inventory_hostname"] = host.name
         raw["ansible_host"] = value("ansible_host", None)
         try:
@@ -285,12 +296,33 @@ def load(path: str | Path, hosts: Sequence[str] | None = None) -> GpuInventory:
     return GpuInventory(source=source, nodes=tuple(nodes))
 
 
+# The variables a node's declaration is made of; DECLARED_VARIABLES: those but the kubeconfig.
 _VARIABLES = (
     "gpukit_kubeconfig", "gpukit_node_name", "gpukit_gpu", "nvidia_driver_branch",
     "nvidia_driver_kernel_modules", "gpukit_container_runtime", "gpukit_device_plugin_configs",
     "gpukit_device_plugin_config", "gpukit_mig_configs", "gpukit_mig_config",
     "gpukit_node_labels", "gpukit_node_taints",
 )
+DECLARED_VARIABLES = tuple(v for v in _VARIABLES if v != "gpukit_kubeconfig")
+
+
+def declared_vars(hostvars: Mapping[str, Any]) -> dict[str, Any]:
+    """The declaration variables a host has (from a play's hostvars: -e included), plain."""
+    return {name: plain(hostvars[name]) for name in DECLARED_VARIABLES if name in hostvars}
+
+
+def _host_vars_problems(host_vars: Mapping[str, Any], members: Sequence[str]) -> list[Problem]:
+    problems: list[Problem] = []
+    for host, given in host_vars.items():
+        if host not in members:
+            problems.append(Problem(None, "host_vars", host, "is not a GPU node of this "
+                                    f"inventory (known: {sorted(members)})"))
+        elif not isinstance(given, Mapping):
+            problems.append(Problem(host, "host_vars", given, "is not a mapping of variables"))
+        elif unknown := sorted(set(given) - set(DECLARED_VARIABLES)):
+            problems.append(Problem(host, "host_vars", unknown, "are not declaration "
+                                    f"variables (known: {', '.join(DECLARED_VARIABLES)})"))
+    return problems
 
 
 def plain(value: Any) -> Any:

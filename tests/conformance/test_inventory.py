@@ -111,6 +111,36 @@ def test_host_vars_beat_group_vars_and_templates_resolve(tmp_path: Path) -> None
     assert h1.kubeconfig == f"{root}/kc"
 
 
+def test_host_vars_win_over_the_files_as_a_plays_extra_vars_do() -> None:
+    lab = inv.load(LAB)
+    t4 = lab.node("gpu-t4")
+    given = {"gpu-t4": {"nvidia_driver_branch": "570", "gpukit_device_plugin_config": "default"}}
+    got = inv.load(LAB, host_vars=given)
+    assert got.node("gpu-t4").driver_branch == "570" != t4.driver_branch
+    assert got.node("gpu-t4").plugin_config_name == "default" != t4.plugin_config_name
+    assert got.node("gpu-a100") == lab.node("gpu-a100")  # only the host named
+
+
+def test_declared_vars_are_the_declaration_from_hostvars() -> None:
+    hostvars = {"nvidia_driver_branch": 570, "gpukit_kubeconfig": "/k", "ansible_host": "x",
+                "gpukit_gpu": {"product": "Tesla T4", "count": 2}}
+    assert inv.declared_vars(hostvars) == {"nvidia_driver_branch": 570,
+                                           "gpukit_gpu": {"product": "Tesla T4", "count": 2}}
+
+
+@pytest.mark.parametrize(("given", "needle"), [
+    ({"gpu-x": {}}, r"host_vars: 'gpu-x' is not a GPU node of this inventory"),
+    ({"gpu-t4": ["570"]}, r"host gpu-t4: host_vars: \['570'\] is not a mapping"),
+    ({"gpu-t4": {"nvidia_driver_brnach": "570"}},
+     r"host gpu-t4: host_vars: \['nvidia_driver_brnach'\] are not declaration variables"),
+    ({"gpu-t4": {"nvidia_driver_kernel_modules": "closed"}},
+     r"host gpu-t4: nvidia_driver_kernel_modules: 'closed' is not one of"),
+])  # fmt: skip
+def test_bad_host_vars_name_host_and_variable(given: dict[str, Any], needle: str) -> None:
+    with pytest.raises(inv.InventoryError, match=needle):
+        inv.load(LAB, host_vars=given)
+
+
 def test_inventory_without_gpu_nodes_group(tmp_path: Path) -> None:
     root = _write(tmp_path / "inv", {"hosts.yml": {"all": {"hosts": {"x": {}}}}})
     with pytest.raises(inv.InventoryError, match="has no 'gpu_nodes' group"):

@@ -57,6 +57,24 @@ def test_markers_select_areas_and_nodes() -> None:
     assert ids and all("test_timeslicing" in i and "gpu-t4" in i for i in ids), r.stdout
 
 
+def test_host_vars_override_the_inventory_files(tmp_path: Path) -> None:
+    """What a play applied (-e included) is what the node is held to."""
+    args = ("conformance", "--inventory", "inventories/lab", "--nodes", "gpu-t4",
+            "-k", "test_request_above_one", "--collect-only", "-q")  # fmt: skip
+    shared = _pytest(*args)
+    assert "test_request_above_one[gpu-t4-gpu]" in shared.stdout, shared.stdout + shared.stderr
+    # The default config shares nothing: the time-slicing test is not collected for gpu-t4.
+    (tmp_path / "vars.json").write_text(
+        json.dumps({"gpu-t4": {"gpukit_device_plugin_config": "default"}}))
+    whole = _pytest(*args, "--host-vars", f"@{tmp_path / 'vars.json'}")
+    assert whole.returncode == 0 and "[gpu-t4-" not in whole.stdout, whole.stdout + whole.stderr
+    for bad, needle in (("{not json", "--host-vars: '{not json' is not JSON or @file"),
+                        ('["gpu-t4"]', "is not a JSON object of hosts"),
+                        ('{"gpu-x": {}}', "host_vars: 'gpu-x' is not a GPU node")):  # fmt: skip
+        r = _pytest(*args, "--host-vars", bad)
+        assert r.returncode == 4 and needle in r.stderr, r.stdout + r.stderr
+
+
 def test_a_bad_inventory_is_a_usage_error_naming_host_and_variable(tmp_path: Path) -> None:
     bad = tmp_path / "inv"
     (bad / "group_vars").mkdir(parents=True)

@@ -261,7 +261,9 @@ def _open_gate_when_cordoned(lab: Lab, seen: Timeline, node: str,
 
 @pytest.mark.timeout(1500)  # two nodes, each drained, rebooted and validated
 def test_rerun_after_the_fix_resumes_node_by_node(lab: Lab) -> None:
-    lab.set_branch("570")
+    # This time the branch comes from -e, the inventory's files say 550 again: each node's
+    # validation must hold it to what the play applied (570), not to the files.
+    lab.set_branch("550")
     lab.sh(FIRST, f"rm -f {FAIL_SWITCH}")
     assert lab.node(FIRST).spec.unschedulable is True  # still cordoned from the failure
     service = _start_deployment(lab)
@@ -271,7 +273,7 @@ def test_rerun_after_the_fix_resumes_node_by_node(lab: Lab) -> None:
     gate: dict[str, float] = {}
     with Timeline(lab.core, NS) as seen:
         opener = _open_gate_when_cordoned(lab, seen, SECOND, gate)
-        r = lab.upgrade()
+        r = lab.upgrade("-e", "nvidia_driver_branch=570")
         opener.join(timeout=5)
     assert r.rc == 0 and not r.failed, r.describe() + validation_failures(lab)
     assert len(seen.errors) < 5, seen.errors
@@ -326,6 +328,7 @@ def test_rerun_after_the_fix_resumes_node_by_node(lab: Lab) -> None:
 
 
 def test_a_third_run_touches_nothing(lab: Lab) -> None:
+    lab.set_branch("570")  # the files catch up with the -e of the rerun
     with Timeline(lab.core) as seen:
         r = lab.upgrade()
     assert_nothing_rolled(r, seen.nodes, (FIRST, SECOND))

@@ -265,6 +265,17 @@ def expected_resources(hostvars, host):
         raise AnsibleFilterError(str(e)) from e
 
 
+def declared_vars(hostvars):
+    """A host's declaration variables as its play resolved them (-e included): what the
+    rolling upgrade hands the conformance suite (--host-vars) to validate the node against."""
+    try:
+        from gpukit import inventory
+    except ImportError:
+        _need()
+        raise
+    return inventory.declared_vars(hostvars)
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -285,6 +296,7 @@ class FilterModule:
             "upgrade_pods_left": upgrade_pods_left,
             "upgrade_failed_hosts": upgrade_failed_hosts,
             "expected_resources": expected_resources,
+            "declared_vars": declared_vars,
             "upgrade_driver_changes": upgrade_driver_changes,
             "upgrade_label_changes": upgrade_label_changes,
             "upgrade_pods_to_wait_for": upgrade_pods_to_wait_for,
