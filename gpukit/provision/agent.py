@@ -120,3 +120,16 @@ def deployment(
 def render(**kwargs: Any) -> list[dict[str, Any]]:
     """Every object of the DaemonSet deployment, in apply order."""
     return manifests(deployment(**kwargs))
+
+
+def node_serves_declared(
+    node: Mapping[str, Any], expected: Mapping[str, int], selector: Mapping[str, str]
+) -> bool:
+    """site.yml's last wait: the node advertises its declared GPU resources, or the
+    DaemonSet's `selector` does not pick it (no agent there to wait for)."""
+    from gpukit.provision.upgrade import node_serves
+
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    if any(labels.get(k) != str(v) for k, v in selector.items()):
+        return True
+    return node_serves(node, expected)

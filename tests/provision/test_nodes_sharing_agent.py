@@ -222,3 +222,27 @@ def test_named_configs_of_all_nodes_merge_into_one_configmap() -> None:
     with pytest.raises(AgentSpecError, match=r"gpukit_device_plugin_configs\['time-sliced'\]:"
                                              r" differs between t4-1 and t4-2"):  # fmt: skip
         merge_configs({"t4-1": {"time-sliced": sliced}, "t4-2": {"time-sliced": other}})
+
+
+def _node(labels: dict[str, str], allocatable: dict[str, str], ready: str = "True") -> Any:
+    return {"metadata": {"labels": labels},
+            "status": {"allocatable": {"cpu": "2", **allocatable},
+                       "conditions": [{"type": "Ready", "status": ready}]}}  # fmt: skip
+
+
+def test_site_waits_until_a_selected_node_serves_what_it_declares() -> None:
+    selector = {"nvidia.com/gpu.deploy.device-plugin": "true"}
+    picked = {"nvidia.com/gpu.deploy.device-plugin": "true"}
+    want = {"nvidia.com/gpu": 8}
+    serves = agent.node_serves_declared
+    assert serves(_node(picked, {"nvidia.com/gpu": "8"}), want, selector)
+    # registered with the kubelet but not yet in the node's status: wait
+    assert not serves(_node(picked, {"nvidia.com/gpu": "0"}), want, selector)
+    assert not serves(_node(picked, {"nvidia.com/gpu": "4"}), want, selector)
+    assert not serves(_node(picked, {"nvidia.com/gpu": "8"}, ready="False"), want, selector)
+    # a resource the inventory does not declare is not served as declared either
+    assert not serves(_node(picked, {"nvidia.com/gpu": "8", "nvidia.com/mig-1g.5gb": "2"}),
+                      want, selector)  # fmt: skip
+    # no agent is scheduled there: nothing to wait for
+    assert serves(_node({}, {}), want, selector)
+    assert serves(_node({"nvidia.com/gpu.deploy.device-plugin": "false"}, {}), want, selector)

@@ -157,6 +157,11 @@ def upgrade_node_serves(node, expected, driver=None):
     return upgrade.node_serves(node or {}, expected or {}, driver or None)
 
 
+def device_plugin_node_serves(node, expected, selector):
+    _need()
+    return agent.node_serves_declared(node or {}, expected or {}, selector or {})
+
+
 def upgrade_agent_started_since(pods, since):
     _need()
     return upgrade.agent_started_since(pods or [], since)
@@ -292,6 +297,7 @@ class FilterModule:
             "merge_plugin_configs": merge_plugin_configs,
             "upgrade_report": upgrade_report,
             "upgrade_node_serves": upgrade_node_serves,
+            "device_plugin_node_serves": device_plugin_node_serves,
             "upgrade_agent_started_since": upgrade_agent_started_since,
             "upgrade_pods_left": upgrade_pods_left,
             "upgrade_failed_hosts": upgrade_failed_hosts,
