@@ -8,6 +8,7 @@ from typing import Any
 
 from gpukit.plugin.config import ConfigError, parse_config
 from gpukit.plugin.deploy import AgentDeployment, HostMount, manifests
+from gpukit.provision.upgrade import node_serves
 
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 
@@ -127,8 +128,6 @@ def node_serves_declared(
 ) -> bool:
     """site.yml's last wait: the node advertises its declared GPU resources, or the
     DaemonSet's `selector` does not pick it (no agent there to wait for)."""
-    from gpukit.provision.upgrade import node_serves
-
     labels = (node.get("metadata") or {}).get("labels") or {}
     if any(labels.get(k) != str(v) for k, v in selector.items()):
         return True

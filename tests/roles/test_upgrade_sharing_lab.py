@@ -28,7 +28,7 @@ from labplay import PlayResult, assert_nothing_rolled, plan_lines, report_lines,
 
 from gpukit.lab.config import LabSpec, cache_dir, load_spec
 from gpukit.lab.controlplane import paths
-from gpukit.lab.observe import Timeline
+from gpukit.lab.observe import CONFIG_LABEL, Timeline
 from gpukit.provision import sharing_rollout
 from gpukit.provision.upgrade import STATE_LABEL
 
@@ -37,7 +37,6 @@ pytestmark = pytest.mark.lab
 A100, T4 = "gpu-a100", "gpu-t4"
 ROLL = ["cordoned", "draining", "upgrading", "validating", "done"]
 CONFIG = "time-sliced"
-CONFIG_LABEL = "nvidia.com/device-plugin.config"
 
 
 @dataclass
