@@ -19,6 +19,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 LAB_VARS = Path(__file__).resolve().parent / "lab_group_vars.yml"
+# The upgrade-state labels a node goes through in a complete rollout, in order.
+ROLL = ["cordoned", "draining", "upgrading", "validating", "done"]
 
 
 @dataclass

@@ -29,6 +29,7 @@ import pytest
 import yaml
 from kubernetes import client, config
 from labplay import (
+    ROLL,
     PlayResult,
     assert_nothing_rolled,
     branch_version,
@@ -48,7 +49,6 @@ pytestmark = pytest.mark.lab
 
 FIRST, SECOND = "gpu-a100", "gpu-t4"  # batch order: group a100_nodes, then t4_nodes
 NS = "gpukit-upgrade-test"
-ROLL = ["cordoned", "draining", "upgrading", "validating", "done"]
 FAIL_SWITCH = "/etc/gpukit-lab/fail-postinst"
 
 

@@ -24,7 +24,14 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client, config
-from labplay import PlayResult, assert_nothing_rolled, plan_lines, report_lines, run_playbook
+from labplay import (
+    ROLL,
+    PlayResult,
+    assert_nothing_rolled,
+    plan_lines,
+    report_lines,
+    run_playbook,
+)
 
 from gpukit.lab.config import LabSpec, cache_dir, load_spec
 from gpukit.lab.controlplane import paths
@@ -35,7 +42,6 @@ from gpukit.provision.upgrade import STATE_LABEL
 pytestmark = pytest.mark.lab
 
 A100, T4 = "gpu-a100", "gpu-t4"
-ROLL = ["cordoned", "draining", "upgrading", "validating", "done"]
 CONFIG = "time-sliced"
 
 
