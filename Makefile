@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export GPUKIT_CACHE ?= $(HOME)/.cache/gpukit
 
-.PHONY: lab provision conformance test hardware deps venv nvml k8s rootfs protos lab-down clean
+.PHONY: lab provision conformance test matrix hardware deps venv nvml k8s containerd rootfs protos lab-down clean
 
 # The running lab instance (GPUKIT_LAB_INSTANCE, default 0): its inventory (instance 0:
 # inventories/lab; others: a copy with their addresses) and kubeconfig.
@@ -14,7 +14,7 @@ RESULTS ?= results
 # provision and conformance print their part of the summary; lab prints the whole at its end.
 SUMMARY ?= 1
 
-lab: deps venv protos nvml k8s rootfs ## bring the lab up (if needed) and run the main job on it
+lab: deps venv protos nvml k8s containerd rootfs ## bring the lab up (if needed) and run the main job on it
 	$(PY) -m gpukit.cli lab up
 	$(PY) -m gpukit.cli lab smoke
 	@rm -f $(RESULTS)/site.json $(RESULTS)/conformance.xml
@@ -53,7 +53,7 @@ TEST_LABS ?= 1 2 3
 # also when an earlier one failed); lane 2 the other roles' tests. Each lane's output goes
 # to $(RESULTS)/test-lane<N>.log and is printed when both are done.
 SHARING_LAB_TEST = tests/roles/test_upgrade_sharing_lab.py
-test: deps venv protos nvml k8s rootfs ## the project's tests: lint, types, unit, lab integration
+test: deps venv protos nvml k8s containerd rootfs ## the project's tests: lint, types, unit, lab integration
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy -p gpukit
 	@mkdir -p $(RESULTS); set -- $(TEST_LABS); \
@@ -69,6 +69,26 @@ test: deps venv protos nvml k8s rootfs ## the project's tests: lint, types, unit
 	    cat $(RESULTS)/test-lane$$lane.log; done; \
 	  echo "lane 1 (unit, lab, suite): exit $$rc1; lane 2 (roles): exit $$rc2"; \
 	  [ $$rc1 = 0 ] && [ $$rc2 = 0 ]
+
+# The version matrix beside `make test`'s default stack (CI runs both): the main job on the
+# oldest supported Kubernetes with containerd 1.7 (config version 2), on a lab instance of
+# its own: lab up, smoke, site.yml, the conformance suite, then a second site.yml that must
+# change nothing; the lab is taken down afterwards, also when a step failed.
+MATRIX_K8S ?= v1.35.4
+MATRIX_CONTAINERD ?= v1.7.35
+MATRIX_LAB ?= 4
+matrix: deps venv protos nvml rootfs
+	@export GPUKIT_K8S_VERSION=$(MATRIX_K8S) GPUKIT_CONTAINERD_VERSION=$(MATRIX_CONTAINERD) \
+	    GPUKIT_LAB_INSTANCE=$(MATRIX_LAB); \
+	  echo "== matrix: Kubernetes $(MATRIX_K8S), containerd $(MATRIX_CONTAINERD), lab $(MATRIX_LAB)"; \
+	  $(MAKE) --no-print-directory k8s containerd || exit; \
+	  $(PY) -m gpukit.cli lab up && $(PY) -m gpukit.cli lab status && $(PY) -m gpukit.cli lab smoke \
+	  && $(MAKE) --no-print-directory provision conformance RESULTS=$(RESULTS)/matrix SUMMARY=0 \
+	  && $(MAKE) --no-print-directory provision RESULTS=$(RESULTS)/matrix-rerun SUMMARY=0 \
+	  && $(PY) -m gpukit.summary --play $(RESULTS)/matrix-rerun/site.json --unchanged; rc=$$?; \
+	  $(PY) -m gpukit.summary --play $(RESULTS)/matrix/site.json --junit $(RESULTS)/matrix/conformance.xml; \
+	  $(PY) -m gpukit.cli lab down; \
+	  echo "matrix (Kubernetes $(MATRIX_K8S), containerd $(MATRIX_CONTAINERD)): exit $$rc"; exit $$rc
 
 # On a machine with a real NVIDIA GPU and driver (not collected by `make test`): gpukit's
 # discovery, labels, facts and device plugin against the driver, and the driver's NVML answers
@@ -95,8 +115,14 @@ protos: venv ## gRPC stubs from plugin/api/*.proto (generated at build time, not
 nvml: venv
 	$(MAKE) -C lab/nvml PYTHON=$(abspath $(PY)) OUT=$(abspath build/nvml)
 
-k8s: deps
-	bash lab/scripts/build-kubernetes.sh >/dev/null
+# The lab's stack (gpukit.lab.config: its defaults, or GPUKIT_K8S_VERSION and
+# GPUKIT_CONTAINERD_VERSION), each built once per version into $(GPUKIT_CACHE).
+LAB_VERSION = $(PY) -c 'import sys; from gpukit.lab import config as c; c.check_versions(c.K8S_VERSION, c.CONTAINERD_VERSION); print(getattr(c, sys.argv[1]))'
+k8s: deps venv
+	@v=$$($(LAB_VERSION) K8S_VERSION) || exit; GPUKIT_K8S_VERSION=$$v bash lab/scripts/build-kubernetes.sh >/dev/null
+
+containerd: deps venv
+	@v=$$($(LAB_VERSION) CONTAINERD_VERSION) || exit; GPUKIT_CONTAINERD_VERSION=$$v bash lab/scripts/build-containerd.sh >/dev/null
 
 rootfs: deps
 	bash lab/scripts/build-rootfs.sh >/dev/null

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import shlex
+import tomllib
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -86,6 +88,43 @@ def _runtime_config(host: Any, runtime: str) -> str:
     return str(host.run(f"cat {paths} 2>/dev/null").stdout)
 
 
+# containerd's CRI runtime settings: config version 3 (containerd 2) and version 2 (1.x).
+CRI_RUNTIME_TABLES = ("io.containerd.cri.v1.runtime", "io.containerd.grpc.v1.cri")
+
+
+@dataclass(frozen=True)
+class ContainerdView:
+    """What containerd itself says it runs with (`containerd config dump`: the files merged,
+    imports applied, defaults filled in), not what one file says."""
+
+    enable_cdi: bool
+    nvidia_runtimes: tuple[str, ...]  # runtimes whose BinaryName is the NVIDIA runtime
+    default_runtime: str
+
+
+def _containerd_view(host: Any) -> ContainerdView | str:
+    """The effective CRI settings, or why they cannot be read."""
+    out = host.run("containerd config dump")
+    if out.rc != 0:
+        return f"`containerd config dump` failed: {(out.stderr or out.stdout).strip()[:200]}"
+    try:
+        plugins = tomllib.loads(out.stdout).get("plugins", {})
+    except tomllib.TOMLDecodeError as e:
+        return f"`containerd config dump` is not TOML: {e}"
+    cri = next((plugins[k] for k in CRI_RUNTIME_TABLES if k in plugins), None)
+    if not isinstance(cri, dict):
+        return "`containerd config dump` has no CRI runtime plugin"
+    runtimes = (cri.get("containerd") or {}).get("runtimes") or {}
+    nvidia = tuple(sorted(
+        name for name, rt in runtimes.items()
+        if str(((rt or {}).get("options") or {}).get("BinaryName", "")).endswith(
+            "nvidia-container-runtime")
+    ))  # fmt: skip
+    return ContainerdView(enable_cdi=cri.get("enable_cdi") is True, nvidia_runtimes=nvidia,
+                          default_runtime=str((cri.get("containerd") or {}).get(
+                              "default_runtime_name", "")))  # fmt: skip
+
+
 def test_runtime_configured_for_nvidia(gpukit_suite: Any, node: str, check: Check) -> None:
     """The runtime can hand the device plugin's devices to containers: CDI enabled for the CDI
     strategies; for envvar/volume-mounts the NVIDIA runtime (real GPUs) or device specs."""
@@ -93,24 +132,31 @@ def test_runtime_configured_for_nvidia(gpukit_suite: Any, node: str, check: Chec
     need_host(gpukit_suite, node)
     probe = need_probe(gpukit_suite, node)
     host = gpukit_suite.host(node)
-    cfg = _runtime_config(host, decl.container_runtime)
     plugin = decl.plugin_config.flags.plugin
     strategies = set(plugin.device_list_strategy)
-    compact = cfg.replace(" ", "")
-    if strategies & {"cdi-annotations", "cdi-cri"} and decl.container_runtime == "containerd":
-        check.equal("containerd CDI (enable_cdi)", True, "enable_cdi=true" in compact)
+    if decl.container_runtime == "containerd":
+        view = _containerd_view(host)
+        if isinstance(view, str):
+            check.equal("containerd's effective config", "readable", view)
+            check.verify()
+            return
+        if strategies & {"cdi-annotations", "cdi-cri"}:
+            check.equal("containerd CDI (enable_cdi, containerd config dump)", True,
+                        view.enable_cdi)  # fmt: skip
+        nvidia_runtime = bool(view.nvidia_runtimes)
+    else:
+        nvidia_runtime = "nvidia-container-runtime" in _runtime_config(host, "crio")
     if strategies & {"envvar", "volume-mounts"}:
-        nvidia_runtime = "nvidia-container-runtime" in cfg
         if probe.mock:
             check.equal("devices reach containers as DeviceSpecs (passDeviceSpecs, lab mock)",
                         True, plugin.pass_device_specs)
         else:
             check.equal("NVIDIA container runtime configured", True, nvidia_runtime)
             if nvidia_runtime and decl.container_runtime == "containerd":
-                check.true("nvidia is the default runtime (or pods use its RuntimeClass)",
-                           'default_runtime_name="nvidia"' in compact
-                           or "runtime_class" in cfg.lower(), "nvidia",
-                           "default_runtime_name is not nvidia")
+                assert not isinstance(view, str)
+                check.true("the NVIDIA runtime is containerd's default (containerd config dump)",
+                           view.default_runtime in view.nvidia_runtimes, view.nvidia_runtimes,
+                           f"default_runtime_name is {view.default_runtime!r}")  # fmt: skip
     check.verify()
 
 

@@ -41,13 +41,20 @@ def lab_status(as_json: bool = typer.Option(False, "--json")) -> None:
     except (LabError, LabConfigError) as e:
         _fail(e)
     if as_json:
-        print(json.dumps({"up": st.up, "components": st.components, "nodes": st.nodes}, indent=2))
+        print(json.dumps({"up": st.up, "components": st.components, "nodes": st.nodes,
+                          "versions": st.versions, "node_versions": st.node_versions},
+                         indent=2))  # fmt: skip
     else:
         for c, ok in st.components.items():
             print(f"{c:28} {'up' if ok else 'DOWN'}")
+        if st.versions.get("kubernetes"):
+            print(f"{'control plane':28} Kubernetes {st.versions['kubernetes']}")
         for n, checks in st.nodes.items():
             bad = [k for k, v in checks.items() if not v]
-            print(f"node {n:23} {'up' if not bad else 'DOWN (' + ', '.join(bad) + ')'}")
+            v = st.node_versions.get(n, {})
+            runs = ", ".join(f"{k} {v[k]}" for k in ("kubelet", "containerd", "runc") if k in v)
+            state = "up" if not bad else "DOWN (" + ", ".join(bad) + ")"
+            print(f"node {n:23} {state}{'  [' + runs + ']' if runs else ''}")
     raise typer.Exit(0 if st.up else 1)
 
 

@@ -288,6 +288,15 @@ def _overall(play: PlayRun | None, conf: ConformanceRun | None, play_note: str |
     return "result: " + ("; ".join(parts) or "nothing")
 
 
+def unchanged_violations(play: PlayRun | None) -> list[str]:
+    """Why a run that should have changed nothing did not: per host, the tasks it changed
+    (or that there was no run to judge)."""
+    if play is None:
+        return ["no play record to judge"]
+    return [f"{h.host} changed {h.changed}: {', '.join(h.changed_tasks) or '(tasks unknown)'}"
+            for h in sorted(play.hosts.values(), key=lambda h: h.host) if h.changed]  # fmt: skip
+
+
 def _load(path: str | None, reader: Any) -> tuple[Any, str | None]:
     if not path:
         return None, None
@@ -306,6 +315,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--junit", help="the conformance suite's JUnit XML")
     ap.add_argument("--strict", action="store_true",
                     help="exit 1 when either step failed or did not run")  # fmt: skip
+    ap.add_argument("--unchanged", action="store_true",
+                    help="exit 1 when the play changed anything (an idempotence check)")  # fmt: skip
     args = ap.parse_args(argv)
     try:
         play, play_note = _load(args.play, read_play)
@@ -314,6 +325,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"summary: {e}", file=sys.stderr)
         return 2
     sys.stdout.write(render(play, conf, play_note=play_note, conformance_note=conf_note))
+    if args.unchanged:
+        drift = unchanged_violations(play)
+        for line in drift:
+            print(f"not idempotent: {line}", file=sys.stderr)
+        if drift:
+            return 1
     if args.strict:
         ok = (play is None or play.succeeded) and (conf is None or conf.succeeded)
         ok = ok and (play is not None or not args.play) and (conf is not None or not args.junit)

@@ -19,6 +19,7 @@ from typing import Any
 from gpukit.lab import cgroups, controlplane, images, network, nodes
 from gpukit.lab.config import LabSpec, NodeSpec, cache_dir, state_dir
 from gpukit.lab.controlplane import COMPONENTS, LabError, paths
+from gpukit.lab.packages import containerd
 from gpukit.lab.procs import Proc, ProcTable
 
 REPO = Path(__file__).resolve().parent.parent
@@ -149,9 +150,12 @@ def _write_shared(lab: LabSpec) -> Path:
     (shared / "bin").mkdir(parents=True, exist_ok=True)
     src = kubernetes_bindir(lab) / "kubelet"
     dst = shared / "bin" / "kubelet"
-    if not dst.exists() or dst.stat().st_mtime < src.stat().st_mtime:
+    built = f"{lab.k8s_version} {src.stat().st_mtime_ns}\n"  # another version, or rebuilt
+    record = shared / "bin" / "kubelet.built"
+    if not dst.exists() or not record.exists() or record.read_text() != built:
         shutil.copy2(src, dst.with_suffix(".new"))
         dst.with_suffix(".new").replace(dst)
+        record.write_text(built)
     lines = []
     for key in cgroups.hierarchies():
         if key == "":
@@ -337,6 +341,9 @@ def ensure_images(lab: LabSpec, say: Progress = _say) -> None:
 class Status:
     components: dict[str, bool] = field(default_factory=dict)
     nodes: dict[str, dict[str, bool]] = field(default_factory=dict)
+    # What runs: the apiserver's version, and per node kubelet, containerd and runc.
+    versions: dict[str, str] = field(default_factory=dict)
+    node_versions: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
     def up(self) -> bool:
@@ -374,6 +381,8 @@ def status(lab: LabSpec) -> Status:
         p = t.get(c)
         st.components[c] = p is not None and p.alive()
     st.components["apiserver-ready"] = st.components["kube-apiserver"] and controlplane.healthy(lab)
+    if st.components["apiserver-ready"]:
+        st.versions["kubernetes"] = controlplane.server_version(lab)
     ready = _ready_nodes(lab) if st.components["apiserver-ready"] else {}
     for n in lab.nodes:
         sup = t.get(f"node-{n.name}")
@@ -385,7 +394,33 @@ def status(lab: LabSpec) -> Status:
             "kubelet": init is not None and _unit_active(n, "kubelet.service"),
             "ready": ready.get(n.name, False),
         }
+        if init is not None:
+            st.node_versions[n.name] = node_versions(n)
     return st
+
+
+# The first line each prints: "Kubernetes v1.37.2", "containerd github.com/containerd/
+# containerd v2.2.9 <rev>", "runc version 1.1.5+ds1".
+_VERSION_COMMANDS = {
+    "kubelet": ["/opt/gpukit-lab/bin/kubelet", "--version"],
+    "containerd": ["containerd", "--version"],
+    "runc": ["runc", "--version"],
+}
+
+
+def node_versions(node: NodeSpec) -> dict[str, str]:
+    """What a running node runs, asked of its own binaries: kubelet, containerd, runc."""
+    out: dict[str, str] = {}
+    for name, argv in _VERSION_COMMANDS.items():
+        try:
+            r = node_exec(node, argv, timeout=10)
+        except (LabError, subprocess.TimeoutExpired):
+            continue
+        words = (r.stdout.splitlines() or [""])[0].split()
+        found = [w for w in words if w[:1].isdigit() or (w[:1] == "v" and w[1:2].isdigit())]
+        if r.returncode == 0 and found:
+            out[name] = found[0]
+    return out
 
 
 def _unit_active(node: NodeSpec, unit: str) -> bool:
@@ -398,6 +433,18 @@ def _unit_active(node: NodeSpec, unit: str) -> bool:
 
 
 # --- up / down -------------------------------------------------------------------
+
+
+def _check_runtime_unchanged(lab: LabSpec, node: NodeSpec) -> None:
+    """A running node keeps its containerd: switching versions under it would pull the
+    runtime from under its containers."""
+    have = nodes.installed_containerd(nodes.root(node))
+    want = containerd.deb_version(lab.containerd_version)
+    if have is not None and have != want and init_proc(node) is not None:
+        raise LabError(
+            f"node {node.name} runs containerd {have}, the lab is set to {want}"
+            f" (GPUKIT_CONTAINERD_VERSION={lab.containerd_version}): run `gpukit lab down` first"
+        )
 
 
 def up(lab: LabSpec, say: Progress = _say, timeout: float = 180) -> Path:
@@ -425,6 +472,7 @@ def up(lab: LabSpec, say: Progress = _say, timeout: float = 180) -> Path:
     _write_shared(lab)
     for n in lab.nodes:
         network.ensure_node_netns(lab, n)
+        _check_runtime_unchanged(lab, n)
         nodes.prepare(lab, n, rootfs(), ca)
         sup = t.get(f"node-{n.name}")
         if sup is None or not sup.alive():

@@ -10,7 +10,15 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROFILES_DIR = REPO_ROOT / "lab" / "profiles"
-K8S_VERSION = os.environ.get("GPUKIT_K8S_VERSION", "v1.33.13")
+# The stack the lab runs by default: the newest Kubernetes release on containerd 2.
+# Supported: Kubernetes 1.35 to 1.37; containerd 1.7 only with 1.35 (from 1.36 the kubelet
+# needs containerd 2).
+DEFAULT_K8S_VERSION = "v1.37.2"
+DEFAULT_CONTAINERD_VERSION = "v2.2.9"
+SUPPORTED_K8S_MINORS = (35, 36, 37)
+K8S_VERSION = os.environ.get("GPUKIT_K8S_VERSION", DEFAULT_K8S_VERSION)
+CONTAINERD_VERSION = os.environ.get("GPUKIT_CONTAINERD_VERSION", DEFAULT_CONTAINERD_VERSION)
+_RELEASE = re.compile(r"^v(\d+)\.(\d+)\.(\d+)$")
 
 _NODE_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$")
 
@@ -52,6 +60,7 @@ class LabSpec:
     instance: int = 0
     apiserver_port: int = 443
     k8s_version: str = K8S_VERSION
+    containerd_version: str = CONTAINERD_VERSION
     etcd_client_port_override: int | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -151,7 +160,29 @@ def parse_nodes(text: str) -> tuple[NodeSpec, ...]:
     return tuple(nodes)
 
 
+def check_versions(k8s: str, containerd: str) -> None:
+    """Refuse a stack the lab does not support, naming the setting and its value."""
+    m = _RELEASE.match(k8s)
+    if not m or int(m.group(1)) != 1 or int(m.group(2)) not in SUPPORTED_K8S_MINORS:
+        minors = ", ".join(f"1.{v}" for v in SUPPORTED_K8S_MINORS)
+        raise LabConfigError(
+            f"GPUKIT_K8S_VERSION: {k8s!r} is not a supported Kubernetes release ({minors},"
+            " as v1.MINOR.PATCH)"
+        )
+    c = _RELEASE.match(containerd)
+    if not c or ((c.group(1), c.group(2)) != ("1", "7") and int(c.group(1)) != 2):
+        raise LabConfigError(
+            f"GPUKIT_CONTAINERD_VERSION: {containerd!r} is not a containerd 1.7.x or 2.x release"
+        )
+    if c.group(1) == "1" and int(m.group(2)) >= 36:
+        raise LabConfigError(
+            f"GPUKIT_CONTAINERD_VERSION: {containerd!r} with Kubernetes {k8s}: from 1.36 the"
+            " kubelet needs containerd 2.x (1.7 runs only with 1.35)"
+        )
+
+
 def load_spec() -> LabSpec:
+    check_versions(K8S_VERSION, CONTAINERD_VERSION)
     return LabSpec(
         nodes=parse_nodes(os.environ.get("GPUKIT_LAB_NODES", DEFAULT_NODES)), instance=instance()
     )

@@ -12,7 +12,8 @@ from pathlib import Path
 import yaml
 
 from gpukit.lab import pki
-from gpukit.lab.config import PROFILES_DIR, LabSpec, NodeSpec, state_dir
+from gpukit.lab.config import PROFILES_DIR, LabSpec, NodeSpec, cache_dir, state_dir
+from gpukit.lab.packages import containerd
 
 NODE_FILES = Path(__file__).resolve().parent / "node"
 # Units that would reach outside the machine, touch host-wide kernel state, or
@@ -86,6 +87,7 @@ def prepare(lab: LabSpec, node: NodeSpec, base: Path, ca: pki.CA) -> None:
         (r / ".complete").unlink(missing_ok=True)
         _first_boot_identity(node, r)
         (ndir / ".prepared").touch()
+    install_containerd(lab, r)
     (ndir / "gpus").write_text(str(gpu_count(node.profile)))
     _write_kubernetes_node(lab, node, r, ca)
     _write_nvml_profile(node, r)
@@ -105,7 +107,6 @@ def _first_boot_identity(node: NodeSpec, r: Path) -> None:
         link = wants / unit
         link.unlink(missing_ok=True)
         link.symlink_to("/dev/null")
-    _write(r / "etc/containerd/config.toml", (NODE_FILES / "containerd.toml").read_text())
     _write(r / "etc/systemd/system/kubelet.service", (NODE_FILES / "kubelet.service").read_text())
     _write(
         r / "etc/systemd/system/gpukit-lab-reboot.service",
@@ -120,6 +121,47 @@ def _first_boot_identity(node: NodeSpec, r: Path) -> None:
     mu.mkdir(parents=True, exist_ok=True)
     (mu / "kubelet.service").unlink(missing_ok=True)
     (mu / "kubelet.service").symlink_to("/etc/systemd/system/kubelet.service")
+
+
+def installed_containerd(r: Path) -> str | None:
+    """The version of the containerd package installed in a node's root (dpkg's record)."""
+    status = r / "var/lib/dpkg/status"
+    for stanza in status.read_text().split("\n\n") if status.exists() else []:
+        fields = dict(
+            line.split(": ", 1) for line in stanza.splitlines() if ": " in line and line[0] != " "
+        )
+        if fields.get("Package") == containerd.PACKAGE and fields.get("Status", "").endswith(
+            " installed"
+        ):
+            return fields.get("Version")
+    return None
+
+
+def install_containerd(lab: LabSpec, r: Path) -> bool:
+    """Install the lab's containerd package into a node's root (stopped) with dpkg, unless
+    that version is installed, and write the node's containerd config for its config
+    version over the package's default. True if it installed."""
+    if installed_containerd(r) == containerd.deb_version(lab.containerd_version):
+        return False
+    deb = containerd.build_deb(cache_dir(), lab.containerd_version)
+    inside = Path("/var/cache/gpukit-lab") / deb.name
+    (r / inside.relative_to("/")).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(deb, r / inside.relative_to("/"))
+    try:
+        # --force-confnew: a version switch takes the new release's default config, which
+        # the lab's own then replaces (its config version differs between 1.7 and 2.x).
+        proc = subprocess.run(
+            ["chroot", str(r), "dpkg", "--force-confnew", "-i", str(inside)],
+            capture_output=True, text=True,
+        )  # fmt: skip
+    finally:
+        (r / inside.relative_to("/")).unlink(missing_ok=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"installing {deb.name} into {r} failed: {proc.stderr.strip()}")
+    version = containerd.config_version(lab.containerd_version)
+    template = NODE_FILES / f"containerd-v{version}.toml"
+    _write(r / "etc/containerd/config.toml", template.read_text())
+    return True
 
 
 def _write_kubernetes_node(lab: LabSpec, node: NodeSpec, r: Path, ca: pki.CA) -> None:

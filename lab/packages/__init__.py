@@ -11,6 +11,9 @@ A file repository rather than an HTTP server: nothing to start, stop or keep ali
 port, no traffic; apt's flow (sources, signed Release, keyring, candidates, pins) is the
 same as with a vendor's HTTP repository.
 
+It also serves containerd (`containerd.py`: built from Go modules, packaged as a
+distribution ships it), which the lab installs into its nodes.
+
 Lab tests make a maintainer script fail on purpose by listing a package name (or `*`) in
 `/etc/gpukit-lab/fail-postinst` (or `fail-prerm`, `fail-postrm`) on a node.
 """
@@ -49,7 +52,8 @@ def sources() -> Sources:
 
 def build_repo(out: Path | None = None, force: bool = False) -> Path:
     """Build this lab instance's repository (a no-op when nothing changed); returns its path."""
-    from gpukit.lab.config import state_dir
-    from gpukit.lab.packages import repo
+    from gpukit.lab.config import cache_dir, load_spec, state_dir
+    from gpukit.lab.packages import containerd, repo
 
-    return repo.build(out or repo_dir(), state_dir(), sources(), force=force)
+    runtime = containerd.build_deb(cache_dir(), load_spec().containerd_version)
+    return repo.build(out or repo_dir(), state_dir(), sources(), force=force, prebuilt=(runtime,))

@@ -106,8 +106,9 @@ class Package:
         return "#!/bin/sh\nset -e\n" + FAIL_HOOK.format(script=name) + body
 
 
-def build(pkg: Package, out_dir: Path) -> Path:
-    """Build `pkg` into `out_dir`; returns the .deb path."""
+def build(pkg: Package, out_dir: Path, compression: str = "xz") -> Path:
+    """Build `pkg` into `out_dir`; returns the .deb path. `compression`: dpkg-deb's -Z (gzip
+    builds large binaries several times faster than xz)."""
     if shutil.which("dpkg-deb") is None:
         raise PackageError("dpkg-deb is missing: install the `dpkg` package")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -138,7 +139,8 @@ def build(pkg: Package, out_dir: Path) -> Path:
         target = out_dir / pkg.filename
         env = {**os.environ, "SOURCE_DATE_EPOCH": str(EPOCH)}
         r = subprocess.run(
-            ["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(root), str(target)],
+            ["dpkg-deb", "--root-owner-group", f"-Z{compression}", "--build", str(root),
+             str(target)],
             capture_output=True, text=True, env=env,
         )  # fmt: skip
         if r.returncode != 0:

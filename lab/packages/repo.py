@@ -47,8 +47,11 @@ def _run(argv: list[str], cwd: Path | None = None, env: dict[str, str] | None = 
     return r.stdout
 
 
-def _inputs_digest(packages: list[deb.Package]) -> str:
+def _inputs_digest(packages: list[deb.Package], prebuilt: tuple[Path, ...]) -> str:
     h = hashlib.sha256()
+    for deb_file in prebuilt:
+        h.update(deb_file.name.encode())
+        h.update(hashlib.sha256(deb_file.read_bytes()).digest())
     for pkg in sorted(packages, key=lambda p: (p.name, p.version)):
         h.update(pkg.control().encode())
         for name in ("postinst", "prerm", "postrm"):
@@ -98,14 +101,21 @@ def _sign(home: Path, repo: Path) -> None:
     (repo / KEY_NAME).write_text(key)
 
 
-def build(out: Path, state: Path, src: catalog.Sources, force: bool = False) -> Path:
-    """Build (or keep) the repository at `out`; the signing key lives under `state`."""
+def build(
+    out: Path,
+    state: Path,
+    src: catalog.Sources,
+    force: bool = False,
+    prebuilt: tuple[Path, ...] = (),
+) -> Path:
+    """Build (or keep) the repository at `out`; the signing key lives under `state`.
+    `prebuilt`: .deb files served as they are (built elsewhere, e.g. containerd's)."""
     _require("dpkg-scanpackages", "dpkg-dev")
     _require("apt-ftparchive", "apt-utils")
     if not src.nvml_lib.exists():
         raise RepoError(f"{src.nvml_lib} is missing: run `make nvml` (the driver package ships it)")
     packages = catalog.all_packages(src)
-    digest = _inputs_digest(packages)
+    digest = _inputs_digest(packages, prebuilt)
     home = signing_home(state)
     stamp = out / ".inputs"
     if not force and stamp.exists() and stamp.read_text() == digest and (out / KEY_NAME).exists():
@@ -115,6 +125,8 @@ def build(out: Path, state: Path, src: catalog.Sources, force: bool = False) -> 
     tmp.mkdir(parents=True)
     for pkg in packages:
         deb.build(pkg, tmp)
+    for path in prebuilt:
+        shutil.copyfile(path, tmp / path.name)
     env = {**os.environ, "SOURCE_DATE_EPOCH": str(deb.EPOCH)}
     index = _run(["dpkg-scanpackages", "--multiversion", ".", "/dev/null"], cwd=tmp, env=env)
     (tmp / "Packages").write_text(index)

@@ -2,7 +2,7 @@
 # Build the Kubernetes control plane and kubelet from Go modules into a cache
 # outside the checkout. Idempotent: returns at once when the binaries exist.
 set -euo pipefail
-VER="${GPUKIT_K8S_VERSION:-v1.33.13}"
+VER="${GPUKIT_K8S_VERSION:?set GPUKIT_K8S_VERSION (make k8s does, from gpukit.lab.config)}"
 CACHE="${GPUKIT_CACHE:-$HOME/.cache/gpukit}/kubernetes/$VER"
 BINS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
 missing=0

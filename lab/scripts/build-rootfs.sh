@@ -9,7 +9,7 @@ SUITE="${GPUKIT_LAB_SUITE:-bookworm}"
 FLAVOUR="${1:-node}"
 case "$FLAVOUR" in
   node) OUT="$CACHE/rootfs/$SUITE"
-        INCLUDE=systemd,systemd-sysv,dbus,libpam-systemd,openssh-server,python3,python3-apt,python3-yaml,python3-venv,iproute2,iputils-ping,containerd,runc,containernetworking-plugins,libyaml-0-2,ca-certificates,iptables,kmod,procps,gnupg,sudo,less ;;
+        INCLUDE=systemd,systemd-sysv,dbus,libpam-systemd,openssh-server,python3,python3-apt,python3-yaml,python3-venv,iproute2,iputils-ping,runc,containernetworking-plugins,libyaml-0-2,ca-certificates,iptables,kmod,procps,gnupg,sudo,less ;;
   agent) OUT="$CACHE/rootfs/$SUITE-agent"
         INCLUDE=python3,python3-venv,libyaml-0-2,ca-certificates ;;
   *) echo "unknown flavour $FLAVOUR (node|agent)" >&2; exit 2 ;;

@@ -32,6 +32,7 @@ from labplay import BIN, LAB_VARS, REPO, PlayResult, branch_version, run_playboo
 from gpukit.lab import cluster, nodes
 from gpukit.lab.config import LabSpec, NodeSpec, cache_dir, load_spec
 from gpukit.lab.controlplane import paths
+from gpukit.lab.packages import containerd
 
 pytestmark = pytest.mark.lab
 
@@ -39,6 +40,10 @@ CONTAINERD = "/etc/containerd/config.toml"
 PIN = "/etc/apt/preferences.d/gpukit-nvidia-driver"
 CDI = "/etc/cdi/nvidia.yaml"
 TIMINGS: dict[str, float] = {}
+
+
+# containerd's CRI runtime table by config version: 3 (containerd 2), 2 (containerd 1.7).
+CRI_TABLE = {3: "io.containerd.cri.v1.runtime", 2: "io.containerd.grpc.v1.cri"}
 
 
 @dataclass
@@ -52,6 +57,10 @@ class Lab:
     def node(self, name: str) -> NodeSpec:
         return self.spec.node(name)
 
+    @property
+    def config_version(self) -> int:
+        return containerd.config_version(self.spec.containerd_version)
+
     def sh(self, name: str, command: str) -> str:
         r = cluster.node_exec(self.node(name), ["sh", "-c", command])
         assert r.returncode == 0, f"{name}: {command}: {r.stderr}"
@@ -61,6 +70,23 @@ class Lab:
         extra = {"gpukit_node_wheelhouse_archive": self.wheelhouse, **kw.pop("extra_vars", {})}
         return run_playbook("site.yml", inventory or self.inventory, *args, extra_vars=extra,
                             **kw)  # fmt: skip
+
+
+def containerd_dump(lab: Lab, name: str) -> dict[str, Any]:
+    """The node's containerd's effective config, as containerd itself prints it."""
+    return tomllib.loads(lab.sh(name, "containerd config dump"))
+
+
+def cri_runtime(dump: dict[str, Any]) -> dict[str, Any]:
+    """The CRI runtime settings of a dump (containerd 2 prints version 3, 1.7 version 2)."""
+    table: dict[str, Any] = dump["plugins"][CRI_TABLE[int(dump["version"])]]
+    return table
+
+
+def sandbox_image(dump: dict[str, Any]) -> str:
+    if int(dump["version"]) == 3:
+        return str(dump["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"])
+    return str(cri_runtime(dump)["sandbox_image"])
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 90) -> Any:
@@ -159,16 +185,20 @@ def test_site_converges_both_nodes(lab: Lab) -> None:
         assert lab.sh(name, "nvidia-smi --query-gpu=driver_version --format=csv,noheader"
                       ).split() == [version] * int(hv["gpukit_gpu"]["count"])  # fmt: skip
         assert lab.sh(name, "systemctl is-active nvidia-persistenced").strip() == "active"
-        # containerd: the nvidia runtime added, everything the lab wrote kept (comments too).
+        # containerd runs with the nvidia runtime (its own dump: files merged, defaults
+        # filled in); the file keeps everything the lab wrote, comments too.
         text = lab.sh(name, f"cat {CONTAINERD}")
-        cri = tomllib.loads(text)["plugins"]["io.containerd.grpc.v1.cri"]
+        assert tomllib.loads(text)["version"] == lab.config_version
+        assert "# The lab VM lacks CAP_SYS_RESOURCE" in text
+        dump = containerd_dump(lab, name)
+        cri = cri_runtime(dump)
         nvidia = cri["containerd"]["runtimes"]["nvidia"]
+        assert nvidia["runtime_type"] == "io.containerd.runc.v2"
         assert nvidia["options"]["BinaryName"] == "/usr/bin/nvidia-container-runtime"
         assert nvidia["options"]["SystemdCgroup"] is False
         assert cri["containerd"]["default_runtime_name"] == "runc"
         assert cri["enable_cdi"] is True and "/etc/cdi" in cri["cdi_spec_dirs"]
-        assert cri["sandbox_image"] == "localhost/gpukit-lab/pause:3.10"
-        assert "# The lab VM lacks CAP_SYS_RESOURCE" in text
+        assert sandbox_image(dump) == "localhost/gpukit-lab/pause:3.10"
         # gpukit is installed on the node, in its venv.
         lab.sh(name, "/opt/gpukit/bin/python -c 'import gpukit.provision, pynvml'")
         # The CDI spec names every GPU and MIG device of the node.
@@ -209,7 +239,7 @@ def test_check_mode_reports_drift_without_changing_it(lab: Lab) -> None:
         assert lab.play("--limit", name).rc == 0
         text = lab.sh(name, f"cat {CONTAINERD}")
     doc = tomlkit.parse(text)
-    del doc["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["nvidia"]  # type: ignore[index, union-attr]
+    del doc["plugins"][CRI_TABLE[lab.config_version]]["containerd"]["runtimes"]["nvidia"]  # type: ignore[index, union-attr]
     drifted = tomlkit.dumps(doc)
     root = nodes.root(lab.node(name))
     (root / CONTAINERD.lstrip("/")).write_text(drifted)

@@ -194,6 +194,23 @@ def test_cli_missing_inputs_and_strict(tmp_path: Path) -> None:
     assert run_cli("--play", str(failed), "--strict").returncode == 1
 
 
+def test_cli_unchanged_names_each_host_and_task_that_changed(tmp_path: Path) -> None:
+    play = tmp_path / "site.json"
+    play.write_text(json.dumps(PLAY))
+    r = run_cli("--play", str(play), "--unchanged")
+    assert r.returncode == 1
+    assert ("not idempotent: gpu-a100 changed 4: gpu_sharing : Apply the node's MIG layout,"
+            " gpu_sharing : Rewrite the CDI spec for the new MIG devices,"
+            " node_labels : Label and taint the node") in r.stderr  # fmt: skip
+    assert "gpu-t4" not in r.stderr
+    quiet = json.loads(json.dumps(PLAY))
+    quiet["plays"][0]["tasks"] = quiet["plays"][0]["tasks"][:1]
+    quiet["stats"]["gpu-a100"]["changed"] = 0
+    play.write_text(json.dumps(quiet))
+    assert run_cli("--play", str(play), "--unchanged").returncode == 0
+    assert run_cli("--play", str(tmp_path / "absent.json"), "--unchanged").returncode == 1
+
+
 @pytest.mark.parametrize(("name", "content", "needle"), [
     ("site.json", "not json at all", "no JSON document"),
     ("site.json", "{\"plays\": 3}", "not a playbook run"),
