@@ -133,7 +133,14 @@ RUNTIME = """\
 #!/bin/sh
 # Stand-in for nvidia-container-runtime: the real one injects the devices (CDI or its hook)
 # into the OCI spec and runs runc; here the kubelet's device plugin already passes the
-# device nodes, so this only runs runc.
+# device nodes, so this only runs runc. Like the real one it logs each invocation to the
+# file its config's `debug` names, so a container it ran can be told from one runc ran.
+log=$(sed -n 's/^[[:space:]]*debug[[:space:]]*=[[:space:]]*"\\(.*\\)"[[:space:]]*$/\\1/p' \\
+  /etc/nvidia-container-runtime/config.toml 2>/dev/null | head -n 1)
+if [ -n "$log" ]; then
+  printf '%s nvidia-container-runtime %s\\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$*" \\
+    >> "$log" 2>/dev/null || true
+fi
 for r in /usr/bin/runc /usr/sbin/runc; do
   [ -x "$r" ] && exec "$r" "$@"
 done
@@ -141,9 +148,11 @@ echo "nvidia-container-runtime: runc not found" >&2
 exit 1
 """
 
-RUNTIME_CONFIG = """\
+RUNTIME_LOG = "/var/log/nvidia-container-runtime.log"
+RUNTIME_CONFIG = f"""\
 # nvidia-container-runtime configuration (gpukit lab stand-in)
 [nvidia-container-runtime]
+debug = "{RUNTIME_LOG}"
 runtimes = ["runc"]
 mode = "cdi"
 """

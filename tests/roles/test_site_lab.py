@@ -29,10 +29,11 @@ import yaml
 from kubernetes import client, config
 from labplay import BIN, LAB_VARS, REPO, PlayResult, branch_version, run_playbook
 
-from gpukit.lab import cluster, nodes
+from gpukit.lab import cluster, images, kube, nodes
 from gpukit.lab.config import LabSpec, NodeSpec, cache_dir, load_spec
 from gpukit.lab.controlplane import paths
 from gpukit.lab.packages import containerd
+from gpukit.lab.packages.catalog import RUNTIME_LOG
 
 pytestmark = pytest.mark.lab
 
@@ -230,6 +231,46 @@ def test_second_run_changes_nothing(lab: Lab) -> None:
         assert r.changed_count(host) == 0
     print(f"\nsite.yml on the lab: first run {TIMINGS.get('first', 0):.1f}s,"
           f" second run {r.seconds:.1f}s")  # fmt: skip
+
+
+def _sleeper(name: str, node: str, runtime_class: str | None) -> client.V1Pod:
+    return client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name),
+        spec=client.V1PodSpec(
+            node_name=node, host_network=True, restart_policy="Never",
+            runtime_class_name=runtime_class, termination_grace_period_seconds=0,
+            containers=[client.V1Container(name="c", image=images.SHELL,
+                                           command=["sleep", "3600"])],
+        ),
+    )  # fmt: skip
+
+
+def test_pods_run_under_the_nvidia_runtime_class(lab: Lab) -> None:
+    """A RuntimeClass whose handler is the runtime the role added runs its pods' containers
+    through nvidia-container-runtime (its log names each container it created); a pod
+    without it runs through plain runc."""
+    name = "gpu-t4"
+    node_api = client.NodeV1Api()
+    rc = client.V1RuntimeClass(metadata=client.V1ObjectMeta(name="gpukit-test-nvidia"),
+                               handler="nvidia")  # fmt: skip
+    node_api.create_runtime_class(rc)
+    pods = {"gpukit-test-nvidia-rc": "gpukit-test-nvidia", "gpukit-test-plain": None}
+    try:
+        for pod, runtime_class in pods.items():
+            lab.core.create_namespaced_pod("default", _sleeper(pod, name, runtime_class))
+        ids = {}
+        for pod in pods:
+            got = kube.wait_pod_phase(lab.core, "default", pod, {"Running"}, 90)
+            ids[pod] = got.status.container_statuses[0].container_id.removeprefix(
+                "containerd://")
+        log = lab.sh(name, f"cat {RUNTIME_LOG} 2>/dev/null || true")
+        created = {line.split()[-1] for line in log.splitlines() if " create " in line}
+        assert ids["gpukit-test-nvidia-rc"] in created, (ids, log[-2000:])
+        assert ids["gpukit-test-plain"] not in created, (ids, log[-2000:])
+    finally:
+        for pod in pods:
+            lab.core.delete_namespaced_pod(pod, "default", grace_period_seconds=0)
+        node_api.delete_runtime_class("gpukit-test-nvidia")
 
 
 def test_check_mode_reports_drift_without_changing_it(lab: Lab) -> None:
