@@ -54,6 +54,8 @@ TEST_LABS ?= 1 2 3
 # to $(RESULTS)/test-lane<N>.log and is printed when both are done.
 SHARING_LAB_TEST = tests/roles/test_upgrade_sharing_lab.py
 test: deps venv protos nvml k8s containerd rootfs ## the project's tests: lint, types, unit, lab integration
+	@# The runtime tests judge config edits with the real containerd of both config versions.
+	GPUKIT_CONTAINERD_VERSION=$(MATRIX_CONTAINERD) bash lab/scripts/build-containerd.sh >/dev/null
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy -p gpukit
 	@mkdir -p $(RESULTS); set -- $(TEST_LABS); \

@@ -316,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--strict", action="store_true",
                     help="exit 1 when either step failed or did not run")  # fmt: skip
     ap.add_argument("--unchanged", action="store_true",
-                    help="exit 1 when the play changed anything (an idempotence check)")  # fmt: skip
+                    help="exit 1 when the play changed anything (idempotence)")  # fmt: skip
     args = ap.parse_args(argv)
     try:
         play, play_note = _load(args.play, read_play)

@@ -7,10 +7,12 @@ the default runtime, CDI enabled with its spec directories.
 
 containerd, drop-in: the same settings in a file of their own under `imports`, so a main
 file owned by another tool (kubespray's template) is left alone, except that it must import
-the drop-in directory. containerd 1.x (config version 2) replaces a plugin's whole table
-with an imported one, so the drop-in carries the main file's complete CRI table plus the
-edits (re-rendered from the main file on every run); containerd 2.x (version 3) merges
-tables, so its drop-in holds only the edits.
+the drop-in directory. The drop-in has the main file's `version` (containerd 2 merges files
+of mixed versions wrongly, see gpukit.provision.containerd). containerd 1.7 (version 2)
+replaces a plugin's whole table with the one of the file loaded last, so a version-2 drop-in
+carries the complete CRI table it replaces (the main file's, or another drop-in's loaded
+before it) plus the edits, re-rendered on every run; containerd 2 (version 3) merges
+tables key by key, so a version-3 drop-in holds only gpukit's settings.
 
 CRI-O: always a drop-in in /etc/crio/crio.conf.d (CRI-O merges those natively).
 """
@@ -18,7 +20,8 @@ CRI-O: always a drop-in in /etc/crio/crio.conf.d (CRI-O merges those natively).
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+import tomllib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,16 +30,17 @@ from tomlkit.exceptions import TOMLKitError
 from tomlkit.items import Table
 from tomlkit.toml_document import TOMLDocument
 
+from gpukit.provision import containerd
+from gpukit.provision.containerd import CRI_IMAGES_V3, CRI_RUNTIME_V3, CRI_V2, TOP_LEVEL_KEYS
 from gpukit.provision.edit import Edit
 
-__all__ = ["Edit", "RuntimeConfigError", "RuntimeSettings"]
+__all__ = ["CRI_RUNTIME_V3", "CRI_V2", "Edit", "RuntimeConfigError", "RuntimeSettings"]
 
-CRI_V2 = "io.containerd.grpc.v1.cri"
-CRI_RUNTIME_V3 = "io.containerd.cri.v1.runtime"
 RUNC_SHIM = "io.containerd.runc.v2"
 DEFAULT_BINARY = "/usr/bin/nvidia-container-runtime"
 DEFAULT_CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
 DEFAULT_DROPIN_DIR = "/etc/containerd/conf.d"
+MANAGED = "# Managed by gpukit (container_toolkit)"
 
 
 class RuntimeConfigError(ValueError):
@@ -63,14 +67,47 @@ def _parse(text: str, path: str) -> TOMLDocument:
 
 def config_version(doc: Mapping[str, Any], path: str = "config.toml") -> int:
     raw = doc.get("version", 1)
-    if not isinstance(raw, int) or raw not in (1, 2, 3):
-        raise RuntimeConfigError(f"{path}: version = {raw!r} is not a containerd config version")
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw not in (1, 2, 3):
+        raise RuntimeConfigError(
+            f"{path}: version = {raw!r} is not a containerd config version (2: containerd"
+            " 1.x, 3: containerd 2.x); is this containerd's config?"
+        )
     if raw == 1:
         raise RuntimeConfigError(
             f"{path}: containerd config version 1 (no `version` key) is not supported:"
             " migrate it with `containerd config migrate` (or write `version = 2`)"
         )
     return raw
+
+
+def check_containerd(doc: Mapping[str, Any], path: str) -> int:
+    """A main file gpukit may edit: containerd's keys only, version 2 or 3, CRI enabled.
+    Returns its version."""
+    unknown = sorted(set(doc) - TOP_LEVEL_KEYS)
+    if unknown:
+        hint = " (a CRI-O config?)" if "crio" in unknown else ""
+        raise RuntimeConfigError(
+            f"{path}: not a containerd config{hint}: unknown top-level keys"
+            f" {', '.join(unknown)}; point config_path at containerd's config.toml"
+        )
+    version = config_version(doc, path)
+    disabled = doc.get("disabled_plugins", [])
+    off = sorted({CRI_V2, CRI_RUNTIME_V3, CRI_IMAGES_V3} & set(map(str, disabled or [])))
+    if off:
+        raise RuntimeConfigError(
+            f"{path}: disabled_plugins turns off the CRI plugin ({', '.join(off)}), so no"
+            " kubelet can use this containerd; remove it from disabled_plugins first"
+        )
+    return version
+
+
+def _main_doc(text: str | None, path: str, new_version: int) -> TOMLDocument:
+    """The main file parsed and checked; a missing or empty one starts as `new_version`."""
+    if text is None or not _parse(text, path):
+        text = f"version = {new_version}\n{text or ''}"
+    doc = _parse(text, path)
+    check_containerd(doc, path)
+    return doc
 
 
 def _cri_root_key(version: int) -> str:
@@ -120,13 +157,12 @@ def _set(table: Table, key: str, value: Any, label: str, changes: list[str]) -> 
 
 def _edit_cri(cri: Table, s: RuntimeSettings, version: int, changes: list[str]) -> None:
     prefix = f'plugins."{_cri_root_key(version)}"'
-    containerd = _table(cri, "containerd", super_table=True)
-    runtimes = _table(containerd, "runtimes", super_table=True)
+    containerd_table = _table(cri, "containerd", super_table=True)
+    runtimes = _table(containerd_table, "runtimes", super_table=True)
     runc = runtimes.get("runc")
     runc_options = _plain(runc.get("options", {})) if isinstance(runc, Table) else {}
     options = {k: v for k, v in dict(runc_options).items() if k != "BinaryName"}
     options["BinaryName"] = s.binary
-    want_runtime: dict[str, Any] = {"runtime_type": RUNC_SHIM, "options": options}
     existing = runtimes.get(s.runtime_name)
     where = f"{prefix}.containerd.runtimes.{s.runtime_name}"
     if not isinstance(existing, Table):
@@ -147,14 +183,14 @@ def _edit_cri(cri: Table, s: RuntimeSettings, version: int, changes: list[str]) 
         if not isinstance(opts_item, Table):
             opts_item = tomlkit.table()
             existing["options"] = opts_item
-        for k, v in want_runtime["options"].items():
+        for k, v in options.items():
             _set(opts_item, k, v, f"{where}.options.{k}", changes)
-    current_default = _plain(containerd.get("default_runtime_name"))
+    current_default = _plain(containerd_table.get("default_runtime_name"))
     if s.set_as_default:
-        _set(containerd, "default_runtime_name", s.runtime_name,
+        _set(containerd_table, "default_runtime_name", s.runtime_name,
              f"{prefix}.containerd.default_runtime_name", changes)  # fmt: skip
     elif current_default == s.runtime_name:
-        _set(containerd, "default_runtime_name", s.fallback_default,
+        _set(containerd_table, "default_runtime_name", s.fallback_default,
              f"{prefix}.containerd.default_runtime_name", changes)  # fmt: skip
     if s.enable_cdi:
         _set(cri, "enable_cdi", True, f"{prefix}.enable_cdi", changes)
@@ -163,65 +199,115 @@ def _edit_cri(cri: Table, s: RuntimeSettings, version: int, changes: list[str]) 
         _set(cri, "cdi_spec_dirs", wanted, f"{prefix}.cdi_spec_dirs", changes)
 
 
-def configure_containerd(text: str | None, s: RuntimeSettings, path: str) -> Edit:
-    """Edit containerd's main config in place (a missing file starts as `version = 2`)."""
-    before = text
-    doc = _parse(text if text is not None else "version = 2\n", path)
+def configure_containerd(
+    text: str | None, s: RuntimeSettings, path: str, new_version: int = 2
+) -> Edit:
+    """Edit containerd's main config in place (a missing or empty file starts as
+    `version = new_version`: 3 for containerd 2, 2 for 1.7, which refuses 3)."""
+    doc = _main_doc(text, path, new_version)
     version = config_version(doc, path)
-    plugins = _table(doc, "plugins", super_table=True)
-    cri = _table(plugins, _cri_root_key(version))
     changes: list[str] = []
-    _edit_cri(cri, s, version, changes)
-    after = tomlkit.dumps(doc)
-    if text is not None and not changes:
-        after = text
-    return Edit(path=path, before=before, after=after, changes=tuple(changes))
+    try:
+        plugins = _table(doc, "plugins", super_table=True)
+        _edit_cri(_table(plugins, _cri_root_key(version)), s, version, changes)
+    except RuntimeConfigError as e:
+        raise RuntimeConfigError(f"{path}: {e}; fix the file first") from e
+    after = tomlkit.dumps(doc) if text is None or changes else text
+    return Edit(path=path, before=text, after=after, changes=tuple(changes))
 
 
-def containerd_dropin(main_text: str, s: RuntimeSettings, main_path: str, path: str) -> Edit:
-    """The drop-in's planned content (its current text is read by the caller: `Edit.before`
-    is left None here and filled in by :func:`with_current`)."""
-    main = _parse(main_text, main_path)
-    version = config_version(main, main_path)
+def _loads(text: str, path: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise RuntimeConfigError(f"{path}: not valid TOML ({e}); fix the file first") from e
+
+
+def _base_table(files: Sequence[tuple[str, str]], root: str) -> tuple[str, Table] | None:
+    """containerd 1.7: the CRI table of the last file that has one (it replaces the others)."""
+    for path, text in reversed(files):
+        plugins = _parse(text, path).get("plugins")
+        table = plugins.get(root) if isinstance(plugins, Table) else None
+        if isinstance(table, Table):
+            return path, copy.deepcopy(table)
+    return None
+
+
+def _seed_v3(files: Sequence[tuple[str, str]], s: RuntimeSettings) -> tuple[Table, str | None]:
+    """containerd 2: what the files before the drop-in merge to, as far as the edit reads it
+    (runc's options, the default runtime, the CDI spec dirs)."""
+    merged = containerd.merge([_loads(t, p) for p, t in files], 3)
+    base = merged.get("plugins", {}).get(CRI_RUNTIME_V3, {})
+    base = base if isinstance(base, dict) else {}
+    cri = tomlkit.table()
+    runtimes = base.get("containerd", {}).get("runtimes", {})
+    if isinstance(runtimes.get("runc"), dict):
+        _table(_table(cri, "containerd", True), "runtimes", True)["runc"] = runtimes["runc"]
+    default = base.get("containerd", {}).get("default_runtime_name")
+    if isinstance(default, str):
+        _table(cri, "containerd", True)["default_runtime_name"] = default
+    if s.enable_cdi and isinstance(base.get("cdi_spec_dirs"), list):
+        cri["cdi_spec_dirs"] = base["cdi_spec_dirs"]
+    return cri, default if isinstance(default, str) else None
+
+
+def _only_ours(cri: Table, s: RuntimeSettings, base_default: str | None) -> dict[str, Any]:
+    """A version-3 drop-in holds only gpukit's settings: the seeded runc table served to copy
+    its options; the base's default runtime is left to the base unless gpukit sets or resets
+    it."""
+    plain: dict[str, Any] = _plain(cri)
+    ctd = plain.get("containerd", {})
+    ctd.get("runtimes", {}).pop("runc", None)
+    if not s.set_as_default and ctd.get("default_runtime_name") == base_default:
+        ctd.pop("default_runtime_name", None)
+    out: dict[str, Any] = {k: plain[k] for k in ("enable_cdi", "cdi_spec_dirs") if k in plain}
+    out["containerd"] = dict(sorted(ctd.items(), key=lambda kv: kv[0] == "runtimes"))
+    return out
+
+
+def containerd_dropin(
+    main_text: str,
+    s: RuntimeSettings,
+    main_path: str,
+    path: str,
+    before: Sequence[tuple[str, str]] = (),
+) -> Edit:
+    """The drop-in's planned content. `before`: the files containerd loads before the
+    drop-in other than the main file, in its order (path, text); their CRI settings are the
+    drop-in's base. `Edit.before` is left None here and filled in by :func:`with_current`."""
+    version = check_containerd(_parse(main_text, main_path), main_path)
     root = _cri_root_key(version)
+    files = [(main_path, main_text), *before]
     doc = tomlkit.document()
-    doc.add(tomlkit.comment(f"Managed by gpukit (container_toolkit): the `{s.runtime_name}`"
-                            " runtime and CDI for NVIDIA GPUs."))  # fmt: skip
-    if version == 2:
-        doc.add(tomlkit.comment(
-            f"containerd 1.x replaces a plugin's table with an imported one: this is {main_path}'s"
-        ))  # fmt: skip
-        doc.add(tomlkit.comment(f'plugins."{root}" table plus gpukit\'s edits.'))
-    doc["version"] = version
-    plugins = tomlkit.table(is_super_table=True)
-    main_plugins = main.get("plugins")
-    main_cri = main_plugins.get(root) if isinstance(main_plugins, Table) else None
-    cri = copy.deepcopy(main_cri) if version == 2 and isinstance(main_cri, Table) else None
-    if cri is None:
-        cri = tomlkit.table()
-        # containerd 2.x merges: only the runc options the nvidia runtime copies are needed.
-        if isinstance(main_cri, Table):
-            runc = main_cri.get("containerd", {}).get("runtimes", {}).get("runc")
-            if isinstance(runc, Table):
-                c = _table(cri, "containerd", super_table=True)
-                r = _table(c, "runtimes", super_table=True)
-                r["runc"] = copy.deepcopy(runc)
-    plugins[root] = cri
-    doc["plugins"] = plugins
+    doc.add(tomlkit.comment(f"{MANAGED[2:]}: the `{s.runtime_name}` runtime and CDI for"
+                            " NVIDIA GPUs."))  # fmt: skip
+    doc.add(tomlkit.comment(f"version = {version} as in {main_path}: containerd 2 merges files"
+                            " of mixed versions wrongly."))  # fmt: skip
     changes: list[str] = []
-    _edit_cri(cri, s, version, changes)
+    plugins = tomlkit.table(is_super_table=True)
     if version == 3:
-        # Only keep what gpukit sets; the copied runc table served to derive the options.
-        runtimes = cri["containerd"]["runtimes"]
-        if isinstance(runtimes, Table) and "runc" in runtimes:
-            del runtimes["runc"]
+        cri, base_default = _seed_v3(files, s)
+        _edit_cri(cri, s, version, changes)
+        plugins[root] = _only_ours(cri, s, base_default)
+    else:
+        base = _base_table(files, root)
+        if base is not None:
+            doc.add(tomlkit.comment("containerd 1.x replaces a plugin's table with an imported"
+                                    f" one: this is {base[0]}'s"))  # fmt: skip
+            doc.add(tomlkit.comment(f'plugins."{root}" table plus gpukit\'s edits.'))
+        cri = base[1] if base is not None else tomlkit.table()
+        _edit_cri(cri, s, version, changes)
+        plugins[root] = cri
+    doc["version"] = version
+    doc["plugins"] = plugins
     return Edit(path=path, before=None, after=tomlkit.dumps(doc), changes=tuple(changes))
 
 
 def ensure_import(main_text: str, pattern: str, path: str) -> Edit:
-    """Make containerd's main config import `pattern` (e.g. /etc/containerd/conf.d/*.toml)."""
+    """Make containerd's main config import `pattern` (e.g. /etc/containerd/conf.d/*.toml).
+    containerd 2's dump lists that pattern by default, but reads it only when imported."""
     doc = _parse(main_text, path)
-    config_version(doc, path)
+    check_containerd(doc, path)
     imports = list(_plain(doc.get("imports", [])) or [])
     if pattern in imports:
         return Edit(path=path, before=main_text, after=main_text)

@@ -3,14 +3,38 @@
 from __future__ import annotations
 
 import tomllib
-from pathlib import Path
 
 import pytest
 
 from gpukit.provision import runtime
 from gpukit.provision.runtime import RuntimeConfigError, RuntimeSettings
 
-LAB = (Path(__file__).resolve().parents[2] / "lab/node/containerd.toml").read_text()
+# A cluster installer's containerd 1.7 config (as the lab writes one).
+LAB = """\
+# Written by the gpukit lab when it prepared this node (as a cluster installer would).
+version = 2
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "localhost/gpukit-lab/pause:3.10"
+  # The lab VM lacks CAP_SYS_RESOURCE: without this every sandbox fails.
+  restrict_oom_score_adj = true
+  enable_cdi = true
+  cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
+
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "/etc/cni/net.d"
+"""
 V2_RUNC = 'plugins."io.containerd.grpc.v1.cri".containerd.runtimes'
 V3 = """\
 version = 3
@@ -110,9 +134,13 @@ def test_missing_file_starts_as_version_2() -> None:
     [
         ("[plugins.cri]\n", "config version 1"),
         ("version = 9\n", "version = 9 is not a containerd config version"),
+        ("version = true\n", "version = True is not a containerd config version"),
         ("version = [\n", "not valid TOML"),
+        ("[crio.runtime]\n", r"not a containerd config \(a CRI-O config\?\): unknown top-level keys crio"),
+        ("version = 2\nplugins = 1\n", "`plugins` is not a table"),
+        ('version = 3\ndisabled_plugins = ["io.containerd.cri.v1.runtime"]\n', "turns off the CRI"),
     ],
-)
+)  # fmt: skip
 def test_unsupported_files_are_refused_with_what_to_do(text: str, needle: str) -> None:
     with pytest.raises(RuntimeConfigError, match=needle):
         runtime.configure_containerd(text, RuntimeSettings(), "/etc/containerd/config.toml")
@@ -130,8 +158,28 @@ def test_v2_dropin_carries_the_whole_cri_table() -> None:
 def test_v3_dropin_holds_only_the_edits() -> None:
     d = runtime.containerd_dropin(V3, RuntimeSettings(), "m", "d")
     doc = tomllib.loads(d.after or "")
-    assert set(doc["plugins"]) == {runtime.CRI_RUNTIME_V3}
-    assert list(cri(d.after or "", 3)["containerd"]["runtimes"]) == ["nvidia"]
+    assert doc["version"] == 3 and set(doc["plugins"]) == {runtime.CRI_RUNTIME_V3}
+    c = cri(d.after or "", 3)
+    assert c["containerd"] == {"runtimes": {"nvidia": {
+        "runtime_type": "io.containerd.runc.v2",
+        "options": {"SystemdCgroup": True, "BinaryName": "/usr/bin/nvidia-container-runtime"}}}}
+    assert c["enable_cdi"] is True and c["cdi_spec_dirs"] == ["/etc/cdi", "/var/run/cdi"]
+
+
+def test_a_dropin_builds_on_the_files_loaded_before_it() -> None:
+    """containerd 2 replaces arrays: the drop-in keeps the spec dirs configured before it; a
+    default runtime set before it to `nvidia` is put back to runc (set_as_default false)."""
+    other = (f'version = 3\n[plugins."{runtime.CRI_RUNTIME_V3}"]\n  cdi_spec_dirs = ["/opt/cdi"]\n'
+             f'[plugins."{runtime.CRI_RUNTIME_V3}".containerd]\n  default_runtime_name = "nvidia"\n')
+    d = runtime.containerd_dropin(V3, RuntimeSettings(), "m", "d", [("o", other)])
+    c = cri(d.after or "", 3)
+    assert c["cdi_spec_dirs"] == ["/opt/cdi", "/etc/cdi", "/var/run/cdi"]
+    assert c["containerd"]["default_runtime_name"] == "runc"
+    # containerd 1.7: the CRI table of the last file before the drop-in is the one it replaces.
+    v2 = runtime.containerd_dropin(LAB, RuntimeSettings(), "m", "d", [("o", LAB.replace(
+        "pause:3.10", "pause:9"))])
+    assert cri(v2.after or "")["sandbox_image"] == "localhost/gpukit-lab/pause:9"
+    assert "this is o's" in (v2.after or "")
 
 
 def test_ensure_import_adds_the_pattern_after_version_once() -> None:

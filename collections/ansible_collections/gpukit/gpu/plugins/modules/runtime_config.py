@@ -1,7 +1,7 @@
 #!/usr/bin/python
 # ruff: noqa: E402  (Ansible's layout: documentation strings before imports)
 """gpukit.gpu.runtime_config: containerd / CRI-O config for the nvidia runtime
-(a thin adapter over gpukit.provision.runtime)."""
+(a thin adapter over gpukit.provision.runtime and runtime_plan)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,13 @@ description:
   - CRI-O, as a drop-in under crio.conf.d.
   - Adds the runtime (runc v2 shim running nvidia-container-runtime, with runc's options),
     optionally makes it the default, enables CDI with its spec directories.
+  - containerd's own verdict decides (C(containerd config dump) of the files before and of a
+    private copy of the planned files, where a containerd binary is found) - the plan is
+    refused, nothing written, unless containerd would load it and run the runtime as asked;
+    C(restart_needed) is true only when containerd's effective config changes, so a comment
+    or layout edit needs no restart. Without a binary, gpukit reads the files itself.
+  - A main file that is not valid TOML, not containerd's (a CRI-O config, unknown top-level
+    keys), or of an unsupported version (1, or above 3) is refused and left as it was.
 version_added: "0.1.0"
 author: gpukit
 options:
@@ -39,6 +46,13 @@ options:
     description: What the main file must import for the drop-in (containerd drop_in mode).
     type: str
     default: /etc/containerd/conf.d/*.toml
+  containerd_binary:
+    description:
+      - The containerd binary that judges the config (C(containerd config dump)); it also
+        decides the version of a new main file (3 for containerd 2, else 2).
+      - Default - C(containerd) on PATH, /usr/local/bin or /usr/bin; none found - gpukit's
+        own reading of the files. Given but missing - the module fails.
+    type: path
   runtime_name:
     description: Name of the runtime.
     type: str
@@ -73,6 +87,19 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+restart_needed:
+  description: containerd's effective config changes (restart it); CRI-O - any file changed.
+  returned: always
+  type: bool
+effective_changes:
+  description: What differs in the runtime's effective config, one dotted key per line.
+  returned: always
+  type: list
+  elements: str
+judge:
+  description: What judged the effective config (containerd config dump, or gpukit's reading).
+  returned: always
+  type: str
 changes:
   description: What changed, per setting.
   returned: always
@@ -95,6 +122,26 @@ from ansible_collections.gpukit.gpu.plugins.module_utils.gpukit_common import (
 )
 
 
+def write_all(module, edits):
+    """Write (or remove) every changed file; put back the ones done when one fails, so that
+    nothing is half-applied."""
+    done = []
+    try:
+        for e in edits:
+            if e.after is None:
+                os.unlink(e.path)
+            else:
+                write_text(module, e.path, e.after)
+            done.append(e)
+    except OSError as err:
+        for e in reversed(done):
+            if e.before is None:
+                os.unlink(e.path)
+            else:
+                write_text(module, e.path, e.before)
+        module.fail_json(msg=f"{e.path}: {err}; the files written before it were put back")
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -103,6 +150,7 @@ def main():
             "config_path": {"type": "path", "default": "/etc/containerd/config.toml"},
             "dropin_path": {"type": "path"},
             "import_pattern": {"type": "str", "default": "/etc/containerd/conf.d/*.toml"},
+            "containerd_binary": {"type": "path"},
             "runtime_name": {"type": "str", "default": "nvidia"},
             "binary": {"type": "path", "default": "/usr/bin/nvidia-container-runtime"},
             "set_as_default": {"type": "bool", "default": False},
@@ -116,7 +164,7 @@ def main():
         supports_check_mode=True,
     )
     require_gpukit(module)
-    from gpukit.provision import runtime
+    from gpukit.provision import runtime, runtime_plan
 
     p = module.params
     settings = runtime.RuntimeSettings(
@@ -126,49 +174,36 @@ def main():
         enable_cdi=p["enable_cdi"],
         cdi_spec_dirs=tuple(p["cdi_spec_dirs"]),
     )
-    edits = []
     try:
         if p["runtime"] == "crio":
             path = p["dropin_path"] or "/etc/crio/crio.conf.d/99-gpukit-nvidia.conf"
-            edits.append(runtime.with_current(runtime.crio_dropin(settings, path), read_text(path)))
+            edit = runtime.with_current(runtime.crio_dropin(settings, path), read_text(path))
+            edits, restart, effective, judge = [edit], edit.changed, [], "CRI-O: any change"
         else:
-            main_path = p["config_path"]
-            main_text = read_text(main_path)
-            if p["mode"] == "in_place":
-                edits.append(runtime.configure_containerd(main_text, settings, main_path))
-                # Switching from drop_in: gpukit's drop-in would override the main file.
-                dropin = p["dropin_path"] or "/etc/containerd/conf.d/99-gpukit-nvidia.toml"
-                old_dropin = read_text(dropin)
-                if old_dropin is not None and old_dropin.startswith("# Managed by gpukit"):
-                    edits.append(
-                        runtime.Edit(
-                            path=dropin,
-                            before=old_dropin,
-                            after=None,
-                            changes=(f"{dropin}: removed (in_place mode)",),
-                        )
-                    )
-            else:
-                if main_text is None:
-                    module.fail_json(
-                        msg=f"{main_path} is missing: drop_in mode needs the main"
-                        " file (it must import the drop-in directory)"
-                    )
-                path = p["dropin_path"] or "/etc/containerd/conf.d/99-gpukit-nvidia.toml"
-                dropin = runtime.containerd_dropin(main_text, settings, main_path, path)
-                edits.append(runtime.with_current(dropin, read_text(path)))
-                edits.append(runtime.ensure_import(main_text, p["import_pattern"], main_path))
+            ctd = p["containerd_binary"]
+            if ctd and not os.access(ctd, os.X_OK):
+                module.fail_json(msg=f"containerd_binary {ctd} is not an executable file")
+            ctd = ctd or module.get_bin_path("containerd", opt_dirs=["/usr/local/bin", "/usr/bin"])
+            plan = runtime_plan.plan_containerd(
+                settings,
+                mode=p["mode"],
+                main_path=p["config_path"],
+                dropin_path=p["dropin_path"] or runtime_plan.DEFAULT_DROPIN,
+                import_pattern=p["import_pattern"],
+                binary=ctd,
+            )
+            edits, restart = list(plan.edits), plan.restart_needed
+            effective, judge = list(plan.effective_changes), plan.judge
     except runtime.RuntimeConfigError as e:
         module.fail_json(msg=str(e))
     changed = [e for e in edits if e.changed]
     if changed and not module.check_mode:
-        for e in changed:
-            if e.after is None:
-                os.unlink(e.path)
-            else:
-                write_text(module, e.path, e.after)
+        write_all(module, changed)
     result = {
         "changed": bool(changed),
+        "restart_needed": restart,
+        "effective_changes": effective,
+        "judge": judge,
         "changes": [c for e in edits for c in e.changes],
         "files": [e.path for e in changed],
     }
