@@ -273,6 +273,88 @@ def test_pods_run_under_the_nvidia_runtime_class(lab: Lab) -> None:
         node_api.delete_runtime_class("gpukit-test-nvidia")
 
 
+DROPIN = "/etc/containerd/conf.d/99-gpukit-nvidia.toml"
+OTHER = "/etc/containerd/conf.d/50-other-tool.toml"
+CONFIGURE = "Configure containerd for the nvidia runtime"
+
+
+def containerd_pid(lab: Lab, name: str) -> str:
+    return lab.sh(name, "systemctl show -p MainPID --value containerd").strip()
+
+
+def test_drop_in_mode_on_the_nodes_containerd(lab: Lab) -> None:
+    """drop_in mode against the node's real containerd: the installer's main file gains only
+    the import, gpukit's drop-in has its version, another tool's drop-in is kept, and
+    containerd (restarted) runs both; a second run changes nothing and does not restart it;
+    check mode shows drift without touching it; a rewrite that containerd reads the same
+    changes the file but does not restart containerd. Then back to in_place."""
+    name = "gpu-t4"
+    root = nodes.root(lab.node(name))
+    in_place = lab.sh(name, f"cat {CONTAINERD}")
+    installer = (REPO / "lab/node" / f"containerd-v{lab.config_version}.toml").read_text()
+    other = (f"# left by another tool\nversion = {lab.config_version}\n\n"
+             f'[plugins."{CRI_TABLE[lab.config_version]}".containerd.runtimes.other]\n'
+             '  runtime_type = "io.containerd.runc.v2"\n')  # fmt: skip
+    (root / CONTAINERD.lstrip("/")).write_text(installer)
+    (root / OTHER.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+    (root / OTHER.lstrip("/")).write_text(other)
+    drop_in = {"container_toolkit_containerd_mode": "drop_in"}
+    tags = ("--limit", name, "--tags", "container_toolkit_config")
+    try:
+        pid = containerd_pid(lab, name)
+        r = lab.play(*tags, extra_vars=drop_in)
+        assert r.rc == 0 and not r.failed, r.describe()
+        assert set(r.changed.get(name, [])) == {CONFIGURE, "Restart containerd"}, r.changed
+        main = lab.sh(name, f"cat {CONTAINERD}")
+        added = [ln for ln in main.splitlines() if ln not in installer.splitlines()]
+        assert added == ["imports = [\"/etc/containerd/conf.d/*.toml\"]"], main
+        assert tomllib.loads(lab.sh(name, f"cat {DROPIN}"))["version"] == lab.config_version
+        assert lab.sh(name, f"cat {OTHER}") == other
+        wait_for("containerd restarted", lambda: containerd_pid(lab, name) not in ("0", pid))
+        runtimes = cri_runtime(containerd_dump(lab, name))["containerd"]["runtimes"]
+        assert runtimes["nvidia"]["options"]["BinaryName"] == "/usr/bin/nvidia-container-runtime"
+        assert "other" in runtimes and "runc" in runtimes
+        assert sandbox_image(containerd_dump(lab, name)) == "localhost/gpukit-lab/pause:3.10"
+        # Idempotent, and containerd keeps running.
+        pid = containerd_pid(lab, name)
+        again = lab.play(*tags, extra_vars=drop_in)
+        assert again.rc == 0 and again.changed == {}, again.describe()
+        assert containerd_pid(lab, name) == pid
+        # Check mode: drift in gpukit's drop-in shown, not repaired.
+        drifted = lab.sh(name, f"cat {DROPIN}").replace("nvidia-container-runtime", "runc")
+        (root / DROPIN.lstrip("/")).write_text(drifted)
+        check = lab.play(*tags, "--check", "--diff", extra_vars=drop_in)
+        assert check.rc == 0 and set(check.changed.get(name, [])) >= {CONFIGURE}, check.describe()
+        assert "nvidia-container-runtime" in json.dumps(check.results[name][CONFIGURE]["diff"])
+        assert lab.sh(name, f"cat {DROPIN}") == drifted
+        fixed = lab.play(*tags, extra_vars=drop_in)
+        assert set(fixed.changed.get(name, [])) == {CONFIGURE, "Restart containerd"}
+        assert fixed.results[name][CONFIGURE]["restart_needed"] is True
+        # A rewrite containerd reads the same: the file is put back, containerd keeps running.
+        pid = wait_for("containerd up", lambda: containerd_pid(lab, name) not in ("0", "")
+                       and containerd_pid(lab, name))  # fmt: skip
+        wait_for("containerd active", lambda: _active(lab, name))
+        (root / DROPIN.lstrip("/")).write_text("# a comment\n" + lab.sh(name, f"cat {DROPIN}"))
+        layout = lab.play(*tags, extra_vars=drop_in)
+        assert layout.changed.get(name) == [CONFIGURE], layout.describe()
+        assert layout.results[name][CONFIGURE]["restart_needed"] is False
+        assert containerd_pid(lab, name) == pid
+    finally:
+        (root / OTHER.lstrip("/")).unlink(missing_ok=True)
+        (root / CONTAINERD.lstrip("/")).write_text(in_place)
+        back = lab.play(*tags)  # in_place removes gpukit's drop-in
+    assert back.rc == 0 and not back.failed, back.describe()
+    assert not (root / DROPIN.lstrip("/")).exists()
+    wait_for("containerd active", lambda: _active(lab, name))
+    wait_for(f"{name} allocatable back",
+             lambda: gpu_allocatable(lab.core, name) == expected_allocatable(lab.hostvars[name]))  # fmt: skip
+
+
+def _active(lab: Lab, name: str) -> bool:
+    r = cluster.node_exec(lab.node(name), ["systemctl", "is-active", "containerd"])
+    return r.stdout.strip() == "active"
+
+
 def test_check_mode_reports_drift_without_changing_it(lab: Lab) -> None:
     name = "gpu-t4"
     text = lab.sh(name, f"cat {CONTAINERD}")
