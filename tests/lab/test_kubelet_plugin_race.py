@@ -1,11 +1,15 @@
-"""The node agent recovers when the kubelet drops it for another plugin's disconnection.
+"""The node agent keeps serving when an older plugin for the same resource leaves.
 
-The kubelet keeps one client per resource name. When a plugin's ListAndWatch stream ends,
-it disconnects whichever client is current for that name, which is the newer plugin when an
-older one for the same resource goes away after it registered (kubernetes#121994: an agent
-pod replaced while the old one still runs). The newer plugin's devices then stay unhealthy,
-0 allocatable, until it registers again; the agent does that once the kubelet has had no
-ListAndWatch stream open to it for `stream_grace_seconds`.
+Up to Kubernetes 1.35 the kubelet keeps one client per resource name. When a plugin's
+ListAndWatch stream ends, it disconnects whichever client is current for that name, which is
+the newer plugin when an older one for the same resource goes away after it registered
+(kubernetes#121994: an agent pod replaced while the old one still runs). The newer plugin's
+devices then stay unhealthy, 0 allocatable, until it registers again; the agent does that
+once the kubelet has had no ListAndWatch stream open to it for `stream_grace_seconds`.
+
+From 1.36 the kubelet tracks plugins by socket (kubernetes#135437): the older plugin's
+departure deregisters only that plugin, and the agent's devices stay allocatable throughout.
+The test asserts the behaviour of the kubelet the lab runs.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from gpukit.lab.config import load_spec
 from gpukit.lab.controlplane import paths
 from gpukit.plugin.api import deviceplugin_grpc
 from gpukit.plugin.api import deviceplugin_pb2 as pb
+from gpukit.plugin.manager import ManagerOptions
 from gpukit.plugin.server import register
 
 pytestmark = pytest.mark.lab
@@ -32,6 +37,13 @@ pytestmark = pytest.mark.lab
 NODE = "gpu-a100"
 RESOURCE = "nvidia.com/gpu"
 CONFIGS = {"default": {"version": "v1", "flags": {"migStrategy": "none"}}}
+FIXED_MINOR = 36  # the first kubelet that tracks device plugins by socket
+STREAM_GRACE_SECONDS = ManagerOptions().stream_grace_seconds  # the agent's default
+
+
+def kubelet_minor(version: str) -> int:
+    """v1.37.2 -> 37."""
+    return int(version.lstrip("v").split(".")[1])
 
 
 class OlderPlugin:
@@ -98,9 +110,19 @@ def test_the_agent_registers_again_after_an_older_plugin_leaves(lab_cluster: obj
                  timeout=120)  # fmt: skip
         wait_for(f"{NODE}: 8 {RESOURCE}", lambda: gpus(core) == 8, timeout=60)
 
-        # The older plugin leaves: the kubelet disconnects the agent instead.
+        kubelet = core.read_node(NODE).status.node_info.kubelet_version
         older.leaving.set()
         server.stop(0).wait()
+        if kubelet_minor(kubelet) >= FIXED_MINOR:
+            # The kubelet deregisters the older plugin only: 8 GPUs all along, beyond the
+            # agent's grace period, and the agent has no reason to register again.
+            deadline = time.monotonic() + STREAM_GRACE_SECONDS + 10
+            while time.monotonic() < deadline:
+                assert gpus(core) == 8, f"{NODE} ({kubelet}): {gpus(core)} {RESOURCE}"
+                time.sleep(0.5)
+            assert "registering again" not in agent_log(spec)
+            return
+        # The older plugin leaves: the kubelet disconnects the agent instead.
         wait_for("the kubelet to report the GPUs unhealthy", lambda: gpus(core) == 0, timeout=20)
         took = wait_for(f"{NODE}: 8 {RESOURCE} again", lambda: gpus(core) == 8, timeout=90)
         assert "no ListAndWatch stream open for nvidia.com/gpu: registering again" in agent_log(
