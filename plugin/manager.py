@@ -109,6 +109,8 @@ class PluginManager:
         self.inventory = Inventory()
         self.resources = ResourceSet(resources={})
         self.servers: dict[str, PluginServer] = {}
+        # Retired resources whose sockets close shortly (see `_retire`), by name.
+        self._retiring: dict[str, tuple[PluginServer, threading.Timer]] = {}
         self.tracker = HealthTracker((), None)
         self.monitor: HealthMonitor | None = None
         self.nvml_ready = False
@@ -167,6 +169,10 @@ class PluginManager:
             for server in self.servers.values():
                 server.stop()
             self.servers.clear()
+            for server, timer in self._retiring.values():
+                timer.cancel()
+                server.stop()
+            self._retiring.clear()
         if self.nvml_ready:
             self.backend.shutdown()
             self.nvml_ready = False
@@ -316,6 +322,16 @@ class PluginManager:
             allocator = Allocator(res, self.config)
             views = self._views(res)
             server = self.servers.get(name)
+            if server is None and name in self._retiring:
+                # Back before its socket closed: serve on with the same server. A new one on
+                # the same socket path would register while the kubelet still holds the old
+                # connection; from 1.36 the kubelet refuses that ("device plugin already
+                # connected") and, once the old stream ends, keeps a stale endpoint that
+                # refuses every later registration of the resource until it restarts.
+                server, timer = self._retiring.pop(name)
+                timer.cancel()
+                self.servers[name] = server
+                log.info("resource %s is back: serving on %s", name, server.path)
             if server is not None:
                 server.state.update(res, allocator, self.inventory, views, policy)
                 continue
@@ -341,9 +357,17 @@ class PluginManager:
         server.state.update(empty, Allocator(empty, self.config), self.inventory, [],
                             self.config.gpukit.replica_policy)
         log.info("resource %s is gone: reporting zero devices and closing its socket", name)
-        timer = threading.Timer(1.0, server.stop)
+        timer = threading.Timer(1.0, self._close_retired, (name, server))
         timer.daemon = True
+        self._retiring[name] = (server, timer)
         timer.start()
+
+    def _close_retired(self, name: str, server: PluginServer) -> None:
+        with self._lock:
+            if self._retiring.get(name, (None,))[0] is not server:
+                return  # served again meanwhile
+            del self._retiring[name]
+        server.stop()
 
     def refresh_health(self) -> None:
         """Called by the health monitor after a transition."""
