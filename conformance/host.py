@@ -55,6 +55,15 @@ class GpuSeen:
     mig_current: bool | None
     mig_pending: bool | None
     migs: tuple[MigSeen, ...] = ()
+    error: str = ""  # NVML could not query this GPU (then only `index` is known)
+    lost: bool = False  # ... because it is lost (NVML_ERROR_GPU_IS_LOST)
+
+    @property
+    def state(self) -> str:
+        """`present`, or what NVML said instead, for expected/observed lines."""
+        if not self.error:
+            return "present"
+        return f"{'lost' if self.lost else 'unreadable'} ({self.error})"
 
 
 @dataclass(frozen=True)
@@ -70,6 +79,11 @@ class NvmlSeen:
     gpus: tuple[GpuSeen, ...] = ()
     by_uuid: dict[str, tuple[GpuSeen, MigSeen | None]] = field(default_factory=dict)
 
+    @property
+    def readable(self) -> tuple[GpuSeen, ...]:
+        """The GPUs NVML could query (not lost)."""
+        return tuple(g for g in self.gpus if not g.error)
+
     def parent(self, device_uuid: str) -> GpuSeen | None:
         hit = self.by_uuid.get(device_uuid)
         return hit[0] if hit else None
@@ -81,10 +95,10 @@ class NvmlSeen:
     def index_to_uuid(self, ref: str) -> str:
         """`0` or `0:1` (deviceIDStrategy index) -> UUID; other refs unchanged."""
         if ref.isdigit():
-            return next((g.uuid for g in self.gpus if g.index == int(ref)), ref)
+            return next((g.uuid for g in self.gpus if g.index == int(ref) and g.uuid), ref)
         gpu_idx, sep, pos = ref.partition(":")
         if sep and gpu_idx.isdigit() and pos.isdigit():
-            gpu = next((g for g in self.gpus if g.index == int(gpu_idx)), None)
+            gpu = next((g for g in self.gpus if g.index == int(gpu_idx) and not g.error), None)
             if gpu and int(pos) < len(gpu.migs):
                 return gpu.migs[int(pos)].uuid
         return ref
@@ -94,6 +108,10 @@ def parse_probe(doc: dict[str, Any]) -> NvmlSeen:
     gpus: list[GpuSeen] = []
     by_uuid: dict[str, tuple[GpuSeen, MigSeen | None]] = {}
     for g in doc.get("gpus", []):
+        if g.get("error"):
+            gpus.append(GpuSeen(int(g["index"]), "", "", -1, 0, None, None,
+                                error=str(g["error"]), lost=bool(g.get("lost"))))
+            continue
         table = mig_profiles.for_product(g["name"])
         migs = []
         for m in g.get("migs", []):

@@ -11,7 +11,9 @@ Output: {"ok": bool, "error": str, "library": path, "mock": bool, "driver_versio
 "mig_current", "mig_pending", "migs": [{"uuid", "gi", "ci", "gi_profile_id", "start", "size",
 "memory_mib"}]}]}; gi_profile_id is nvmlGpuInstanceInfo_t.profileId, the driver's profile id
 (`nvidia-smi mig -lgip`'s ID: 19 for an A100's 1g.5gb), not an NVML_GPU_INSTANCE_PROFILE_*
-constant.
+constant. A GPU NVML cannot query (lost: NVML_ERROR_GPU_IS_LOST, or another error) is
+{"index", "lost": bool, "error": str} and the GPUs after it are still read, each under its own
+index; "ok" then stays true (NVML answers), the GPU's entry carries the failure.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ LIBRARY = "libnvidia-ml.so.1"
 SUCCESS = 0
 NOT_SUPPORTED = 3
 NOT_FOUND = 6
+GPU_IS_LOST = 15
 BUFFER = 96
 
 
@@ -43,7 +46,9 @@ class _GpuInstanceInfo(ctypes.Structure):
 
 
 class NvmlFailure(RuntimeError):
-    pass
+    def __init__(self, message: str, rc: int = -1) -> None:
+        super().__init__(message)
+        self.rc = rc
 
 
 class Nvml:
@@ -55,7 +60,7 @@ class Nvml:
         rc = int(getattr(self.lib, name)(*args))
         if rc != SUCCESS:
             text = self.lib.nvmlErrorString(rc)
-            raise NvmlFailure(f"{name}: {text.decode() if text else rc} ({rc})")
+            raise NvmlFailure(f"{name}: {text.decode() if text else rc} ({rc})", rc)
         return rc
 
     def try_call(self, name: str, *args: Any) -> int:
@@ -98,7 +103,7 @@ def _mig_devices(nvml: Nvml, handle: Any) -> list[dict[str, Any]]:
         if rc == NOT_FOUND:
             continue
         if rc != SUCCESS:
-            raise NvmlFailure(f"nvmlDeviceGetMigDeviceHandleByIndex({slot}): error {rc}")
+            raise NvmlFailure(f"nvmlDeviceGetMigDeviceHandleByIndex({slot}): error {rc}", rc)
         gi_id = nvml.uint("nvmlDeviceGetGpuInstanceId", mig)
         ci_id = nvml.uint("nvmlDeviceGetComputeInstanceId", mig)
         gi = ctypes.c_void_p()
@@ -111,6 +116,28 @@ def _mig_devices(nvml: Nvml, handle: Any) -> list[dict[str, Any]]:
             "size": int(info.placement.size), "memory_mib": nvml.memory_mib(mig),
         })
     return out
+
+
+def _gpu(nvml: Nvml, index: int) -> dict[str, Any]:
+    handle = ctypes.c_void_p()
+    nvml.call("nvmlDeviceGetHandleByIndex_v2", ctypes.c_uint(index), ctypes.byref(handle))
+    gpu: dict[str, Any] = {
+        "index": index,
+        "uuid": nvml.text("nvmlDeviceGetUUID", handle),
+        "name": nvml.text("nvmlDeviceGetName", handle),
+        "minor": nvml.uint("nvmlDeviceGetMinorNumber", handle),
+        "memory_mib": nvml.memory_mib(handle),
+        "mig_current": None, "mig_pending": None, "migs": [],
+    }
+    cur, pend = ctypes.c_uint(), ctypes.c_uint()
+    rc = nvml.try_call("nvmlDeviceGetMigMode", handle, ctypes.byref(cur), ctypes.byref(pend))
+    if rc == SUCCESS:
+        gpu["mig_current"], gpu["mig_pending"] = bool(cur.value), bool(pend.value)
+        if cur.value:
+            gpu["migs"] = _mig_devices(nvml, handle)
+    elif rc != NOT_SUPPORTED:
+        raise NvmlFailure(f"nvmlDeviceGetMigMode(GPU {index}): error {rc}", rc)
+    return gpu
 
 
 def probe(library: str = LIBRARY) -> dict[str, Any]:
@@ -136,26 +163,13 @@ def probe(library: str = LIBRARY) -> dict[str, Any]:
         if nvml.try_call("nvmlSystemGetCudaDriverVersion", ctypes.byref(cuda)) == SUCCESS:
             result["cuda_driver_version"] = cuda.value
         for index in range(nvml.uint("nvmlDeviceGetCount_v2")):
-            handle = ctypes.c_void_p()
-            nvml.call("nvmlDeviceGetHandleByIndex_v2", ctypes.c_uint(index), ctypes.byref(handle))
-            gpu: dict[str, Any] = {
-                "index": index,
-                "uuid": nvml.text("nvmlDeviceGetUUID", handle),
-                "name": nvml.text("nvmlDeviceGetName", handle),
-                "minor": nvml.uint("nvmlDeviceGetMinorNumber", handle),
-                "memory_mib": nvml.memory_mib(handle),
-                "mig_current": None, "mig_pending": None, "migs": [],
-            }
-            cur, pend = ctypes.c_uint(), ctypes.c_uint()
-            rc = nvml.try_call("nvmlDeviceGetMigMode", handle, ctypes.byref(cur),
-                               ctypes.byref(pend))
-            if rc == SUCCESS:
-                gpu["mig_current"], gpu["mig_pending"] = bool(cur.value), bool(pend.value)
-                if cur.value:
-                    gpu["migs"] = _mig_devices(nvml, handle)
-            elif rc != NOT_SUPPORTED:
-                raise NvmlFailure(f"nvmlDeviceGetMigMode(GPU {index}): error {rc}")
-            result["gpus"].append(gpu)
+            try:
+                result["gpus"].append(_gpu(nvml, index))
+            except NvmlFailure as exc:
+                # One GPU's failure is that GPU's: the next index is the next GPU, as NVML
+                # numbers them (stopping here reported every later GPU as absent).
+                result["gpus"].append({"index": index, "lost": exc.rc == GPU_IS_LOST,
+                                       "error": str(exc)})
         result["ok"] = True
     except NvmlFailure as exc:
         result["error"] = str(exc)

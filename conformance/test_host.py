@@ -1,6 +1,7 @@
 """Host checks over SSH (pytest-testinfra, ansible backend, the same inventory): the driver
-answers through NVML with the declared branch and GPUs, the container runtime runs and can hand
-GPUs to containers, the CDI spec exists when configured, the device plugin serves its sockets."""
+answers through NVML with the declared branch, pinned version and GPUs, the container runtime
+runs and can hand GPUs to containers, the CDI spec exists when configured, the device plugin
+serves its sockets."""
 
 from __future__ import annotations
 
@@ -31,12 +32,15 @@ def test_nvml_answers_with_the_declared_gpus(gpukit_suite: Any, node: str,
     need_host(gpukit_suite, node)
     probe = need_probe(gpukit_suite, node)
     check.equal("NVML answers", "ok", "ok" if probe.ok else probe.error)
-    check.equal("GPU count", decl.gpu.count, len(probe.gpus))
-    check.equal("GPU products", [decl.gpu.product] * decl.gpu.count,
-                [g.name for g in probe.gpus])
+    check.equal("GPU count", decl.gpu.count, len(probe.gpus))  # lost GPUs count, as in NVML
+    for g in probe.gpus:
+        if g.error:  # by its own index; the GPUs after it are compared below as usual
+            check.equal(f"GPU {g.index}", "present", g.state)
+    readable = probe.readable
+    check.equal("GPU products", [decl.gpu.product] * len(readable), [g.name for g in readable])
     if decl.gpu.memory_mib:
-        check.equal("GPU memory (MiB)", [decl.gpu.memory_mib] * decl.gpu.count,
-                    [g.memory_mib for g in probe.gpus])
+        check.equal("GPU memory (MiB)", [decl.gpu.memory_mib] * len(readable),
+                    [g.memory_mib for g in readable])
     check.verify()
 
 
@@ -48,6 +52,19 @@ def test_driver_branch(gpukit_suite: Any, node: str, check: Check) -> None:
     probe = need_probe(gpukit_suite, node)
     check.equal("driver branch (nvmlSystemGetDriverVersion)", decl.driver_branch,
                 probe.driver_version.split(".")[0] if probe.driver_version else probe.error)
+    check.verify()
+
+
+def test_driver_version(gpukit_suite: Any, node: str, check: Check) -> None:
+    """The exact version `nvidia_driver_version` pins. The inventory model refuses a version
+    outside the declared branch, so this never contradicts test_driver_branch."""
+    decl = need_decl(gpukit_suite, node)
+    need_host(gpukit_suite, node)
+    if not decl.driver_version:
+        check.skip("pins no nvidia_driver_version (the newest of its branch is not checked)")
+    probe = need_probe(gpukit_suite, node)
+    check.equal("driver version (nvmlSystemGetDriverVersion)", decl.driver_version,
+                probe.driver_version or probe.error)
     check.verify()
 
 

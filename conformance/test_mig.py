@@ -31,8 +31,8 @@ def test_gpus_carry_the_declared_layout(gpukit_suite: Any, node: str, check: Che
     seen = {g.index: g for g in probe.gpus}
     for want in decl.mig_gpus:
         gpu = seen.get(want.index)
-        if gpu is None:
-            check.record(f"GPU {want.index}", "present", "absent", False)
+        if gpu is None or gpu.error:
+            check.record(f"GPU {want.index}", "present", gpu.state if gpu else "absent", False)
             continue
         check.equal(f"GPU {want.index} MIG mode", "enabled" if want.mig_enabled else "disabled",
                     "enabled" if gpu.mig_current else "disabled")

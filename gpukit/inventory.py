@@ -32,6 +32,7 @@ from typing import Any
 
 from gpukit import label_syntax, mig_profiles
 from gpukit.plugin.config import Config, ConfigError, parse_config
+from gpukit.provision.driver import DriverSpec, DriverSpecError
 
 GPU_GROUP = "gpu_nodes"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -157,6 +158,7 @@ class NodeDecl:
     gpu: GpuDecl
     address: str | None = None
     driver_branch: str | None = None
+    driver_version: str | None = None  # nvidia_driver_version: pinned within the branch
     kernel_modules: str | None = None
     container_runtime: str = "containerd"
     plugin_config_name: str | None = None
@@ -299,9 +301,9 @@ def load(
 # The variables a node's declaration is made of; DECLARED_VARIABLES: those but the kubeconfig.
 _VARIABLES = (
     "gpukit_kubeconfig", "gpukit_node_name", "gpukit_gpu", "nvidia_driver_branch",
-    "nvidia_driver_kernel_modules", "gpukit_container_runtime", "gpukit_device_plugin_configs",
-    "gpukit_device_plugin_config", "gpukit_mig_configs", "gpukit_mig_config",
-    "gpukit_node_labels", "gpukit_node_taints",
+    "nvidia_driver_version", "nvidia_driver_kernel_modules", "gpukit_container_runtime",
+    "gpukit_device_plugin_configs", "gpukit_device_plugin_config", "gpukit_mig_configs",
+    "gpukit_mig_config", "gpukit_node_labels", "gpukit_node_taints",
 )
 DECLARED_VARIABLES = tuple(v for v in _VARIABLES if v != "gpukit_kubeconfig")
 
@@ -405,6 +407,7 @@ def node_from_vars(host: str, raw: Mapping[str, Any]) -> NodeDecl:
             v.fail("nvidia_driver_branch", branch_raw, 'is not a driver branch such as "550"')
         else:
             branch = branch_raw
+    version = _driver_version(v, branch, branch_raw)
     modules = v.string("nvidia_driver_kernel_modules", v.get("nvidia_driver_kernel_modules"),
                        choices=KERNEL_MODULES)
     runtime = v.string("gpukit_container_runtime", v.get("gpukit_container_runtime"),
@@ -422,12 +425,40 @@ def node_from_vars(host: str, raw: Mapping[str, Any]) -> NodeDecl:
     return NodeDecl(
         host=host, node_name=node_name, gpu=gpu,
         address=str(address) if address not in (None, _MISSING) else None,
-        driver_branch=branch, kernel_modules=modules, container_runtime=runtime,
+        driver_branch=branch, driver_version=version, kernel_modules=modules,
+        container_runtime=runtime,
         plugin_config_name=config_name, plugin_config=config, plugin_configs=configs,
         mig_config_name=mig_name,
         mig_layout=layout, mig_gpus=mig_gpus, labels=labels, taints=taints,
         kubeconfig=kubeconfig,
     )
+
+
+def _driver_version(v: _Vars, branch: str | None, branch_raw: Any) -> str | None:
+    """`nvidia_driver_version`, validated as the nvidia_driver role does (DriverSpec); empty or
+    null is the role's default: the newest of the branch, nothing pinned."""
+    name = "nvidia_driver_version"
+    raw = v.get(name)
+    if raw is _MISSING or raw is None or raw == "":
+        return None
+    if isinstance(raw, float):  # YAML reads an unquoted 550.90 as 550.9
+        v.fail(name, raw, 'is a number, not a driver version: quote it, e.g. "550.90.07"')
+        return None
+    if not isinstance(raw, str):
+        v.fail(name, raw, 'is not a driver version such as "550.90.07"')
+        return None
+    if branch is None:
+        if branch_raw is _MISSING or branch_raw is None:  # a bad branch is reported already
+            v.fail(name, raw, "pins a version without nvidia_driver_branch (the role pins it "
+                   "within the branch; declare both)")
+        return None
+    try:
+        DriverSpec(branch=branch, version=raw)
+    except DriverSpecError as exc:
+        # The role's message names the variable and quotes the value already.
+        v.fail(name, _MISSING, str(exc).partition(": ")[2])
+        return None
+    return raw
 
 
 def _gpu(v: _Vars) -> GpuDecl | None:

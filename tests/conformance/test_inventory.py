@@ -128,6 +128,30 @@ def test_declared_vars_are_the_declaration_from_hostvars() -> None:
                                            "gpukit_gpu": {"product": "Tesla T4", "count": 2}}
 
 
+def test_a_pinned_driver_version_from_the_inventory_files(tmp_path: Path) -> None:
+    root = _write(tmp_path / "inv", {
+        "hosts.yml": _hosts(h1={}, h2={}, h3={}),
+        "group_vars/gpu_nodes.yml": {"gpukit_gpu": {"product": "Tesla T4", "count": 2},
+                                     "nvidia_driver_branch": "550"},
+        "host_vars/h1.yml": {"nvidia_driver_version": "550.127.05"},
+        "host_vars/h2.yml": {"nvidia_driver_version": ""},  # the role's default: newest
+    })
+    got = inv.load(root)
+    assert [n.driver_version for n in got.nodes] == ["550.127.05", None, None]
+    assert got.node("h1").driver_branch == "550"
+
+
+def test_host_vars_pin_a_driver_version() -> None:
+    """`--host-vars '{"gpu-t4": {"nvidia_driver_version": "550.127.05"}}'` (issue #14)."""
+    assert inv.load(LAB).node("gpu-t4").driver_version is None
+    got = inv.load(LAB, host_vars={"gpu-t4": {"nvidia_driver_version": "550.127.05"}})
+    assert got.node("gpu-t4").driver_version == "550.127.05"
+    assert got.node("gpu-a100").driver_version is None
+    # A rolling upgrade hands the suite what its play applied, the pinned version included.
+    assert inv.declared_vars({"nvidia_driver_version": "550.127.05", "x": 1}) == {
+        "nvidia_driver_version": "550.127.05"}
+
+
 @pytest.mark.parametrize(("given", "needle"), [
     ({"gpu-x": {}}, r"host_vars: 'gpu-x' is not a GPU node of this inventory"),
     ({"gpu-t4": ["570"]}, r"host gpu-t4: host_vars: \['570'\] is not a mapping"),
@@ -135,6 +159,8 @@ def test_declared_vars_are_the_declaration_from_hostvars() -> None:
      r"host gpu-t4: host_vars: \['nvidia_driver_brnach'\] are not declaration variables"),
     ({"gpu-t4": {"nvidia_driver_kernel_modules": "closed"}},
      r"host gpu-t4: nvidia_driver_kernel_modules: 'closed' is not one of"),
+    ({"gpu-t4": {"nvidia_driver_version": "550.127.05-1"}},
+     r"host gpu-t4: nvidia_driver_version: '550.127.05-1' is not a driver version"),
 ])  # fmt: skip
 def test_bad_host_vars_name_host_and_variable(given: dict[str, Any], needle: str) -> None:
     with pytest.raises(inv.InventoryError, match=needle):
@@ -194,6 +220,16 @@ def test_undefined_template_names_host_and_variable(tmp_path: Path) -> None:
     ({"gpukit_gpu": {"product": "T4", "count": 1, "memory_mib": 0}}, "memory_mib: 0 is not an"),
     ({"nvidia_driver_branch": "latest"}, "nvidia_driver_branch: 'latest' is not a driver branch"),
     ({"nvidia_driver_kernel_modules": "nouveau"}, "'nouveau' is not one of open, proprietary"),
+    ({"nvidia_driver_branch": "550", "nvidia_driver_version": "latest"},
+     "nvidia_driver_version: 'latest' is not a driver version such as '550.90.07'"),
+    ({"nvidia_driver_branch": "550", "nvidia_driver_version": "570.86.15"},
+     "nvidia_driver_version: '570.86.15' is not in branch nvidia_driver_branch='550'"),
+    ({"nvidia_driver_branch": "550", "nvidia_driver_version": 550.9},
+     "nvidia_driver_version: 550.9 is a number, not a driver version: quote it"),
+    ({"nvidia_driver_branch": "550", "nvidia_driver_version": ["550.90.07"]},
+     "nvidia_driver_version: ['550.90.07'] is not a driver version"),
+    ({"nvidia_driver_version": "550.90.07"},
+     "nvidia_driver_version: '550.90.07' pins a version without nvidia_driver_branch"),
     ({"gpukit_node_name": "Bad_Name"}, "gpukit_node_name: 'Bad_Name' is not a valid"),
     ({"gpukit_device_plugin_config": "x", "gpukit_device_plugin_configs": {"a": {}}},
      "gpukit_device_plugin_config: 'x' is not a named config (known: a)"),

@@ -75,6 +75,20 @@ def test_host_vars_override_the_inventory_files(tmp_path: Path) -> None:
         assert r.returncode == 4 and needle in r.stderr, r.stdout + r.stderr
 
 
+def test_host_vars_pin_a_driver_version_or_refuse_it_naming_it() -> None:
+    """Issue #14: the pinned version is a declaration variable; a malformed one is a usage
+    error naming host, variable and value."""
+    args = ("conformance", "--inventory", "inventories/lab", "--nodes", "gpu-t4",
+            "-k", "test_driver_version", "--collect-only", "-q")  # fmt: skip
+    ok = _pytest(*args, "--host-vars", '{"gpu-t4": {"nvidia_driver_version": "550.127.05"}}')
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "conformance/test_host.py::test_driver_version[gpu-t4]" in ok.stdout, ok.stdout
+    bad = _pytest(*args, "--host-vars", '{"gpu-t4": {"nvidia_driver_version": "550.127.x"}}')
+    assert bad.returncode == 4, bad.stdout + bad.stderr
+    assert ("host gpu-t4: nvidia_driver_version: '550.127.x' is not a driver version"
+            in bad.stderr), bad.stderr
+
+
 def test_a_bad_inventory_is_a_usage_error_naming_host_and_variable(tmp_path: Path) -> None:
     bad = tmp_path / "inv"
     (bad / "group_vars").mkdir(parents=True)
@@ -117,6 +131,49 @@ def test_nvml_probe_reads_gpus_and_mig_devices_of_the_mock(tmp_path: Path) -> No
     mig = seen.gpus[1].migs[0]
     assert seen.parent(mig.uuid) == seen.gpus[1] and seen.mig(mig.uuid) == mig
     assert seen.index_to_uuid("1:0") == mig.uuid and seen.index_to_uuid("2") == seen.gpus[2].uuid
+
+
+@pytest.mark.nvml
+def test_nvml_probe_reports_a_lost_gpu_by_its_index_and_reads_the_ones_after_it(
+        tmp_path: Path) -> None:
+    """GPU 3 of 8 lost: the probe names GPU 3 lost and GPUs 4-7 present with their own UUIDs
+    (it used to stop at the lost GPU, so every later GPU read as absent)."""
+    from gpukit.lab import nvml as mock
+
+    mock.build()
+    env = mock.env("a100-sxm4-40gb-x8", tmp_path / "state")
+    ctl = [sys.executable, "-m", "gpukit.lab.nvml", "--profile", "a100-sxm4-40gb-x8",
+           "--state-dir", str(tmp_path / "state")]  # fmt: skip
+    r = subprocess.run([*ctl, "lose", "--gpu", "3"], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    status = json.loads(subprocess.run([*ctl, "status"], env=env, capture_output=True,
+                                       text=True, timeout=60, check=True).stdout)
+    uuids = [g["uuid"] for g in status["gpus"]]
+    assert [g["lost"] for g in status["gpus"]] == [False] * 3 + [True] + [False] * 4
+    out = subprocess.run([sys.executable, str(host.PROBE_SOURCE)], env=env, capture_output=True,
+                         text=True, timeout=60)
+    seen = host.parse_probe(json.loads(out.stdout))
+    assert seen.ok, seen.error  # NVML answers; the lost GPU is that GPU's entry
+    assert [g.index for g in seen.gpus] == list(range(8))
+    lost = seen.gpus[3]
+    assert lost.lost and "GPU is lost" in lost.error and lost.state.startswith("lost (")
+    assert [g.uuid for g in seen.readable] == uuids[:3] + uuids[4:]
+    assert [g.index for g in seen.readable] == [0, 1, 2, 4, 5, 6, 7]
+    assert all(g.state == "present" for g in seen.readable)
+    assert seen.index_to_uuid("4") == uuids[4] and seen.index_to_uuid("3") == "3"
+    assert seen.parent(uuids[7]) == seen.gpus[7] and seen.parent(uuids[3]) is None
+    # Through the suite's own check: one failure, GPU 3, none for the GPUs after it.
+    from gpukit.conformance import test_host as host_checks
+
+    decl = inv.load(REPO / "inventories" / "lab").node("gpu-a100")
+    suite = NS(decl=lambda _n: decl, options=NS(host_access=True), probe=lambda _n: seen,
+               probe_error=lambda _n: "")
+    c = Check("gpu-a100", "host")
+    with pytest.raises(pytest.fail.Exception) as exc:
+        host_checks.test_nvml_answers_with_the_declared_gpus(suite, "gpu-a100", c)
+    assert str(exc.value).splitlines() == [
+        f"node gpu-a100: GPU 3: expected present, observed lost ({lost.error})"]
 
 
 def test_a_probe_that_cannot_load_nvml_says_so() -> None:
