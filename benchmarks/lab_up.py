@@ -44,7 +44,10 @@ def lab_rss_mib(spec: LabSpec) -> float:
     t = cluster.table()
     pids = {p.pid for n in t.names() if (p := t.get(n)) is not None and p.alive()}
     for n in spec.nodes:
-        pids |= cgroups.procs(n.name)
+        try:
+            pids |= cgroups.procs(n.name)
+        except OSError:  # a cgroup going away under the scan (a node stopping)
+            continue
     total = 0
     for pid in pids:
         try:
