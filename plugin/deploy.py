@@ -13,6 +13,9 @@ from typing import Any
 
 import yaml
 
+from .config import parse_host_port
+from .metrics import READY_PATH
+
 APP = "gpukit-node-agent"
 
 
@@ -84,14 +87,21 @@ def own_node_policy(d: AgentDeployment) -> list[dict[str, Any]]:
     """RBAC cannot say "only your own node": a ValidatingAdmissionPolicy can.
 
     A pod-bound ServiceAccount token carries the node the pod runs on
-    (`authentication.kubernetes.io/node-name`); updates must target that node,
-    leave its spec alone and change only `nvidia.com/` labels.
+    (`authentication.kubernetes.io/node-name`); updates must target that node and
+    change only `nvidia.com/` labels: its spec (taints included), annotations,
+    finalizers, owner references and other labels stay as they were.
     """
     user = f"system:serviceaccount:{d.namespace}:{d.service_account}"
     node_key = "authentication.kubernetes.io/node-name"
     old = "(has(oldObject.metadata.labels) ? oldObject.metadata.labels : {})"
     new = "(has(object.metadata.labels) ? object.metadata.labels : {})"
     name = f"{APP}-own-node"
+
+    def unchanged(field: str, empty: str) -> str:
+        # An absent field and an empty one are the same to the API: compare with defaults.
+        return (f"(has(object.metadata.{field}) ? object.metadata.{field} : {empty}) == "
+                f"(has(oldObject.metadata.{field}) ? oldObject.metadata.{field} : {empty})")
+
     policy = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",
@@ -127,6 +137,15 @@ def own_node_policy(d: AgentDeployment) -> list[dict[str, Any]]:
                     f"{old}.all(k, k.startsWith('nvidia.com/') || k in {new})",
                     "message": "the gpukit node agent may change only nvidia.com/ labels",
                 },
+                *(
+                    {"expression": unchanged(field, empty),
+                     "message": f"the gpukit node agent may not change a node's {what}"}
+                    for field, empty, what in (
+                        ("annotations", "{}", "annotations"),
+                        ("finalizers", "[]", "finalizers"),
+                        ("ownerReferences", "[]", "owner references"),
+                    )
+                ),
             ],
         },
     }
@@ -152,6 +171,26 @@ def config_map(d: AgentDeployment) -> dict[str, Any]:
         "data": {
             name: config_text(cfg) for name, cfg in sorted(d.configs.items())
         },
+    }
+
+
+def readiness_probe(d: AgentDeployment) -> dict[str, Any] | None:
+    """The agent's /readyz: Ready once every resource is registered with the kubelet (see
+    PluginManager.readiness). It is served on the metrics endpoint; the pod shares the host's
+    network, so the kubelet reaches a loopback address too. None when metrics are off."""
+    address = d.env.get("GPUKIT_METRICS_ADDRESS", d.metrics_address)  # env: the later wins
+    if not address:
+        return None
+    try:
+        host, port = parse_host_port(address)
+    except ValueError as exc:
+        raise ValueError(f"metrics address: {exc} (use host:port, or '' to disable)") from exc
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    return {
+        "httpGet": {"host": host, "port": port, "path": READY_PATH, "scheme": "HTTP"},
+        "periodSeconds": 5,
+        "timeoutSeconds": 3,
+        "failureThreshold": 2,
     }
 
 
@@ -211,6 +250,9 @@ def daemonset(d: AgentDeployment) -> dict[str, Any]:
         },
         "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
     }
+    probe = readiness_probe(d)
+    if probe is not None:
+        container["readinessProbe"] = probe
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",

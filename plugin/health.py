@@ -11,6 +11,10 @@ The rule (documented for users in the config reference):
   `recoverySeconds` (default 60). With `recoverySeconds: null` an XID is sticky until restart
   (NVIDIA's behaviour); a lost GPU still recovers when NVML sees it again.
 - Probes run every `probeIntervalSeconds` for every GPU; NVML failures never stop the plugin.
+
+XIDs are logged through `XidLog`: a (device, XID) pair's first event at once, then at most one
+summary line per pair and `XID_LOG_INTERVAL` with the count since the last line. A storm of
+1000 XID/s once wrote a line per event (~10 MB/min); the metric still counts every event.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from .resources import Unit
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], float]
+XID_LOG_INTERVAL = 30.0  # seconds between summary lines of one (device, XID) pair
 
 
 @dataclass
@@ -118,6 +123,11 @@ class HealthTracker:
                 return st.lost
             return f"XID {st.last_xid}" if st.last_xid_at is not None else ""
 
+    def clear(self) -> None:
+        """Forget every XID and probe result (health checks switched off: all Healthy)."""
+        with self._lock:
+            self._states.clear()
+
     def expire(self) -> None:
         """Forget XIDs older than the recovery window so they stop counting."""
         if self.recovery is None:
@@ -160,6 +170,66 @@ def probe_gpu(uuid: str) -> str:
 XidCallback = Callable[[str, int, bool], None]  # (target uuid, xid, counted as critical)
 
 
+@dataclass
+class _XidKey:
+    level: int
+    what: str  # "XID 79 on GPU-...: marking it unhealthy"
+    last_line: float  # clock time of the last line written for this pair
+    pending: int = 0  # events since that line, not yet written
+
+
+class XidLog:
+    """Rate-limited XID log lines: a pair's first event at once, then one summary per
+    `interval` counting what came in between. Pairs quiet for an interval are forgotten, so
+    their next event is logged at once again. Thread-safe."""
+
+    def __init__(self, interval: float = XID_LOG_INTERVAL, clock: Clock = time.monotonic,
+                 logger: logging.Logger = log) -> None:
+        self.interval = interval
+        self.clock = clock
+        self.logger = logger
+        self._keys: dict[tuple[str, int], _XidKey] = {}
+        self._lock = threading.Lock()
+
+    def event(self, device: str, xid: int, level: int, what: str) -> None:
+        """One XID event; `what` is the line to write when this one is written."""
+        now = self.clock()
+        with self._lock:
+            key = self._keys.get((device, xid))
+            due = key is None or now - key.last_line >= self.interval
+            if key is None or (due and not key.pending):
+                self._keys[(device, xid)] = _XidKey(level, what, now)
+                line: str | None = f"{what} (repeats summarised every {self.interval:.0f}s)"
+            else:
+                key.level, key.what = level, what  # a reload may have changed its meaning
+                key.pending += 1
+                line = self._summary(key, now) if due else None
+        if line is not None:
+            self.logger.log(level, "%s", line)
+
+    def flush(self) -> None:
+        """Write the summaries that are due; forget pairs quiet for an interval. Called
+        from the health loop, so a storm that stops still gets its last count written."""
+        now = self.clock()
+        lines: list[tuple[int, str]] = []
+        with self._lock:
+            for pair, key in list(self._keys.items()):
+                if now - key.last_line < self.interval:
+                    continue
+                if key.pending:
+                    lines.append((key.level, self._summary(key, now)))
+                else:
+                    del self._keys[pair]
+        for level, line in lines:
+            self.logger.log(level, "%s", line)
+
+    @staticmethod
+    def _summary(key: _XidKey, now: float) -> str:
+        count, since = key.pending, now - key.last_line
+        key.pending, key.last_line = 0, now
+        return f"{key.what} ({count} more in the last {since:.0f}s)"
+
+
 class HealthMonitor:
     """Background thread: waits for NVML XID events and probes GPUs; calls on_change after any
     transition so the server can tell the kubelet."""
@@ -172,6 +242,7 @@ class HealthMonitor:
         probe_interval: float = 5.0,
         on_xid: XidCallback | None = None,
         probe: Callable[[str], str] = probe_gpu,
+        xid_log: XidLog | None = None,
     ) -> None:
         self.tracker = tracker
         self.units = units
@@ -179,7 +250,9 @@ class HealthMonitor:
         self.probe_interval = probe_interval
         self.on_xid = on_xid
         self.probe = probe
+        self.xid_log = xid_log or XidLog()
         self._stop = threading.Event()
+        self._probe_now = threading.Event()
         self._thread: threading.Thread | None = None
         self._event_set: Any = None
         self._registered: frozenset[str] = frozenset()
@@ -188,6 +261,12 @@ class HealthMonitor:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="gpukit-health", daemon=True)
         self._thread.start()
+
+    def retune(self, probe_interval: float) -> None:
+        """New probe interval (a config reload), applied from the next loop turn."""
+        if probe_interval != self.probe_interval:
+            self.probe_interval = probe_interval
+            self._probe_now.set()
 
     def stop(self) -> None:
         self._stop.set()
@@ -243,12 +322,14 @@ class HealthMonitor:
                 gpus = frozenset(u.gpu.uuid for u in units.values())
                 if gpus != self._registered:
                     self._register(gpus)
-                if time.monotonic() >= next_probe:
+                if self._probe_now.is_set() or time.monotonic() >= next_probe:
+                    self._probe_now.clear()
                     for uuid in sorted(gpus):
                         self.tracker.on_probe(uuid, self.probe(uuid))
                     self.tracker.expire()
                     next_probe = time.monotonic() + self.probe_interval
                     self._notify_if_changed(units)
+                self.xid_log.flush()
                 self._wait_for_event(units, timeout=min(0.5, self.probe_interval))
             except Exception:  # never let health checking take the plugin down
                 log.exception("health loop error; continuing")
@@ -275,7 +356,8 @@ class HealthMonitor:
         try:
             gpu_uuid = pynvml.nvmlDeviceGetUUID(data.device)
         except pynvml.NVMLError as exc:
-            log.warning("XID %d from a GPU NVML cannot name (%s); probing all GPUs", xid, exc)
+            self.xid_log.event("?", xid, logging.WARNING,
+                               f"XID {xid} from a GPU NVML cannot name ({exc})")
             return
         gpu_uuid = gpu_uuid.decode() if isinstance(gpu_uuid, bytes) else str(gpu_uuid)
         self.handle_xid(units, gpu_uuid, xid, int(data.gpuInstanceId),
@@ -294,17 +376,20 @@ class HealthMonitor:
                    ) -> None:
         target = event_target(units.values(), gpu_uuid, gi, ci)
         if target is None:
-            log.info("XID %d on GPU %s instance %d/%d matches no served device", xid, gpu_uuid,
-                     gi, ci)
+            self.xid_log.event(f"{gpu_uuid}/{gi}/{ci}", xid, logging.INFO,
+                               f"XID {xid} on GPU {gpu_uuid} instance {gi}/{ci} matches no "
+                               "served device")
             return
         critical = self.tracker.on_xid(target, xid)
         if self.on_xid is not None:
             self.on_xid(target, xid, critical)
         if critical:
-            log.warning("XID %d on %s: marking it unhealthy", xid, target)
+            self.xid_log.event(target, xid, logging.WARNING,
+                               f"XID {xid} on {target}: marking it unhealthy")
             self._notify_if_changed(units)
         else:
-            log.info("XID %d on %s ignored (application error)", xid, target)
+            self.xid_log.event(target, xid, logging.INFO,
+                               f"XID {xid} on {target} ignored (application error)")
 
     def _notify_if_changed(self, units: Mapping[str, Unit]) -> None:
         view = {uuid: self.tracker.unit_healthy(u) for uuid, u in units.items()}

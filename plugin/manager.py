@@ -132,6 +132,7 @@ class PluginManager:
         self._last_labels: dict[str, str] | None = None
         self._last_cdi: dict[str, object] | None = None
         self.pause = PauseWatcher(self.options.pause_file) if self.options.pause_file else None
+        self.metrics.readiness = self.readiness
 
     # -- properties ---------------------------------------------------------------------------
 
@@ -301,7 +302,7 @@ class PluginManager:
             self.resources = rs
             self._reconcile()
             self._write_cdi()
-        self._ensure_monitor()
+        self._apply_health()
         self._update_labels()
         self._register_pending()
         self._next_rescan = time.monotonic() + self.config.gpukit.rescan_interval_seconds
@@ -395,19 +396,30 @@ class PluginManager:
         with self._lock:
             return self.resources.units()
 
-    def _ensure_monitor(self) -> None:
-        if self.monitor is not None or not self.nvml_ready or not self._health_enabled:
-            return
-
-        def count_xid(target: str, xid: int, critical: bool) -> None:
-            self.metrics.xids.labels(device=target, xid=str(xid),
-                                     critical=str(critical).lower()).inc()
-
-        self.monitor = HealthMonitor(
-            self.tracker, self.units, self.refresh_health,
-            probe_interval=self.config.gpukit.health.probe_interval_seconds, on_xid=count_xid,
-        )
-        self.monitor.start()
+    def _apply_health(self) -> None:
+        """Make the health monitor match the config: start, stop or retune it. Runs after
+        every rescan, so a reload applies `gpukit.health` without a restart (ignoredXids and
+        recoverySeconds live in the shared tracker, set by `_set_config`)."""
+        want = self.nvml_ready and self._health_enabled
+        interval = self.config.gpukit.health.probe_interval_seconds
+        monitor = self.monitor
+        if monitor is not None and not want:
+            log.info("health checks disabled: stopping the health monitor")
+            self.monitor = None
+            monitor.stop()
+            # Nothing watches the devices now: an XID or lost GPU seen before must not keep
+            # them Unhealthy for good (disabled checks report every device Healthy).
+            self.tracker.clear()
+            self.refresh_health()
+        elif monitor is not None:
+            if monitor.probe_interval != interval:
+                log.info("health probe interval now %gs", interval)
+                monitor.retune(interval)
+        elif want:
+            self.monitor = HealthMonitor(self.tracker, self.units, self.refresh_health,
+                                         probe_interval=interval, on_xid=self.metrics.count_xid)
+            self.monitor.start()
+            log.info("health monitor started (probe interval %gs)", interval)
 
     # -- CDI and labels -----------------------------------------------------------------------
 
@@ -528,6 +540,28 @@ class PluginManager:
                         name)
             self._unregistered.add(name)
             self._next_register = 0.0
+
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, why) for /readyz: every current resource is served, registered with the
+        kubelet, and the kubelet has its ListAndWatch stream open (it took the device list).
+        No resources (no GPUs, or NVML down with failOnInitError false) is ready: the
+        agent serves all there is, and a DaemonSet rollout must not stall on such a node."""
+        problems: list[str] = []
+        with self._lock:
+            names = sorted(self.resources.resources)
+            for name in names:
+                server = self.servers.get(name)
+                if server is None or not server.socket_intact():
+                    problems.append(f"{name}: not serving its socket")
+                elif name in self._unregistered or name not in self._registered_at:
+                    problems.append(f"{name}: not registered with the kubelet")
+                elif server.state.streamless_since() is not None:
+                    problems.append(f"{name}: registered, the kubelet has no ListAndWatch open")
+        if problems and inode(self.kubelet_socket) is None:
+            problems.append(f"no kubelet socket at {self.kubelet_socket}")
+        if problems:
+            return False, "; ".join(problems)
+        return True, f"{len(names)} resource(s) registered: {', '.join(names) or 'none'}"
 
     def _run(self) -> None:
         while not self._stop.wait(self.options.tick):

@@ -4,7 +4,8 @@ Crash safety does not come from a journal but from the planner: every action mov
 step towards the target, NVML makes each step atomic, and planning from ANY intermediate state
 (mode pending, GPU instances without compute instances, some instances created or destroyed)
 yields exactly the remaining steps. So after a crash, running apply again converges; the stale
-pause file it may leave behind expires on its own and is removed by the next apply.
+pause file a killed apply leaves behind is void once its process is gone (the plugin removes it
+at its next tick, see mig/pause.py), and the next apply removes it too.
 """
 
 from __future__ import annotations

@@ -13,8 +13,10 @@ side is :class:`gpukit.plugin.mig.pause.PauseWatcher`):
   (``ack_timeout``);
 * after the change (or when a failed apply gives up) the manager removes the pause file and,
   when it knows the plugin's PID, sends it SIGUSR1; the plugin re-enumerates at once.
-* A pause file past ``expires`` is ignored by the plugin (a manager killed mid-apply cannot
-  pause it forever); rerunning apply refreshes it and removes it at the end.
+* The file names its owner (``pid``, ``pid_start``, ``pid_ns``) and the manager holds an flock
+  on it until it resumes: a plugin that finds the owner gone (a manager killed mid-apply) voids
+  and removes the pause at its next tick (:mod:`gpukit.plugin.mig.pause`). A pause file past
+  ``expires`` is ignored as a last resort; rerunning apply refreshes it and removes it at the end.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from gpukit.plugin import label_names
+from gpukit.plugin.mig.pause import owner_record, write_pause
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +199,7 @@ class PauseFile:
         self.plugin_pid_file = Path(plugin_pid_file) if plugin_pid_file else None
         self.ack_timeout = ack_timeout
         self.max_seconds = max_seconds
+        self._lock_fd: int | None = None  # holds the pause file's flock while paused
 
     def _pid(self) -> int | None:
         if self.plugin_pid:
@@ -219,11 +223,13 @@ class PauseFile:
     def pause(self, gpus: Sequence[tuple[int, str]], config: str) -> None:
         token = uuidlib.uuid4().hex
         now = time.time()
-        _write_json(self.path, {
-            "version": 1, "owner": "gpukit-mig-manager", "token": token, "pid": os.getpid(),
+        fd = write_pause(self.path, {
+            "version": 1, "owner": "gpukit-mig-manager", "token": token, **owner_record(),
             "config": config, "indices": [i for i, _ in gpus], "gpus": [u for _, u in gpus],
             "created": now, "expires": now + self.max_seconds,
         })
+        self._unlock()
+        self._lock_fd = fd
         if self.ack_timeout <= 0:
             return
         deadline = time.monotonic() + self.ack_timeout
@@ -237,9 +243,16 @@ class PauseFile:
         log.warning("the device plugin did not acknowledge the pause within %.1fs (%s): "
                     "continuing", self.ack_timeout, self.ack_path)
 
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
     def resume(self) -> None:
         try:
             self.path.unlink()
         except FileNotFoundError:
             return
+        finally:
+            self._unlock()  # after the unlink: a reader never sees our file unlocked
         self._signal()

@@ -14,6 +14,7 @@ import textwrap
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -266,14 +267,34 @@ def test_time_sliced_replicas_spread_and_reject_more_than_one(
     assert per_gpu == {u: 4 for u in gpu_uuids("gpu-t4")}
 
 
-def _metrics(node: str) -> str:
+HTTP_GET = """
+import sys, urllib.error, urllib.request
+try:
+    r = urllib.request.urlopen("http://127.0.0.1:9402" + sys.argv[1], timeout=5)
+    print(r.status, r.read().decode())
+except urllib.error.HTTPError as e:
+    print(e.code, e.read().decode())
+except OSError as e:  # not listening (yet)
+    print(0, e)
+"""
+
+
+def _agent_http(node: str, path: str) -> tuple[int, str]:
+    """GET the agent's HTTP endpoint on `node` (loopback in the node's network namespace,
+    which the agent's hostNetwork pod shares): (status, body); status 0 when nothing answers."""
     spec = load_spec()
-    code = "import urllib.request;print(urllib.request.urlopen('http://127.0.0.1:9402/metrics',timeout=5).read().decode())"
     r = subprocess.run(
-        ["nsenter", f"--net={network.netns_path(spec.node(node), spec)}", sys.executable, "-c", code],
-        capture_output=True, text=True, check=True,
+        ["nsenter", f"--net={network.netns_path(spec.node(node), spec)}", sys.executable, "-c",
+         HTTP_GET, path], capture_output=True, text=True, check=True,
     )  # fmt: skip
-    return r.stdout
+    status, _, body = r.stdout.partition(" ")
+    return int(status), body
+
+
+def _metrics(node: str) -> str:
+    status, body = _agent_http(node, "/metrics")
+    assert status == 200, body
+    return body
 
 
 def test_critical_xid_takes_a_gpu_out_and_it_comes_back(
@@ -383,13 +404,14 @@ def _agent_pod(core: client.CoreV1Api, d: AgentDeployment, node: str) -> str:
 
 
 def _patch_from_agent(
-    core: client.CoreV1Api, d: AgentDeployment, on: str, target: str, label: str
+    core: client.CoreV1Api, d: AgentDeployment, on: str, target: str, patch: dict[str, Any]
 ) -> str:
+    """Patch node `target` with the agent's own credentials, from its pod on node `on`."""
     code = textwrap.dedent(f"""
         from kubernetes import client, config
         config.load_incluster_config()
         try:
-            client.CoreV1Api().patch_node({target!r}, {{"metadata": {{"labels": {{{label!r}: "x"}}}}}})
+            client.CoreV1Api().patch_node({target!r}, {patch!r})
             print("ALLOWED")
         except client.ApiException as e:
             print("DENIED", e.status, e.body)
@@ -400,17 +422,150 @@ def _patch_from_agent(
     )
 
 
+def _label(key: str, value: str | None = "x") -> dict[str, Any]:
+    return {"metadata": {"labels": {key: value}}}
+
+
+PROBE = "nvidia.com/probe"
+
+
+def _undo_probes(core: client.CoreV1Api, node: str) -> None:
+    """Take off whatever a probe patch that should have been refused left on the node."""
+    n = core.read_node(node)
+    ops: list[dict[str, Any]] = []
+    if PROBE in (n.metadata.annotations or {}):
+        ops.append({"op": "remove", "path": "/metadata/annotations/nvidia.com~1probe"})
+    if PROBE in (n.metadata.finalizers or []):
+        ops.append({"op": "replace", "path": "/metadata/finalizers",
+                    "value": [f for f in n.metadata.finalizers if f != PROBE]})
+    if any(t.key == PROBE for t in n.spec.taints or []):
+        ops.append({"op": "replace", "path": "/spec/taints",
+                    "value": [client.ApiClient().sanitize_for_serialization(t)
+                              for t in n.spec.taints if t.key != PROBE]})
+    if ops:
+        core.patch_node(node, ops)
+    labels = n.metadata.labels or {}
+    for key in ("example.com/probe", PROBE):
+        if key in labels:
+            core.patch_node(node, _label(key, None))
+    if labels.get("kubernetes.io/hostname") != node:
+        core.patch_node(node, _label("kubernetes.io/hostname", node))
+
+
 def test_the_agent_may_label_only_its_own_node(
     core: client.CoreV1Api, deployed: AgentDeployment
 ) -> None:
-    other = _patch_from_agent(core, deployed, "gpu-a100", "gpu-t4", "nvidia.com/probe")
-    assert other.startswith("DENIED"), other
-    assert "only the node its pod runs on" in other
-    non_nvidia = _patch_from_agent(core, deployed, "gpu-a100", "gpu-a100", "example.com/probe")
-    assert non_nvidia.startswith("DENIED") and "only nvidia.com/ labels" in non_nvidia
-    own = _patch_from_agent(core, deployed, "gpu-a100", "gpu-a100", "nvidia.com/probe")
-    assert own.startswith("ALLOWED"), own
-    core.patch_node("gpu-a100", {"metadata": {"labels": {"nvidia.com/probe": None}}})
+    """The admission policy lets through only changes to nvidia.com/ labels of the agent's own
+    node: another node, other labels, annotations (nvidia.com/ ones too), finalizers, taints
+    are refused by the API server, each with the policy's message."""
+    def refused(patch: dict[str, Any], why: str, target: str = "gpu-a100") -> None:
+        out = _patch_from_agent(core, deployed, "gpu-a100", target, patch)
+        assert out.startswith("DENIED") and why in out, f"{patch}: {out}"
+
+    hostname = "kubernetes.io/hostname"
+    try:
+        refused(_label(PROBE), "only the node its pod runs on", target="gpu-t4")
+        refused(_label("example.com/probe"), "only nvidia.com/ labels")
+        refused(_label(hostname, None), "only nvidia.com/ labels")  # removing one
+        refused(_label(hostname, "elsewhere"), "only nvidia.com/ labels")  # changing one
+        refused({"metadata": {"annotations": {PROBE: "x"}}}, "may not change a node's annotations")
+        refused({"metadata": {"finalizers": [PROBE]}}, "may not change a node's finalizers")
+        refused({"spec": {"taints": [{"key": PROBE, "effect": "NoSchedule"}]}},
+                "may not change a node's spec")
+        refused({"spec": {"unschedulable": True}}, "may not change a node's spec")
+        own = _patch_from_agent(core, deployed, "gpu-a100", "gpu-a100", _label(PROBE))
+        assert own.startswith("ALLOWED"), own
+        gone = _patch_from_agent(core, deployed, "gpu-a100", "gpu-a100", _label(PROBE, None))
+        assert gone.startswith("ALLOWED"), gone
+    finally:
+        _undo_probes(core, "gpu-a100")
+        _undo_probes(core, "gpu-t4")
+        if core.read_node("gpu-a100").spec.unschedulable:
+            core.patch_node("gpu-a100", {"spec": {"unschedulable": None}})
+
+
+def _ready(pod: client.V1Pod) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+def _agent_pods(core: client.CoreV1Api, d: AgentDeployment) -> dict[str, client.V1Pod]:
+    """The agent's pods by node, leaving out those being deleted."""
+    return {p.spec.node_name: p for p in core.list_namespaced_pod(d.namespace).items
+            if p.metadata.deletion_timestamp is None}  # fmt: skip
+
+
+NODE_STATUS_PERIOD = 4.0  # the lab kubelets' nodeStatusUpdateFrequency (lab/nodes.py)
+
+
+def test_the_agent_pod_is_ready_only_once_registered(
+    core: client.CoreV1Api, deployed: AgentDeployment
+) -> None:
+    """The DaemonSet's readinessProbe asks the agent's /readyz: an agent that cannot register
+    with the kubelet runs but never turns Ready, so a rollout stops at it; once registered it
+    is Ready and its node advertises the GPUs."""
+    spec = load_spec()
+    want = {"gpu-a100": 8, "gpu-t4": 8}
+    before = _agent_pods(core, deployed)
+    for node, count in want.items():
+        pod = before[node]
+        probe = pod.spec.containers[0].readiness_probe
+        assert probe is not None and probe.http_get.path == "/readyz", probe
+        assert _ready(pod), f"{node}: the agent serves its GPUs but its pod is not Ready"
+        assert resources(core, node).get("nvidia.com/gpu") == count
+        status, body = _agent_http(node, "/readyz")
+        assert status == 200 and "registered: nvidia.com/gpu" in body, body
+
+    # An agent whose kubelet dir holds no kubelet.sock: it serves, but never registers.
+    stray = replace(deployed, env={**deployed.env, "GPUKIT_KUBELET_DIR": "/tmp"})
+
+    def stray_pod() -> client.V1Pod | None:
+        for p in _agent_pods(core, deployed).values():
+            env = {e.name: e.value for e in p.spec.containers[0].env or []}
+            if env.get("GPUKIT_KUBELET_DIR") == "/tmp" and p.status.phase == "Running":
+                return p
+        return None
+
+    try:
+        agent.apply(spec, stray)
+        pod = wait_for("an agent pod that cannot register to run", stray_pod, timeout=120)
+        node = pod.spec.node_name
+        other = next(n for n in want if n != node)
+
+        def unregistered() -> str | None:
+            status, body = _agent_http(node, "/readyz")
+            return body if status == 503 and "not registered with the kubelet" in body else None
+
+        wait_for(f"{node}: /readyz to say the agent is not registered", unregistered, timeout=60)
+        for _ in range(20):  # four probe periods: Running, and never Ready
+            p = core.read_namespaced_pod(pod.metadata.name, deployed.namespace)
+            assert p.status.phase == "Running" and not _ready(p), p.status
+            time.sleep(1)
+        wait_for(f"{node}: no allocatable GPUs without a registered agent",
+                 lambda: resources(core, node).get("nvidia.com/gpu", 0) == 0, timeout=30)
+        # The rollout waits for a Ready pod: the other node keeps its agent.
+        assert _agent_pods(core, deployed)[other].metadata.uid == before[other].metadata.uid
+    finally:
+        agent.apply(spec, deployed)
+
+    # Registered again: Ready, and the node advertises its GPUs. Readiness follows the
+    # registration; the node's status follows it at the kubelet's next status update.
+    ready_at: float | None = None
+    advertised_at: float | None = None
+    deadline = time.monotonic() + 120
+    while (ready_at is None or advertised_at is None) and time.monotonic() < deadline:
+        p = _agent_pods(core, deployed).get(node)
+        fresh = p is not None and p.metadata.uid != pod.metadata.uid
+        if ready_at is None and fresh and _ready(p):
+            ready_at = time.monotonic()
+            assert _registrations(node) >= 1, "Ready before its agent registered"
+        if advertised_at is None and fresh and resources(core, node).get("nvidia.com/gpu") == want[node]:
+            advertised_at = time.monotonic()
+        time.sleep(0.25)
+    assert ready_at is not None, agent.diagnose(spec, node)
+    assert advertised_at is not None, agent.diagnose(spec, node)
+    assert advertised_at - ready_at <= NODE_STATUS_PERIOD + 2, (
+        f"{node}: GPUs advertised {advertised_at - ready_at:.1f}s after the agent was Ready")
+    agent.wait_rolled_out(spec, deployed, timeout=120)
 
 
 MIG_SCRIPT = """
