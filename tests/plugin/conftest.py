@@ -4,6 +4,21 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
 
 # --import-mode=importlib does not put test dirs on sys.path; the factories module needs it.
 sys.path.insert(0, os.path.dirname(__file__))
+
+from plugin_testlib import FakeKubelet
+
+
+@pytest.fixture
+def kubelet(short_tmp: Path) -> Iterator[FakeKubelet]:
+    """A stand-in kubelet Registration server in a short temporary directory."""
+    k = FakeKubelet(short_tmp)
+    k.start()
+    yield k
+    k.stop()

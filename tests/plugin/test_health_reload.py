@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +36,6 @@ def ctl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> MockControl:
         monkeypatch.delenv(var, raising=False)
     mock.load_mock(lib)
     return MockControl(lib)
-
-
-@pytest.fixture
-def kubelet(short_tmp: Path) -> Iterator[FakeKubelet]:
-    k = FakeKubelet(short_tmp)
-    k.start()
-    yield k
-    k.stop()
 
 
 def write_health(path: Path, **health: Any) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -126,14 +126,6 @@ def test_mig_discovery_and_mixed_resources(mock_node: Callable[[str], Any]) -> N
     labels = compute_labels(inv, config)
     assert labels["nvidia.com/mig-3g.20gb.count"] == "2"
     assert labels["nvidia.com/mig-1g.5gb.slices.gi"] == "1"
-
-
-@pytest.fixture
-def kubelet(short_tmp: Path) -> Iterator[FakeKubelet]:
-    k = FakeKubelet(short_tmp)
-    k.start()
-    yield k
-    k.stop()
 
 
 def start_manager(directory: Path, *extra: Override) -> PluginManager:

@@ -8,11 +8,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from plugin_testlib import T4, FakeBackend, FakeKubelet, dial, gpu_uuid, make_gpu, make_inventory
 
 from gpukit.plugin.api import deviceplugin_pb2 as pb
@@ -26,14 +24,6 @@ PauseFile(sys.argv[1]).pause([(1, sys.argv[2])], "mixed")
 print("paused", flush=True)
 time.sleep(600)
 """
-
-
-@pytest.fixture
-def kubelet(short_tmp: Path) -> Iterator[FakeKubelet]:
-    k = FakeKubelet(short_tmp)
-    k.start()
-    yield k
-    k.stop()
 
 
 def health(resp: Any) -> dict[str, str]:

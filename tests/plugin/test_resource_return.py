@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import queue
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,14 +17,6 @@ from plugin_testlib import FakeBackend, FakeKubelet, dial, gpu_uuid, make_gpu, m
 from gpukit.plugin.api import deviceplugin_pb2 as pb
 from gpukit.plugin.config_source import ConfigSource, Override
 from gpukit.plugin.manager import ManagerOptions, PluginManager
-
-
-@pytest.fixture
-def kubelet(short_tmp: Path) -> Iterator[FakeKubelet]:
-    k = FakeKubelet(short_tmp)
-    k.start()
-    yield k
-    k.stop()
 
 
 def test_a_resource_back_before_its_socket_closed_keeps_its_server(

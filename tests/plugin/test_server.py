@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import stat
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +26,6 @@ from gpukit.plugin.api import deviceplugin_pb2 as pb
 from gpukit.plugin.config_source import ConfigSource, Override
 from gpukit.plugin.inventory import Inventory
 from gpukit.plugin.manager import ManagerOptions, PluginManager
-
-
-@pytest.fixture
-def kubelet(short_tmp: Path) -> Iterator[FakeKubelet]:
-    k = FakeKubelet(short_tmp)
-    k.start()
-    yield k
-    k.stop()
 
 
 def make_manager(directory: Path, backend: FakeBackend, *extra: Override) -> PluginManager:
