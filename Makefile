@@ -50,12 +50,15 @@ TEST_LABS ?= 1 2 3
 # take as long as everything else; a third lane for the rolling upgrades was tried and
 # gained nothing on 2 cores): lane 1 runs everything but the roles' tests, then the
 # suite's tests, then the sharing-config rollout's lab test on the suite's lab (each part
-# also when an earlier one failed); lane 2 the other roles' tests. Each lane's output goes
-# to $(RESULTS)/test-lane<N>.log and is printed when both are done.
+# also when an earlier one failed); lane 2 the other roles' tests, then the version matrix
+# (`make matrix`, below). Each lane's output goes to $(RESULTS)/test-lane<N>.log and is
+# printed when both are done.
 SHARING_LAB_TEST = tests/roles/test_upgrade_sharing_lab.py
 test: deps venv protos nvml k8s containerd rootfs ## the project's tests: lint, types, unit, lab integration
-	@# The runtime tests judge config edits with the real containerd of both config versions.
+	@# The matrix's stack, built before the lanes start (the runtime tests also judge config
+	@# edits with the real containerd of both config versions).
 	GPUKIT_CONTAINERD_VERSION=$(MATRIX_CONTAINERD) bash lab/scripts/build-containerd.sh >/dev/null
+	GPUKIT_K8S_VERSION=$(MATRIX_K8S) bash lab/scripts/build-kubernetes.sh >/dev/null
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy -p gpukit
 	@mkdir -p $(RESULTS); set -- $(TEST_LABS); \
@@ -64,15 +67,16 @@ test: deps venv protos nvml k8s containerd rootfs ## the project's tests: lint, 
 	    a=$$?; GPUKIT_LAB_INSTANCE=$$2 $(PY) -m pytest tests/conformance; b=$$?; \
 	    GPUKIT_LAB_INSTANCE=$$2 $(PY) -m pytest $(SHARING_LAB_TEST); c=$$?; \
 	    [ $$a = 0 ] && [ $$b = 0 ] && [ $$c = 0 ] ) > $(RESULTS)/test-lane1.log 2>&1 & lane1=$$!; \
-	  GPUKIT_LAB_INSTANCE=$$3 $(PY) -m pytest tests/roles --ignore=$(SHARING_LAB_TEST) \
+	  ( GPUKIT_LAB_INSTANCE=$$3 $(PY) -m pytest tests/roles --ignore=$(SHARING_LAB_TEST); \
+	    d=$$?; $(MAKE) --no-print-directory matrix; e=$$?; [ $$d = 0 ] && [ $$e = 0 ] ) \
 	    > $(RESULTS)/test-lane2.log 2>&1; rc2=$$?; \
 	  wait $$lane1; rc1=$$?; \
 	  for lane in 1 2; do echo "===== lane $$lane ($(RESULTS)/test-lane$$lane.log)"; \
 	    cat $(RESULTS)/test-lane$$lane.log; done; \
-	  echo "lane 1 (unit, lab, suite): exit $$rc1; lane 2 (roles): exit $$rc2"; \
+	  echo "lane 1 (unit, lab, suite): exit $$rc1; lane 2 (roles, matrix): exit $$rc2"; \
 	  [ $$rc1 = 0 ] && [ $$rc2 = 0 ]
 
-# The version matrix beside `make test`'s default stack (CI runs both): the main job on the
+# The version matrix beside the default stack (`make test` runs it in lane 2): the main job on the
 # oldest supported Kubernetes with containerd 1.7 (config version 2), on a lab instance of
 # its own: lab up, smoke, site.yml, the conformance suite, then a second site.yml that must
 # change nothing; the lab is taken down afterwards, also when a step failed.
