@@ -18,8 +18,11 @@ GPU_PRESENT = "nvidia.com/gpu.present"
 MIG_CAPABLE = "nvidia.com/mig.capable"
 MIG_STRATEGY = "nvidia.com/mig.strategy"
 MPS_CAPABLE = "nvidia.com/mps.capable"
-SHARING_STRATEGY = "nvidia.com/gpu.sharing-strategy"
-GPU_MODE = "nvidia.com/gpu.mode"
+GPU_MODE = "nvidia.com/gpu.mode"  # PCI class of the GPUs: compute, graphics or unknown
+GPU_MACHINE = "nvidia.com/gpu.machine"  # DMI product name
+VGPU_PRESENT = "nvidia.com/vgpu.present"
+VGPU_HOST_DRIVER_VERSION = "nvidia.com/vgpu.host-driver-version"
+VGPU_HOST_DRIVER_BRANCH = "nvidia.com/vgpu.host-driver-branch"
 
 CUDA_DRIVER_MAJOR = "nvidia.com/cuda.driver-version.major"
 CUDA_DRIVER_MINOR = "nvidia.com/cuda.driver-version.minor"
@@ -39,6 +42,7 @@ CUDA_RUNTIME_MINOR_DEPRECATED = "nvidia.com/cuda.runtime.minor"
 PRODUCT = "product"
 COUNT = "count"
 REPLICAS = "replicas"
+SHARING = "sharing-strategy"  # per resource, as GFD writes it (none, time-slicing, mps)
 MEMORY = "memory"
 FAMILY = "family"
 COMPUTE_MAJOR = "compute.major"
@@ -57,6 +61,8 @@ MIG_ATTRIBUTE_SUFFIXES = (
 )
 
 GPU_RESOURCE = "nvidia.com/gpu"
+# The full-GPU resource's sharing label (not node-wide: each resource has its own).
+SHARING_STRATEGY = "nvidia.com/gpu.sharing-strategy"
 
 
 def resource_label(resource: str, suffix: str) -> str:

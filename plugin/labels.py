@@ -1,10 +1,12 @@
-"""GFD-compatible node labels computed from the inventory, the config and the served resources.
+"""GFD-compatible node labels computed from the inventory, the config and the host's sysfs.
 
-Follows NVIDIA gpu-feature-discovery: full-GPU labels under `nvidia.com/gpu.*` (product with
-spaces as dashes, `-SHARED` when time-sliced without rename, count, replicas, memory, family,
-compute capability), MIG labels under the MIG resource (`nvidia.com/gpu.*` for strategy single,
-`nvidia.com/mig-<profile>.*` for mixed, `+` as `.`), driver and CUDA versions, mig.capable,
-mig.strategy and gpu.sharing-strategy. Values are made valid label values.
+Follows NVIDIA gpu-feature-discovery v0.20 (k8s-device-plugin internal/lm/*.go): full-GPU
+labels under `nvidia.com/gpu.*` (product, `-SHARED` when time-sliced without rename, count,
+replicas, sharing-strategy, memory, family, compute capability), MIG labels under the MIG
+resource (`nvidia.com/gpu.*` for strategy single, `nvidia.com/mig-<profile>.*` for mixed, `+`
+as `.`), driver and CUDA versions, mig.capable, mig.strategy, mps.capable, gpu.mode (PCI class
+of the GPUs), gpu.machine (DMI product name) and vgpu.present. Host files are read under a
+sysfs root: `GPUKIT_SYSFS_ROOT`, default `/sys`. Values are made valid label values.
 
 gpukit extension: with per-GPU replica counts, `<resource>.replicas` is the largest count.
 """
@@ -15,7 +17,7 @@ import os
 import re
 import tempfile
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from . import label_names as ln
@@ -23,22 +25,34 @@ from .config import Config
 from .inventory import Gpu, Inventory, MigDevice, arch_family
 from .resources import mig_resource_name
 
+SYSFS_ROOT_ENV = "GPUKIT_SYSFS_ROOT"
+DEFAULT_SYSFS_ROOT = "/sys"
+UNKNOWN = "unknown"  # GFD's value for a machine type or GPU mode it cannot determine
+
 _INVALID = re.compile(r"[^A-Za-z0-9_.-]+")
+_GFD_DROPPED = re.compile(r"[^A-Za-z0-9\-_. ]")  # lm/resource.go sanitise()
 _OWNED = re.compile(
     r"^nvidia\.com/(gpu|mig-[A-Za-z0-9_.-]+)\.("
     + "|".join(re.escape(s) for s in (
-        ln.PRODUCT, ln.COUNT, ln.REPLICAS, ln.FAMILY, ln.COMPUTE_MAJOR, ln.COMPUTE_MINOR,
-        *ln.MIG_ATTRIBUTE_SUFFIXES))
+        ln.PRODUCT, ln.COUNT, ln.REPLICAS, ln.SHARING, ln.FAMILY, ln.COMPUTE_MAJOR,
+        ln.COMPUTE_MINOR, *ln.MIG_ATTRIBUTE_SUFFIXES))
     + r")$"
 )
 _OWNED_NODE_WIDE = {
-    ln.MIG_CAPABLE, ln.MIG_STRATEGY, ln.MPS_CAPABLE, ln.SHARING_STRATEGY,
+    ln.MIG_CAPABLE, ln.MIG_STRATEGY, ln.MPS_CAPABLE, ln.GPU_MODE, ln.GPU_MACHINE,
+    ln.VGPU_PRESENT, ln.VGPU_HOST_DRIVER_VERSION, ln.VGPU_HOST_DRIVER_BRANCH,
     ln.CUDA_DRIVER_MAJOR, ln.CUDA_DRIVER_MINOR, ln.CUDA_DRIVER_REVISION, ln.CUDA_DRIVER_FULL,
     ln.CUDA_RUNTIME_MAJOR, ln.CUDA_RUNTIME_MINOR, ln.CUDA_RUNTIME_FULL,
     ln.CUDA_DRIVER_MAJOR_DEPRECATED, ln.CUDA_DRIVER_MINOR_DEPRECATED,
     ln.CUDA_DRIVER_REV_DEPRECATED, ln.CUDA_RUNTIME_MAJOR_DEPRECATED,
     ln.CUDA_RUNTIME_MINOR_DEPRECATED,
 }
+
+# PCI ids as go-nvlib's nvpci and GFD's vgpu package compare them
+PCI_VENDOR_NVIDIA = 0x10DE
+PCI_CLASS_VGA = 0x030000  # a GPU in graphics mode
+PCI_CLASS_3D = 0x030200  # a GPU in compute mode
+_MODES = {PCI_CLASS_VGA: "graphics", PCI_CLASS_3D: "compute"}
 
 
 def label_value(value: object) -> str:
@@ -47,24 +61,194 @@ def label_value(value: object) -> str:
     return text.strip("-_.")
 
 
+def gfd_sanitise(text: str) -> str:
+    """GFD's sanitise(): drop characters other than [A-Za-z0-9-_. ], join the words by '-'."""
+    return "-".join(_GFD_DROPPED.sub("", text).split())
+
+
 def owned(name: str) -> bool:
     """Labels this labeler writes, and may therefore remove when they no longer apply."""
     return name in _OWNED_NODE_WIDE or bool(_OWNED.match(name))
 
 
+def default_sysfs_root() -> str:
+    """Where host sysfs is read: `GPUKIT_SYSFS_ROOT`, default /sys (the lab points it at a
+    tree of its own)."""
+    return os.environ.get(SYSFS_ROOT_ENV) or DEFAULT_SYSFS_ROOT
+
+
+# -- host files -------------------------------------------------------------------------------
+
+
+def _read(path: Path) -> str:
+    return path.read_bytes().decode("utf-8", errors="replace")
+
+
+def machine_type(sysfs_root: str) -> str:
+    """GFD's `gpu.machine` (lm/machine-type.go): the DMI product name, sanitised; "unknown"
+    when the file cannot be read."""
+    try:
+        text = _read(Path(sysfs_root) / "class/dmi/id/product_name")
+    except OSError:
+        return UNKNOWN
+    return gfd_sanitise(text.strip())
+
+
+def _parse_uint(text: str, bits: int) -> int:
+    """Go's strconv.ParseUint(text, 0, bits): 0x/0o/0b prefixes, a leading 0 is octal."""
+    if text.startswith(("+", "-")):
+        raise ValueError(text)
+    try:
+        value = int(text, 0)
+    except ValueError:
+        if not (len(text) > 1 and text[0] == "0" and text.isdigit()):
+            raise
+        value = int(text, 8)
+    if value >= 1 << bits:
+        raise ValueError(text)
+    return value
+
+
+def pci_gpu_class(sysfs_root: str, bus_id: str) -> int | None:
+    """The PCI class of the NVIDIA GPU at `bus_id` (`0000:07:00.0`), read as go-nvlib's
+    nvpci.GetGPUByPciBusID reads it for GFD (vendor, class, device, numa_node and resource
+    must all be readable and well formed); None where that read fails or finds no NVIDIA GPU
+    (GFD's GetPCIClass errors, or dereferences the nil device it gets)."""
+    dev = Path(sysfs_root) / "bus/pci/devices" / bus_id
+    try:
+        if _parse_uint(_read(dev / "vendor").strip(), 16) != PCI_VENDOR_NVIDIA:
+            return None
+        pci_class = _parse_uint(_read(dev / "class").strip(), 32)
+        _parse_uint(_read(dev / "device").strip(), 16)
+        int(_read(dev / "numa_node").strip(), 0)
+        lines = _read(dev / "resource").strip().split("\n")
+    except (OSError, ValueError):
+        return None
+    if any(len(line.split(" ")) != 3 for line in lines):
+        return None
+    return pci_class if pci_class in _MODES else None
+
+
+def gpu_mode(gpus: Iterable[Gpu], sysfs_root: str) -> str:
+    """GFD's `gpu.mode` (lm/nvml.go newGPUModeLabeler): "compute" when every GPU has PCI class
+    0x030200, "graphics" when every one has 0x030000, else "unknown" (mixed classes, or a
+    class that cannot be read)."""
+    classes: set[int] = set()
+    for gpu in gpus:
+        pci_class = pci_gpu_class(sysfs_root, gpu.pci_bus_id) if gpu.pci_bus_id else None
+        if pci_class is None:
+            return UNKNOWN
+        classes.add(pci_class)
+    if len(classes) != 1:
+        return UNKNOWN
+    return _MODES[classes.pop()]
+
+
+class _NoVgpuLabels(Exception):
+    """GFD's vGPU scan failed: it logs the error and writes no vgpu label."""
+
+
+def _vendor_capability(config: bytes) -> bytes | None:
+    """The vendor-specific capability (id 0x09) of a PCI config space, walking the capability
+    list as GFD's vgpu/pciutil.go does; the whole config space (256 bytes, which needs
+    CAP_SYS_ADMIN) is required."""
+    if len(config) < 256:
+        raise _NoVgpuLabels("PCI config space not fully readable")
+    if not config[0x06] & 0x10:  # status: no capability list
+        return None
+    visited: set[int] = set()
+    pos = config[0x34]
+    while pos != 0:
+        cap_id, nxt, length = config[pos], config[(pos + 1) & 0xFF], config[(pos + 2) & 0xFF]
+        if pos in visited or cap_id == 0xFF:  # looped or broken chain
+            break
+        if cap_id == 0x09:
+            return config[pos:(pos + length) & 0xFF] if (pos + length) & 0xFF >= pos else None
+        visited.add(pos)
+        pos = nxt
+    return None
+
+
+def _host_driver(cap: bytes) -> tuple[str, str] | None:
+    """(version, branch) from the vGPU capability's host driver record (id 0; vgpu.go
+    GetInfo): 10 bytes each, NUL padded. None when there is no such record."""
+    try:
+        pos = 5
+        record = cap[pos]
+        while record != 0 and pos < len(cap):
+            if cap[pos + 1] == 0:  # a zero-length record: GFD would loop forever
+                return None
+            pos += cap[pos + 1]
+            record = cap[pos]
+    except IndexError:
+        return None
+    if record != 0 or pos + 22 > len(cap):
+        return None
+    text = cap[pos + 2:pos + 22].decode("latin-1")
+    return text[:10].strip("\0"), text[10:].strip("\0")
+
+
+def vgpu_labels(sysfs_root: str) -> dict[str, str]:
+    """GFD's `vgpu.present` (lm/vgpu.go, vgpu/vgpu.go, vgpu/pciutil.go): "true" when an NVIDIA
+    PCI function carries the vGPU capability signature ("VF"), with the host driver's version
+    and branch; no label at all when the scan fails (unreadable devices, or a config space
+    truncated to 64 bytes for a process without CAP_SYS_ADMIN)."""
+    root = Path(sysfs_root) / "bus/pci/devices"
+    try:
+        names = sorted(os.listdir(root))
+        vgpus: list[bytes] = []
+        for name in names:
+            dev = root / name
+            if _read(dev / "vendor").strip() != "0x10de":
+                continue
+            _read(dev / "class")
+            cap = _vendor_capability((dev / "config").read_bytes())
+            if cap is not None and len(cap) >= 5 and cap[3:5] == b"VF":
+                vgpus.append(cap)
+    except (OSError, _NoVgpuLabels):
+        return {}
+    labels = {ln.VGPU_PRESENT: str(bool(vgpus)).lower()}
+    for cap in vgpus:
+        # GFD stops with an error when a vGPU has no host driver record; gpukit leaves out
+        # the two labels it would have written.
+        info = _host_driver(cap)
+        if info is not None:
+            labels[ln.VGPU_HOST_DRIVER_VERSION] = label_value(info[0])
+            labels[ln.VGPU_HOST_DRIVER_BRANCH] = label_value(info[1])
+    return labels
+
+
+# -- resources --------------------------------------------------------------------------------
+
+
 def _product(*parts: str, shared: bool = False) -> str:
-    words = [p.replace(" ", "-") for p in parts if p]
+    """lm/resource.go getProductName: each non-empty part sanitised, joined by '-'."""
+    words = [gfd_sanitise(p) for p in parts if p]
     if shared:
         words.append("SHARED")
     return "-".join(words)
 
 
-def _sharing(config: Config, resource: str) -> tuple[int, bool]:
-    """(replicas, renamed) for a resource under time-slicing; (1, False) when not shared."""
-    entries = [e for e in config.time_slicing.resources if e.name == resource]
-    if not entries:
-        return 1, False
-    return max(e.replicas for e in entries), all(e.rename for e in entries)
+def _base_values(resource: str, config: Config | None, count: int, *parts: str
+                 ) -> dict[str, object]:
+    """lm/resource.go baseLabeler: product, count, replicas and sharing-strategy of a
+    resource. Without a config (MIG-enabled GPUs' full-GPU labels) sharing is off: replicas
+    0, strategy none. Otherwise replicas is the configured count (1 when not shared), and the
+    strategy is the config's only where this resource has more than one replica."""
+    replicas, renamed = 0, False
+    strategy = "none"
+    if config is not None:
+        entries = [e for e in config.time_slicing.resources if e.name == resource]
+        replicas = max((e.replicas for e in entries), default=1)
+        renamed = bool(entries) and all(e.rename for e in entries)
+        if replicas > 1:
+            strategy = config.sharing_strategy
+    return {
+        ln.PRODUCT: _product(*parts, shared=replicas > 1 and not renamed),
+        ln.COUNT: count,
+        ln.REPLICAS: replicas,
+        ln.SHARING: strategy,
+    }
 
 
 def _resource_labels(resource: str, values: Mapping[str, object]) -> dict[str, str]:
@@ -73,13 +257,7 @@ def _resource_labels(resource: str, values: Mapping[str, object]) -> dict[str, s
 
 def _full_gpu_labels(gpus: list[Gpu], count: int, config: Config | None) -> dict[str, str]:
     gpu = gpus[0]
-    replicas, renamed = _sharing(config, ln.GPU_RESOURCE) if config else (0, False)
-    shared = replicas > 1 and not renamed
-    values: dict[str, object] = {
-        ln.PRODUCT: _product(gpu.name, shared=shared),
-        ln.COUNT: count,
-        ln.REPLICAS: replicas,
-    }
+    values = _base_values(ln.GPU_RESOURCE, config, count, gpu.name)
     if gpu.memory_mb:
         values[ln.MEMORY] = gpu.memory_mb
     if gpu.compute_major:
@@ -91,11 +269,10 @@ def _full_gpu_labels(gpus: list[Gpu], count: int, config: Config | None) -> dict
 
 def _mig_labels(resource: str, parent: Gpu, mig: MigDevice, count: int, config: Config
                 ) -> dict[str, str]:
-    replicas, renamed = _sharing(config, resource)
-    values: dict[str, object] = {
-        ln.PRODUCT: _product(parent.name, "MIG", mig.profile, shared=replicas > 1 and not renamed),
-        ln.COUNT: count,
-        ln.REPLICAS: replicas,
+    # GFD names a MIG device by its profile with '+' as '.' (nvml-mig-device.go GetName)
+    values = _base_values(resource, config, count, parent.name, "MIG",
+                          mig.profile.replace("+", "."))
+    values.update({
         ln.MEMORY: mig.memory_mb,
         ln.MULTIPROCESSORS: mig.multiprocessors,
         ln.SLICES_GI: mig.slices_gi,
@@ -105,7 +282,7 @@ def _mig_labels(resource: str, parent: Gpu, mig: MigDevice, count: int, config: 
         ln.ENGINES_ENCODER: mig.engines_encoder,
         ln.ENGINES_JPEG: mig.engines_jpeg,
         ln.ENGINES_OFA: mig.engines_ofa,
-    }
+    })
     return _resource_labels(resource, values)
 
 
@@ -138,21 +315,27 @@ def _most_common_model(gpus: list[Gpu]) -> list[Gpu]:
     return [g for g in gpus if g.name == model]
 
 
-def compute_labels(inv: Inventory, config: Config) -> dict[str, str]:
-    """All labels for a node; empty when it has no GPUs (GFD writes none either)."""
+def compute_labels(inv: Inventory, config: Config, sysfs_root: str | None = None
+                   ) -> dict[str, str]:
+    """All labels for a node. Without GPUs only the vGPU labels, as GFD (its vGPU labeler
+    runs whether or not there are devices). `sysfs_root`: default `default_sysfs_root()`."""
+    root = default_sysfs_root() if sysfs_root is None else sysfs_root
+    labels = vgpu_labels(root)
     if not inv.gpus:
-        return {}
+        return labels
     strategy = config.flags.mig_strategy
-    labels: dict[str, str] = {
+    labels.update({
+        ln.GPU_MACHINE: label_value(machine_type(root)),
         ln.MIG_CAPABLE: str(any(g.mig_capable for g in inv.gpus)).lower(),
         ln.MPS_CAPABLE: "false",
-        ln.SHARING_STRATEGY: config.sharing_strategy,
-    }
+        ln.GPU_MODE: gpu_mode(inv.gpus, root),
+    })
     labels.update(_version_labels(inv))
-    mig_mode = strategy != "none"
-    full = [g for g in inv.gpus if not (mig_mode and g.mig_enabled)]
-    migging = [g for g in inv.gpus if mig_mode and g.mig_enabled]
-    if migging:  # MIG-enabled GPUs are labelled without sharing; full GPUs override below
+    # lm/mig-strategy.go newGPULabelers: whatever the strategy, MIG-enabled GPUs get the
+    # full-GPU labels without sharing (replicas 0); full GPUs of a model override them.
+    full = [g for g in inv.gpus if not g.mig_enabled]
+    migging = [g for g in inv.gpus if g.mig_enabled]
+    if migging:
         model = _most_common_model(migging)
         labels.update(_full_gpu_labels(model, sum(g.name == model[0].name for g in inv.gpus),
                                        None))
@@ -160,7 +343,7 @@ def compute_labels(inv: Inventory, config: Config) -> dict[str, str]:
         model = _most_common_model(full)
         labels.update(_full_gpu_labels(model, sum(g.name == model[0].name for g in inv.gpus),
                                        config))
-    if mig_mode:
+    if strategy != "none":
         labels[ln.MIG_STRATEGY] = strategy
         labels.update(_strategy_mig_labels(inv, config, migging))
     return labels
@@ -178,10 +361,10 @@ def _strategy_mig_labels(inv: Inventory, config: Config, migging: list[Gpu]) -> 
             len(migging) != len(inv.gpus) or any(not g.mig_devices for g in migging)
             or len(by_profile) != 1
         )
-        if invalid:
+        if invalid:  # lm/mig-strategy.go newInvalidMigStrategyLabeler
             return _resource_labels(ln.GPU_RESOURCE, {
                 ln.PRODUCT: _product(migging[0].name, "MIG", "INVALID"),
-                ln.COUNT: 0, ln.REPLICAS: 0, ln.MEMORY: 0,
+                ln.COUNT: 0, ln.REPLICAS: 0, ln.SHARING: "", ln.MEMORY: 0,
             })
         (profile, devices), = by_profile.items()
         return _mig_labels(ln.GPU_RESOURCE, devices[0][0], devices[0][1], len(devices), config)

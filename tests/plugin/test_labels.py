@@ -3,15 +3,32 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
+import pytest
 from plugin_testlib import A100, T4, cfg, make_gpu, make_inventory
 
 from gpukit.plugin import label_names as ln
 from gpukit.plugin.inventory import Inventory
-from gpukit.plugin.labels import compute_labels, label_changes, label_value, write_labels_file
+from gpukit.plugin.labels import (
+    SYSFS_ROOT_ENV,
+    compute_labels,
+    label_changes,
+    label_value,
+    write_labels_file,
+)
 
 VALID_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 VALID_NAME = re.compile(r"^[a-z0-9.-]+/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+
+
+@pytest.fixture(autouse=True)
+def empty_sysfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Host files come from an empty sysfs tree, not this machine's /sys."""
+    root = tmp_path / "sys"
+    (root / "bus/pci/devices").mkdir(parents=True)
+    monkeypatch.setenv(SYSFS_ROOT_ENV, str(root))
+    return root
 
 
 def check_valid(labels: dict[str, str]) -> None:
@@ -32,6 +49,8 @@ def test_full_gpus_t4() -> None:
         "7", "5")
     assert labels[ln.MIG_CAPABLE] == "false"
     assert labels[ln.SHARING_STRATEGY] == "none"
+    assert labels[ln.GPU_MODE] == "unknown"  # no PCI function under the (empty) sysfs
+    assert labels[ln.GPU_MACHINE] == "unknown"
     assert labels[ln.CUDA_DRIVER_MAJOR] == "550"
     assert labels[ln.CUDA_DRIVER_MINOR] == "54"
     assert labels[ln.CUDA_DRIVER_REVISION] == "15"
@@ -63,6 +82,7 @@ def test_mixed_mig_labels() -> None:
     assert labels[ln.MIG_STRATEGY] == "mixed"
     assert labels[ln.MIG_CAPABLE] == "true"
     assert labels["nvidia.com/mig-1g.5gb.count"] == "2"
+    assert labels["nvidia.com/mig-1g.5gb.sharing-strategy"] == "none"
     assert labels["nvidia.com/mig-1g.5gb.product"] == "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"
     assert labels["nvidia.com/mig-1g.5gb.memory"] == "4864"
     assert labels["nvidia.com/mig-1g.5gb.multiprocessors"] == "14"
@@ -83,10 +103,12 @@ def test_single_mig_labels_and_invalid() -> None:
     labels = compute_labels(inv, cfg({"flags": {"migStrategy": "single"}}))
     assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB-MIG-INVALID"
     assert labels["nvidia.com/gpu.count"] == "0"
+    assert labels["nvidia.com/gpu.sharing-strategy"] == ""
 
 
-def test_no_gpus_no_labels() -> None:
-    assert compute_labels(Inventory(), cfg()) == {}
+def test_no_gpus_no_device_labels() -> None:
+    # GFD writes only vgpu.present (lm/labeler.go: the vGPU labeler runs without devices)
+    assert compute_labels(Inventory(), cfg()) == {ln.VGPU_PRESENT: "false"}
 
 
 def test_label_value_sanitised() -> None:
