@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gpukit import label_syntax, mig_profiles
-from gpukit.plugin.config import Config, ConfigError, parse_config
+from gpukit.plugin.config import Config, ConfigError, parse_config, require_content
 from gpukit.provision.driver import DriverSpec, DriverSpecError
 
 GPU_GROUP = "gpu_nodes"
@@ -501,12 +501,12 @@ def _plugin_config(v: _Vars) -> tuple[str | None, Config, dict[str, Mapping[str,
             continue
         declared[str(cname)] = doc
         try:
-            parsed[str(cname)] = parse_config(doc)
+            parsed[str(cname)] = parse_config(require_content(dict(doc)))
         except ConfigError as exc:
             for problem in exc.problems:
                 path, _, message = problem.partition(": ")
                 # The config parser's messages already quote the offending value.
-                v.fail(f"{var}.{path}", _MISSING, message)
+                v.fail(var if path == "<root>" else f"{var}.{path}", _MISSING, message)
     name = v.string("gpukit_device_plugin_config", v.get("gpukit_device_plugin_config"))
     if name is None:
         if len(configs) != 1:

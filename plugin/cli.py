@@ -91,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     rt.add_argument("--pause-file", default=env("GPUKIT_PLUGIN_PAUSE_FILE",
                                                 "/run/gpukit/plugin.pause"),
                     help="MIG manager pause file ('' disables) [GPUKIT_PLUGIN_PAUSE_FILE]")
+    rt.add_argument("--last-good-config",
+                    default=env("GPUKIT_LAST_GOOD_CONFIG",
+                                "/var/lib/gpukit/agent/last-good-config.json"),
+                    help="record of the last config served, used when a restart meets an "
+                         "invalid one ('' disables) [GPUKIT_LAST_GOOD_CONFIG]")
     rt.add_argument("--proc-root", default="/", help=argparse.SUPPRESS)
     rt.add_argument("--check-config", action="store_true",
                     help="print the resolved config as JSON and exit (2 if invalid)")
@@ -150,7 +155,8 @@ def _main(argv: list[str] | None) -> int:
     manager = PluginManager(
         source, PynvmlBackend(args.nvml_library), metrics,
         ManagerOptions(proc_root=args.proc_root, labels_file=args.labels_file,
-                       node_labels=args.node_labels, pause_file=args.pause_file or None),
+                       node_labels=args.node_labels, pause_file=args.pause_file or None,
+                       last_good_file=args.last_good_config or None),
         node_client=node_client,
     )
     try:

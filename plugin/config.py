@@ -207,7 +207,17 @@ def load_document(path: Path) -> dict[str, Any]:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError([f"cannot read config file: {exc.strerror or exc}"], str(path)) from exc
-    return parse_document(text, str(path))
+    return require_content(parse_document(text, str(path)), str(path))
+
+
+def require_content(doc: dict[str, Any], source: str = "") -> dict[str, Any]:
+    """A named config must say something: an empty file or ConfigMap entry is a mistake (a
+    truncated write, a templating slip), not a request for defaults. Taking it as defaults
+    silently turned a time-sliced node's 8 GPUs back into 2 under running pods."""
+    if not doc:
+        raise ConfigError(["<root>: the config is empty (an empty config is not taken as "
+                           "defaults; write 'version: v1' for NVIDIA's defaults)"], source)
+    return doc
 
 
 def parse_document(text: str, source: str = "") -> dict[str, Any]:

@@ -112,6 +112,9 @@ class LoadedConfig:
     config: Config
     name: str  # the named config in use, or "" for a plain file / defaults
     path: Path | None
+    # The file's document before overrides: what the last-good record keeps, so that a
+    # restart re-applies the overrides of the pod it starts in.
+    document: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -156,9 +159,14 @@ class ConfigSource:
     def load(self) -> LoadedConfig:
         name, path = self.selected()
         doc = load_document(path) if path is not None else {}
+        return self.resolve(doc, name, path)
+
+    def resolve(self, doc: Mapping[str, Any], name: str, path: Path | None) -> LoadedConfig:
+        """A document (read now, or the last good one kept on the node) with this process's
+        overrides applied, validated."""
         merged, origins = apply_overrides(doc, self.overrides)
         config = parse_config(merged, str(path) if path else "", origins)
-        return LoadedConfig(config=config, name=name, path=path)
+        return LoadedConfig(config=config, name=name, path=path, document=dict(doc))
 
     def fingerprint(self) -> tuple[Any, ...]:
         """Changes when a reload could give a different config (label or file content)."""

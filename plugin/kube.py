@@ -1,4 +1,5 @@
-"""The little the node agent asks of the Kubernetes API: read and patch its own node's labels.
+"""The little the node agent asks of the Kubernetes API: read, watch and patch its own node's
+labels, and record Events on it.
 
 Uses the in-cluster ServiceAccount when running in a pod, else a kubeconfig (--kubeconfig or
 $KUBECONFIG). The kubernetes client is imported lazily: a plain host process without a node name
@@ -7,11 +8,19 @@ never needs it.
 
 from __future__ import annotations
 
+import datetime
 import logging
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+
+COMPONENT = "gpukit-node-agent"
+# Node events live in the default namespace (where the kubelet records its own).
+EVENT_NAMESPACE = "default"
+LabelsSeen = Callable[[dict[str, str]], None]
 
 
 class NodeClient:
@@ -37,3 +46,42 @@ class NodeClient:
             return
         self._api.patch_node(node_name, {"metadata": {"labels": dict(changes)}})
         log.info("patched %d label(s) on node %s", len(changes), node_name)
+
+    def event(self, node_name: str, reason: str, message: str, type_: str = "Warning") -> None:
+        """Record an Event on the node, where `kubectl describe node` shows it."""
+        now = datetime.datetime.now(datetime.UTC)
+        self._api.create_namespaced_event(EVENT_NAMESPACE, {
+            "metadata": {"generateName": f"{node_name}.gpukit-"},
+            # The kubelet uses the node's name as the uid of its own Node events.
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node_name,
+                               "uid": node_name},
+            "reason": reason, "message": message[:1024], "type": type_,
+            "source": {"component": COMPONENT, "host": node_name},
+            "reportingComponent": COMPONENT, "reportingInstance": node_name,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        })
+
+    def watch_labels(self, node_name: str, seen: LabelsSeen, stop: threading.Event,
+                     timeout_seconds: int = 60, retry_seconds: float = 5.0) -> None:
+        """Call `seen` with the node's labels at every change, until `stop` is set.
+
+        Each watch ends after `timeout_seconds` and starts again with a fresh list, so `seen`
+        also gets the full set that often: the periodic re-assert GFD does every 60 s."""
+        from kubernetes import watch
+
+        while not stop.is_set():
+            w = watch.Watch()
+            try:
+                for ev in w.stream(self._api.list_node,
+                                   field_selector=f"metadata.name={node_name}",
+                                   timeout_seconds=timeout_seconds):
+                    if stop.is_set():
+                        w.stop()
+                        break
+                    obj = ev.get("object")
+                    if ev.get("type") in ("ADDED", "MODIFIED") and obj is not None:
+                        seen(dict(obj.metadata.labels or {}))
+            except Exception as exc:  # the API may be down for a while; keep trying
+                log.warning("watching node %s failed: %s; retrying in %.0fs", node_name, exc,
+                            retry_seconds)
+                stop.wait(retry_seconds)

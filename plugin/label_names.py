@@ -12,6 +12,11 @@ PREFIX = "nvidia.com"
 DEVICE_PLUGIN_CONFIG = "nvidia.com/device-plugin.config"
 MIG_CONFIG = "nvidia.com/mig.config"
 MIG_CONFIG_STATE = "nvidia.com/mig.config.state"
+# Written by the node agent: whether the config the node label selects is the one served
+# ("failed": it was refused and the last good one is served; the reason is in an Event).
+DEVICE_PLUGIN_CONFIG_STATE = "nvidia.com/device-plugin.config.state"
+CONFIG_STATE_SUCCESS = "success"
+CONFIG_STATE_FAILED = "failed"
 
 # Node-wide labels (written)
 GPU_PRESENT = "nvidia.com/gpu.present"

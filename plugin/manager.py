@@ -8,7 +8,11 @@ One background loop (every `tick` seconds) keeps the node and the kubelet in ste
   and MIG devices are enumerated again, resources rebuilt and reconciled without a restart;
   a resource that disappears first reports zero devices, then its socket goes.
 - reload on request (SIGHUP) or when the selected config changes (node label, file content):
-  an invalid new config is reported and the running one kept.
+  an invalid new config is reported (log, metric, node label, Event) and the running one kept;
+  every good one is recorded on the node, so a restart into bad input serves the last good
+  config instead of crash-looping with the node at 0 GPUs (see last_good.py);
+- node labels re-asserted: a watch on the own Node restores drifted owned labels within a
+  tick, and all are re-asserted every `label_reassert_seconds` (as GFD rewrites its labels).
 Health changes from the NVML event loop update ListAndWatch immediately.
 """
 
@@ -20,11 +24,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Protocol
 
 import grpc
 
-from . import cdi, nvml
+from . import cdi, last_good, nvml
+from . import label_names as ln
 from .allocate import CONTROL_NODES, Allocator, host_path
 from .api import KUBELET_SOCKET_NAME
 from .config import Config, ConfigError
@@ -81,6 +87,8 @@ class ManagerOptions:
     node_labels: bool = False
     health: bool = True
     pause_file: str | None = None  # the MIG manager's pause file (gpukit.plugin.mig.hooks)
+    last_good_file: str | None = None  # the last good config record (last_good.py)
+    label_reassert_seconds: float = 60.0
     # A registered resource with no ListAndWatch stream for this long was dropped by the
     # kubelet: registered again (see `_dropped_by_kubelet`).
     stream_grace_seconds: float = 15.0
@@ -130,6 +138,11 @@ class PluginManager:
         self._next_nvml_retry = 0.0
         self._config_fingerprint: tuple[object, ...] = ()
         self._last_labels: dict[str, str] | None = None
+        self._next_label_reassert = 0.0
+        self._labels_drifted = threading.Event()
+        # Why the selected config is refused while an older one is served; None when fine.
+        self.config_failure: str | None = None
+        self._reported_failure: str | None = None
         self._last_cdi: dict[str, object] | None = None
         self.pause = PauseWatcher(self.options.pause_file) if self.options.pause_file else None
         self.metrics.readiness = self.readiness
@@ -151,13 +164,21 @@ class PluginManager:
     # -- lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Load config, init NVML, serve and register. Raises ConfigError or InitError."""
-        self._set_config(self.source.load())
+        """Load config, init NVML, serve and register. Raises ConfigError (with no last good
+        config to fall back on) or InitError."""
+        try:
+            loaded = self.source.load()
+        except ConfigError as exc:
+            loaded = self._last_good_or_raise(exc)
+        else:
+            self._config_accepted(loaded)
+        self._set_config(loaded)
         self._config_fingerprint = self.source.fingerprint()
         self._init_nvml(startup=True)
         self.rescan(startup=True)
         self._loop = threading.Thread(target=self._run, name="gpukit-manager", daemon=True)
         self._loop.start()
+        self._start_label_watch()
 
     def stop(self) -> None:
         self._stop.set()
@@ -226,15 +247,64 @@ class PluginManager:
         self.nvml_ready = True
         log.info("NVML initialised")
 
+    def _last_good_or_raise(self, exc: ConfigError) -> LoadedConfig:
+        """Starting into an invalid selected config: serve the last good one, or fail."""
+        path = self.options.last_good_file
+        record = last_good.load(path) if path else None
+        if record is None:
+            raise exc
+        try:
+            loaded = self.source.resolve(record.document, record.name,
+                                         Path(record.path) if record.path else None)
+        except ConfigError as again:  # e.g. written by an older agent with other rules
+            log.error("the last good config record %s no longer validates: %s", path, again)
+            raise exc from again
+        self._config_refused(exc, f"serving the last good {record.describe()}")
+        return loaded
+
+    def _config_refused(self, exc: ConfigError, instead: str) -> None:
+        """Say it where operators look: log, metric, node label (at the next label update)
+        and one Event per distinct problem on the node."""
+        self.config_failure = str(exc)
+        self.metrics.config_failed.set(1)
+        self.metrics.errors.labels(kind="config").inc()
+        log.error("selected config refused, %s: %s", instead, exc)
+        node = self.source.node_name
+        if self.node_client is None or not node or self._reported_failure == str(exc):
+            return
+        try:
+            self.node_client.event(node, "DevicePluginConfigRefused",
+                                   f"gpukit node agent: {exc}; {instead}")
+            self._reported_failure = str(exc)
+        except Exception as err:  # reporting must not take the node's GPUs down with it
+            log.error("cannot record an Event on node %s: %s", node, err)
+
+    def _config_accepted(self, loaded: LoadedConfig) -> None:
+        if self.config_failure is not None:
+            log.info("selected config accepted again")
+        self.config_failure = None
+        self._reported_failure = None
+        self.metrics.config_failed.set(0)
+        path = self.options.last_good_file
+        if not path:
+            return
+        try:
+            last_good.save(path, last_good.LastGood(
+                loaded.name, str(loaded.path) if loaded.path else "", loaded.document))
+        except OSError as exc:
+            log.error("cannot record the last good config in %s: %s", path, exc)
+            self.metrics.errors.labels(kind="state").inc()
+
     def reload(self) -> bool:
         """Re-read the config; keep the running one if the new one is invalid."""
         try:
             loaded = self.source.load()
         except ConfigError as exc:
-            log.error("config reload rejected, keeping the current config: %s", exc)
             self.metrics.config_reloads.labels(result="rejected").inc()
-            self.metrics.errors.labels(kind="config").inc()
+            self._config_refused(exc, "keeping the current config")
+            self._update_labels()
             return False
+        self._config_accepted(loaded)
         self._config_fingerprint = self.source.fingerprint()
         with self._lock:
             old = self.config
@@ -441,25 +511,53 @@ class PluginManager:
         self._last_cdi = spec
         log.info("CDI spec written to %s (%d devices)", path, len(spec["devices"]))
 
-    def _update_labels(self) -> None:
+    def _wanted_labels(self) -> dict[str, str]:
+        labels = compute_labels(self.inventory, self.config)
+        if self.source.config_dir is not None:  # a selection by node label that may fail
+            labels[ln.DEVICE_PLUGIN_CONFIG_STATE] = (
+                ln.CONFIG_STATE_FAILED if self.config_failure else ln.CONFIG_STATE_SUCCESS)
+        return labels
+
+    def _update_labels(self, reassert: bool = False) -> None:
+        """Write the labels when this agent's view changed, or (reassert) whatever the node
+        now says: only owned labels that differ are patched, others are never touched."""
         opts = self.options
         if not opts.labels_file and not (opts.node_labels and self.node_client):
             return
-        labels = compute_labels(self.inventory, self.config)
-        if labels == self._last_labels:
+        labels = self._wanted_labels()
+        if labels == self._last_labels and not reassert:
             return
+        self._next_label_reassert = time.monotonic() + opts.label_reassert_seconds
         try:
             if opts.labels_file:
                 write_labels_file(labels, opts.labels_file)
             if opts.node_labels and self.node_client and self.source.node_name:
                 current = self.node_client.labels(self.source.node_name)
-                self.node_client.patch_labels(self.source.node_name,
-                                              label_changes(current, labels))
+                patch = label_changes(current, labels)
+                if patch and reassert and labels == self._last_labels:
+                    log.warning("node %s: restoring drifted label(s) %s", self.source.node_name,
+                                ", ".join(sorted(patch)))
+                    self.metrics.labels_restored.inc(len(patch))
+                self.node_client.patch_labels(self.source.node_name, patch)
         except Exception as exc:  # labels are best effort; the plugin keeps serving
             log.error("cannot update node labels: %s", exc)
             self.metrics.errors.labels(kind="labels").inc()
             return
         self._last_labels = labels
+
+    def _start_label_watch(self) -> None:
+        client, node = self.node_client, self.source.node_name
+        watch = getattr(client, "watch_labels", None)
+        if not (self.options.node_labels and node and watch is not None):
+            return
+        threading.Thread(target=watch, args=(node, self._labels_seen, self._stop),
+                         name="gpukit-node-watch", daemon=True).start()
+
+    def _labels_seen(self, current: dict[str, str]) -> None:
+        """From the node watch: flag drift of owned labels; the loop restores them."""
+        wanted = self._last_labels
+        if wanted is not None and label_changes(current, wanted):
+            self._labels_drifted.set()
 
     # -- kubelet ------------------------------------------------------------------------------
 
@@ -585,6 +683,9 @@ class PluginManager:
                     self._reload_requested.clear()
                     self.reload()
                     continue
+                if self._labels_drifted.is_set() or now >= self._next_label_reassert:
+                    self._labels_drifted.clear()
+                    self._update_labels(reassert=True)
                 interval = self.config.gpukit.rescan_interval_seconds
                 due = interval > 0 and now >= self._next_rescan
                 if self._rescan_requested.is_set() or due:

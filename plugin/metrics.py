@@ -80,6 +80,14 @@ class PluginMetrics:
         self.config_reloads = Counter(
             "gpukit_plugin_config_reloads", "Config reloads", ["result"], registry=r,
         )
+        self.config_failed = Gauge(
+            "gpukit_plugin_config_failed",
+            "1 while the selected config is refused and an earlier one is served", registry=r,
+        )
+        self.labels_restored = Counter(
+            "gpukit_plugin_labels_restored", "Owned node labels found drifted and restored",
+            registry=r,
+        )
         self.readiness: Readiness | None = None
         self._metrics_app = make_wsgi_app(self.registry)
         self._server: WSGIServer | None = None

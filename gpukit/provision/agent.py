@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpukit.plugin.config import ConfigError, parse_config
+from gpukit.plugin.config import ConfigError, parse_config, require_content
 from gpukit.plugin.deploy import AgentDeployment, HostMount, manifests
 from gpukit.provision.upgrade import node_serves
 
@@ -27,9 +27,11 @@ def check_configs(configs: Mapping[str, Any], where: str = "gpukit_device_plugin
             problems.append(f"{where}[{name!r}]: must be a mapping (an NVIDIA v1 config)")
             continue
         try:
-            parse_config(cfg, source=f"{where}[{name!r}]")
+            parse_config(require_content(dict(cfg)), source=f"{where}[{name!r}]")
         except ConfigError as e:
-            problems += [f"{where}[{name!r}].{p}" for p in e.problems]
+            problems += [f"{where}[{name!r}]{p.removeprefix('<root>')}"
+                         if p.startswith("<root>:") else f"{where}[{name!r}].{p}"
+                         for p in e.problems]
     if problems:
         raise AgentSpecError("; ".join(problems))
 

@@ -14,6 +14,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from plugin_testlib import FakeKubelet
 
+# Agents started by these tests (in-process or as processes) keep no last good config record
+# on this machine; the tests that need one pass a temporary path.
+os.environ["GPUKIT_LAST_GOOD_CONFIG"] = ""
+
 
 @pytest.fixture
 def kubelet(short_tmp: Path) -> Iterator[FakeKubelet]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import queue
+import threading
+from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -131,3 +133,43 @@ class FakeBackend:
 def dial(path: str) -> tuple[Any, Any]:
     channel = grpc.insecure_channel(f"unix://{path}")
     return channel, deviceplugin_grpc.DevicePluginStub(channel)
+
+
+class FakeNode:
+    """Stands in for the Kubernetes API: one node's labels, the Events recorded on it, and a
+    watch of its labels driven by the test (`touch` edits as a person would)."""
+
+    def __init__(self, labels: dict[str, str]) -> None:
+        self.labels_now = labels
+        self.patches: list[dict[str, str | None]] = []
+        self.events: list[tuple[str, str, str]] = []  # (reason, message, type)
+        self._seen: Callable[[dict[str, str]], None] | None = None
+
+    def labels(self, node: str) -> dict[str, str]:
+        return dict(self.labels_now)
+
+    def patch_labels(self, node: str, changes: dict[str, str | None]) -> None:
+        self.patches.append(dict(changes))
+        for k, v in changes.items():
+            if v is None:
+                self.labels_now.pop(k, None)
+            else:
+                self.labels_now[k] = v
+
+    def event(self, node: str, reason: str, message: str, type_: str = "Warning") -> None:
+        self.events.append((reason, message, type_))
+
+    def watch_labels(self, node: str, seen: Callable[[dict[str, str]], None],
+                     stop: threading.Event) -> None:
+        self._seen = seen
+        stop.wait()
+
+    def touch(self, changes: dict[str, str | None]) -> None:
+        """Someone else edits the node; the watch tells the agent."""
+        for k, v in changes.items():
+            if v is None:
+                self.labels_now.pop(k, None)
+            else:
+                self.labels_now[k] = v
+        if self._seen is not None:
+            self._seen(dict(self.labels_now))

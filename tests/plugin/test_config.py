@@ -183,6 +183,16 @@ def test_malformed_yaml(tmp_path: Path) -> None:
     assert str(f) in str(err.value) and "malformed YAML" in str(err.value)
 
 
+@pytest.mark.parametrize("text", ["", "\n# only a comment\n", "null\n", "{}\n", "---\n"])
+def test_an_empty_config_file_is_refused_not_taken_as_defaults(tmp_path: Path, text: str
+                                                               ) -> None:
+    f = tmp_path / "ts"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_document(f)
+    assert str(f) in str(err.value) and "<root>: the config is empty" in str(err.value)
+
+
 def test_root_not_a_mapping() -> None:
     with pytest.raises(ConfigError, match="expected a mapping"):
         parse_document("- a\n- b\n")

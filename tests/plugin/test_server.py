@@ -15,6 +15,7 @@ from plugin_testlib import (
     T4,
     FakeBackend,
     FakeKubelet,
+    FakeNode,
     dial,
     gpu_uuid,
     make_gpu,
@@ -219,25 +220,6 @@ def test_cdi_spec_and_labels_file_written(kubelet: FakeKubelet, short_tmp: Path)
         assert "nvidia.com/gpu.count=2\n" in (short_tmp / "labels").read_text()
     finally:
         manager.stop()
-
-
-class FakeNode:
-    """Stands in for the Kubernetes API: one node's labels."""
-
-    def __init__(self, labels: dict[str, str]) -> None:
-        self.labels_now = labels
-        self.patches: list[dict[str, str | None]] = []
-
-    def labels(self, node: str) -> dict[str, str]:
-        return dict(self.labels_now)
-
-    def patch_labels(self, node: str, changes: dict[str, str | None]) -> None:
-        self.patches.append(dict(changes))
-        for k, v in changes.items():
-            if v is None:
-                self.labels_now.pop(k, None)
-            else:
-                self.labels_now[k] = v
 
 
 def labelled_manager(short_tmp: Path, configs: Path, node: FakeNode, gpus: list[Any]

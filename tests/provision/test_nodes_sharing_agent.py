@@ -173,6 +173,8 @@ def test_agent_manifests_from_role_variables() -> None:
         ({"image_pull_policy": "Sometimes"}, "gpukit_device_plugin_image_pull_policy"),
         ({"default_config": "nope"}, "gpukit_device_plugin_default_config: 'nope'"),
         ({"configs": {}}, "gpukit_device_plugin_configs: must map config names"),
+        ({"configs": {"ts": {}}},
+         r"gpukit_device_plugin_configs\['ts'\]: the config is empty"),
         ({"host_mounts": [{"name": "x"}]}, r"gpukit_device_plugin_host_mounts\[0\]"),
     ],
 )
