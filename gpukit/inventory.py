@@ -45,6 +45,7 @@ MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 _BRANCH = re.compile(r"^\d{3,4}$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _INVALID_LABEL_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
+_INVALID_PRODUCT_CHARS = re.compile(r"[^A-Za-z0-9_. -]+")
 _UUID_REF = re.compile(r"^(GPU|MIG)-")
 
 
@@ -882,6 +883,13 @@ def label_value(value: object) -> str:
     return _INVALID_LABEL_CHARS.sub("-", str(value))[:63].strip("-_.")
 
 
+def product_value(*parts: str, shared: bool = False) -> str:
+    """A product label as GFD writes it (lm/resource.go): each part's invalid characters
+    dropped, words joined by '-', then '-SHARED' when time-sliced without rename."""
+    words = ["-".join(_INVALID_PRODUCT_CHARS.sub("", p).split()) for p in parts if p]
+    return label_value("-".join(words + (["SHARED"] if shared else [])))
+
+
 def _sharing_of(decl: NodeDecl, resource: str) -> tuple[int, bool]:
     entries = [e for e in decl.plugin_config.time_slicing.resources
                if _qualify(e.name) == resource]
@@ -902,27 +910,27 @@ def expected_labels(decl: NodeDecl) -> dict[str, str]:
     table = gpu.mig_table
     labels: dict[str, str] = {
         "nvidia.com/mig.capable": "true" if table is not None else "false",
-        "nvidia.com/gpu.sharing-strategy": (
-            "time-slicing" if decl.plugin_config.time_slicing.resources else "none"),
     }
     if decl.driver_branch:
         labels["nvidia.com/cuda.driver-version.major"] = decl.driver_branch
     if strategy != "none":
         labels["nvidia.com/mig.strategy"] = strategy
     mig_on = strategy != "none" and any(g.mig_enabled for g in decl.mig_gpus)
-    full = [u for u in units if u.mig_profile is None]
-    replicas, renamed = _sharing_of(decl, GPU_RESOURCE)
+    # GFD labels MIG-enabled GPUs as whole GPUs without sharing (replicas 0, strategy none,
+    # under every migStrategy); a GPU with MIG disabled overrides that with its own sharing.
+    gpus = decl.mig_gpus or tuple(GpuMig(i, False) for i in range(gpu.count))
+    replicas, renamed = (_sharing_of(decl, GPU_RESOURCE)
+                         if any(not g.mig_enabled for g in gpus) else (0, False))
     if strategy == "single" and mig_on:
         profile = units[0].mig_profile
         assert profile is not None and table is not None
         labels.update(_mig_labels(decl, GPU_RESOURCE, profile, len(units)))
         return labels
     labels["nvidia.com/gpu.count"] = str(gpu.count)
-    shared = replicas > 1 and not renamed and bool(full)
-    product = label_value(gpu.product.replace(" ", "-") + ("-SHARED" if shared else ""))
-    labels["nvidia.com/gpu.product"] = product
-    # GFD labels MIG-enabled GPUs without sharing (replicas 0) when no full GPU is left.
-    labels["nvidia.com/gpu.replicas"] = str(replicas if full else 0)
+    labels["nvidia.com/gpu.product"] = product_value(
+        gpu.product, shared=replicas > 1 and not renamed)
+    labels["nvidia.com/gpu.replicas"] = str(replicas)
+    labels["nvidia.com/gpu.sharing-strategy"] = _sharing_strategy(replicas)
     if gpu.memory_mib:
         labels["nvidia.com/gpu.memory"] = str(gpu.memory_mib)
     if mig_on:
@@ -933,18 +941,23 @@ def expected_labels(decl: NodeDecl) -> dict[str, str]:
     return labels
 
 
+def _sharing_strategy(replicas: int) -> str:
+    """Per resource, as GFD: time-slicing only where that resource has several replicas."""
+    return "time-slicing" if replicas > 1 else "none"
+
+
 def _mig_labels(decl: NodeDecl, resource: str, profile: str, count: int) -> dict[str, str]:
     table = decl.gpu.mig_table
     assert table is not None
     p = table.gpu_instance_profile(profile)
     replicas, renamed = _sharing_of(decl, resource)
-    shared = replicas > 1 and not renamed
-    product = "-".join([decl.gpu.product.replace(" ", "-"), "MIG", p.name]
-                       + (["SHARED"] if shared else []))
     values = {
-        "product": label_value(product),
+        # GFD names the profile with '+' as '.' (1g.5gb+me -> 1g.5gb.me).
+        "product": product_value(decl.gpu.product, "MIG", p.name.replace("+", "."),
+                                 shared=replicas > 1 and not renamed),
         "count": str(count),
         "replicas": str(replicas),
+        "sharing-strategy": _sharing_strategy(replicas),
         "memory": str(p.memory_mb),
         "multiprocessors": str(p.multiprocessors),
         "slices.gi": str(p.compute_slices),

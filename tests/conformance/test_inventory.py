@@ -364,7 +364,35 @@ def test_mixed_with_media_extension_profile_and_all_gpus_mig() -> None:
         "nvidia.com/mig-1g.5gb.me": 8, "nvidia.com/mig-2g.10gb": 8, "nvidia.com/mig-3g.20gb": 8}
     labels = inv.expected_labels(decl)
     assert labels["nvidia.com/gpu.replicas"] == "0"  # no full GPU left: GFD's MIG-only form
-    assert labels["nvidia.com/mig-1g.5gb.me.product"] == "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb-me"
+    # GFD (lm/resource.go) names the profile with '+' as '.' in the product.
+    assert labels["nvidia.com/mig-1g.5gb.me.product"] == "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb.me"
+
+
+def test_sharing_strategy_is_per_resource_as_gfd_writes_it() -> None:
+    """Only a MIG profile time-sliced: GFD says time-slicing for that profile and none for
+    the GPUs (issue 14 point 11; before, the oracle said time-slicing node-wide)."""
+    layout = [{"devices": [0, 1, 2, 3], "mig-enabled": False},
+              {"devices": [4, 5, 6, 7], "mig-enabled": True, "mig-devices": {"1g.5gb": 7}}]
+    cfg = _configs(m={"flags": {"migStrategy": "mixed"}, "sharing": {"timeSlicing": {
+        "resources": [{"name": "nvidia.com/mig-1g.5gb", "replicas": 2}]}}})
+    labels = inv.expected_labels(inv.node_from_vars(
+        "n1", _mig(layout, gpukit_device_plugin_configs=cfg, gpukit_device_plugin_config="m")))
+    assert labels["nvidia.com/gpu.sharing-strategy"] == "none"
+    assert labels["nvidia.com/gpu.replicas"] == "1"
+    assert labels["nvidia.com/mig-1g.5gb.sharing-strategy"] == "time-slicing"
+    assert labels["nvidia.com/mig-1g.5gb.replicas"] == "2"
+    assert labels["nvidia.com/mig-1g.5gb.product"] == "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb-SHARED"
+
+
+def test_mig_enabled_gpus_under_strategy_none_have_no_replicas() -> None:
+    """GFD labels MIG-enabled GPUs without sharing under every strategy: replicas 0."""
+    layout = [{"devices": "all", "mig-enabled": True, "mig-devices": {"3g.20gb": 2}}]
+    cfg = _configs(n={"flags": {"migStrategy": "none"}})
+    labels = inv.expected_labels(inv.node_from_vars(
+        "n1", _mig(layout, gpukit_device_plugin_configs=cfg, gpukit_device_plugin_config="n")))
+    assert (labels["nvidia.com/gpu.replicas"], labels["nvidia.com/gpu.sharing-strategy"]) == (
+        "0", "none")
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB"
 
 
 @pytest.mark.parametrize(("ts", "gpus", "resources"), [
