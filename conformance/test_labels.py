@@ -11,6 +11,7 @@ from gpukit import inventory as inv
 from gpukit.conformance.checks import Check
 from gpukit.conformance.common import need_decl
 from gpukit.conformance.kube import capacity
+from gpukit.plugin import label_names as ln
 from gpukit.provision import sharing_rollout
 
 pytestmark = pytest.mark.labels
@@ -31,6 +32,20 @@ def test_gfd_labels(gpukit_suite: Any, node: str, check: Check) -> None:
         pytest.fail(f"node {node}: the inventory's declaration is inconsistent: {exc}",
                     pytrace=False)
     check.subset("label", expected, _labels(gpukit_suite, node))
+    check.verify()
+
+
+def test_agent_serves_the_selected_config(gpukit_suite: Any, node: str, check: Check) -> None:
+    """The node agent accepted the config its node selects. An unknown, malformed or empty
+    one leaves it serving its last good config, which this label and a node Event report."""
+    decl = need_decl(gpukit_suite, node)
+    if decl.gpu.count == 0:
+        check.skip("declares no GPUs")
+    state = _labels(gpukit_suite, node).get(ln.DEVICE_PLUGIN_CONFIG_STATE)
+    observed = state or "absent"
+    if state == ln.CONFIG_STATE_FAILED:
+        observed += f" (the agent serves its last good config; kubectl describe node {node})"
+    check.equal(f"label {ln.DEVICE_PLUGIN_CONFIG_STATE}", ln.CONFIG_STATE_SUCCESS, observed)
     check.verify()
 
 
