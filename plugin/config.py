@@ -14,6 +14,7 @@ with disjoint `devices`, giving per-GPU replica counts (selected GPUs shared, th
 from __future__ import annotations
 
 import copy
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from . import bounded_yaml
 
 VERSION = "v1"
 RESOURCE_PREFIX = "nvidia.com"
@@ -33,6 +36,9 @@ DEVICE_ID_STRATEGIES = ("uuid", "index")
 REPLICA_POLICIES = ("distributed", "packed")
 # NVIDIA's list of application XIDs: the GPU itself is fine after these.
 DEFAULT_IGNORED_XIDS = (13, 31, 43, 45, 68, 109)
+# Replicas per device: a node's largest resource (16 GPUs x 7 MIG devices) at this count
+# still lists in one ListAndWatch message under gRPC's default 4 MiB limit (tests prove it).
+MAX_REPLICAS = 256
 DEFAULT_KUBELET_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_CDI_DIR = "/var/run/cdi"
 DEFAULT_CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
@@ -222,7 +228,9 @@ def require_content(doc: dict[str, Any], source: str = "") -> dict[str, Any]:
 
 def parse_document(text: str, source: str = "") -> dict[str, Any]:
     try:
-        doc = yaml.safe_load(text)
+        doc = bounded_yaml.load(text)
+    except bounded_yaml.BoundExceeded as exc:
+        raise ConfigError([f"<root>: refused, the document is {exc}"], source) from exc
     except yaml.YAMLError as exc:
         raise ConfigError([f"malformed YAML: {exc}"], source) from exc
     if doc is None:
@@ -302,7 +310,8 @@ class _Reader:
     ) -> float:
         if value is None:
             return default
-        if isinstance(value, bool) or not isinstance(value, int | float):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(
+                value):
             self.fail(path, f"{value!r} is not a number")
             return default
         if value < minimum:
@@ -459,6 +468,10 @@ def _parse_replicated(
         ok = False
     elif replicas < 2:
         r.fail(f"{path}.replicas", f"{replicas} is not >= 2")
+    elif replicas > MAX_REPLICAS:
+        r.fail(f"{path}.replicas", f"{replicas} is more than {MAX_REPLICAS}, the most gpukit "
+               "serves (ListAndWatch must fit gRPC's 4 MiB message limit with 16 GPUs x 7 "
+               "MIG devices)")
         ok = False
     rename = ""
     raw_rename = doc.get("rename")
@@ -593,15 +606,13 @@ def _parse_xids(r: _Reader, value: Any, path: str) -> tuple[int, ...]:
         return DEFAULT_IGNORED_XIDS
     out: list[int] = []
     for i, item in enumerate(items):
-        try:
-            xid = int(item)
-        except (TypeError, ValueError):
+        # An integer, or digits (from the environment); not 13.5, .inf, true or "x".
+        if isinstance(item, str) and item.isdigit():
+            item = int(item)
+        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
             r.fail(f"{path}[{i}]", f"{item!r} is not an XID number")
             continue
-        if isinstance(item, bool) or xid < 0:
-            r.fail(f"{path}[{i}]", f"{item!r} is not an XID number")
-            continue
-        out.append(xid)
+        out.append(item)
     return tuple(sorted(set(out)))
 
 

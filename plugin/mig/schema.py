@@ -34,6 +34,8 @@ import yaml
 
 from gpukit import mig_profiles
 
+from .. import bounded_yaml
+
 ROOT = "mig-configs"
 ENTRY_KEYS = ("devices", "device-filter", "mig-enabled", "mig-devices")
 _PCI_ID = re.compile(r"^0[xX][0-9a-fA-F]{1,8}$")
@@ -318,7 +320,9 @@ def parse(doc: object) -> MigConfigs:
 def load_text(text: str, source: str) -> MigConfigs:
     """Parse YAML (or JSON, a subset) text; ``source`` names it in errors."""
     try:
-        doc = yaml.safe_load(text)
+        doc = bounded_yaml.load(text)
+    except bounded_yaml.BoundExceeded as e:
+        raise MigConfigError([f"{source}: refused, the document is {e}"]) from e
     except yaml.YAMLError as e:
         raise MigConfigError([f"{source}: not valid YAML or JSON: {e}"]) from e
     try:
