@@ -14,6 +14,7 @@ with disjoint `devices`, giving per-GPU replica counts (selected GPUs shared, th
 from __future__ import annotations
 
 import copy
+import difflib
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -266,18 +267,20 @@ class _Reader:
         return value
 
     def check_keys(
-        self, doc: Mapping[str, Any], path: str, known: set[str], ignored: set[str], strict: bool
+        self, doc: Mapping[str, Any], path: str, known: set[str], ignored: set[str]
     ) -> None:
+        """Keys NVIDIA's schema knows but gpukit does not use are warnings; anything else is an
+        error: a typo such as `timeSlicng` would otherwise silently turn sharing off."""
         for key in doc:
             if key in known:
                 continue
             where = f"{path}.{key}" if path else str(key)
             if key in ignored:
                 self.warnings.append(f"{where}: accepted but not used by gpukit")
-            elif strict:
-                self.fail(where, f"unknown field (known: {', '.join(sorted(known))})")
-            else:
-                self.warnings.append(f"{where}: unknown field, ignored")
+                continue
+            close = difflib.get_close_matches(str(key), sorted(known | ignored), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            self.fail(where, f"unknown field ({hint}known: {', '.join(sorted(known))})")
 
     def boolean(self, value: Any, path: str, default: bool) -> bool:
         if value is None:
@@ -326,7 +329,7 @@ def parse_config(
     """Validate a raw document and build a Config; raises ConfigError listing every problem."""
     r = _Reader(origins or {})
     r.check_keys(
-        doc, "", {"version", "flags", "sharing", "gpukit"}, {"resources", "imex"}, strict=False
+        doc, "", {"version", "flags", "sharing", "gpukit"}, {"resources", "imex", "health"}
     )
     version = doc.get("version", VERSION)
     if version is None:
@@ -335,7 +338,7 @@ def parse_config(
         r.fail("version", f"{version!r} is not supported (only {VERSION!r})")
     flags = _parse_flags(r, r.mapping(doc.get("flags"), "flags"))
     sharing = r.mapping(doc.get("sharing"), "sharing")
-    r.check_keys(sharing, "sharing", {"timeSlicing", "mps"}, set(), strict=False)
+    r.check_keys(sharing, "sharing", {"timeSlicing", "mps"}, set())
     if sharing.get("mps") is not None:
         r.fail("sharing.mps", "MPS sharing is not supported by gpukit; use sharing.timeSlicing")
     ts = _parse_time_slicing(r, sharing.get("timeSlicing"), "sharing.timeSlicing")
@@ -350,13 +353,13 @@ def parse_config(
 def _parse_flags(r: _Reader, doc: Mapping[str, Any]) -> Flags:
     r.check_keys(
         doc, "flags", {"migStrategy", "failOnInitError", "nvidiaDriverRoot", "plugin"},
-        _NVIDIA_FLAGS_IGNORED, strict=False,
+        _NVIDIA_FLAGS_IGNORED,
     )
     plugin = r.mapping(doc.get("plugin"), "flags.plugin")
     r.check_keys(
         plugin, "flags.plugin",
         {"passDeviceSpecs", "deviceListStrategy", "deviceIDStrategy", "cdiAnnotationPrefix"},
-        _NVIDIA_PLUGIN_FLAGS_IGNORED, strict=False,
+        _NVIDIA_PLUGIN_FLAGS_IGNORED,
     )
     return Flags(
         mig_strategy=r.choice(doc.get("migStrategy"), "flags.migStrategy", MIG_STRATEGIES, "none"),
@@ -413,7 +416,7 @@ def _parse_time_slicing(r: _Reader, value: Any, path: str) -> TimeSlicing:
     doc = r.mapping(value, path)
     r.check_keys(
         doc, path, {"renameByDefault", "failRequestsGreaterThanOne", "resources", "strategy"},
-        set(), strict=False,
+        set(),
     )
     if doc.get("strategy") not in (None, ""):
         r.fail(f"{path}.strategy", f"{doc.get('strategy')!r} is not supported (leave it unset)")
@@ -441,7 +444,7 @@ def _parse_replicated(
     if not doc:
         r.fail(path, "expected a mapping with name and replicas")
         return None
-    r.check_keys(doc, path, {"name", "rename", "devices", "replicas"}, set(), strict=True)
+    r.check_keys(doc, path, {"name", "rename", "devices", "replicas"}, set())
     ok = True
     raw_name = doc.get("name")
     name = ""
@@ -556,11 +559,11 @@ def _parse_gpukit(r: _Reader, doc: Mapping[str, Any]) -> GpukitSettings:
         "deviceRoot", "deviceRootInPlugin", "kubeletDir", "cdiSpecDir", "metricsAddress",
         "replicaPolicy", "rescanIntervalSeconds", "health",
     }
-    r.check_keys(doc, "gpukit", known, set(), strict=True)
+    r.check_keys(doc, "gpukit", known, set())
     health = r.mapping(doc.get("health"), "gpukit.health")
     r.check_keys(
         health, "gpukit.health",
-        {"ignoredXids", "recoverySeconds", "probeIntervalSeconds", "disabled"}, set(), strict=True,
+        {"ignoredXids", "recoverySeconds", "probeIntervalSeconds", "disabled"}, set(),
     )
     root = doc.get("deviceRoot")
     root_in_plugin = doc.get("deviceRootInPlugin")

@@ -128,7 +128,7 @@ def test_replicas_below_two() -> None:
     ({"sharing": {"mps": {"resources": [{"name": "gpu", "replicas": 2}]}}},
      "sharing.mps: MPS sharing is not supported by gpukit; use sharing.timeSlicing"),
     ({"gpukit": {"metricsAdress": "x"}},
-     "gpukit.metricsAdress: unknown field (known: cdiSpecDir, deviceRoot, deviceRootInPlugin, "
+     "gpukit.metricsAdress: unknown field (did you mean 'metricsAddress'? known: cdiSpecDir, deviceRoot, deviceRootInPlugin, "
      "health, kubeletDir, metricsAddress, replicaPolicy, rescanIntervalSeconds)"),
     ({"gpukit": {"metricsAddress": "nowhere"}},
      "gpukit.metricsAddress: 'nowhere' is not host:port (use host:port, or '' to disable)"),
@@ -244,3 +244,29 @@ def test_single_named_config_is_used_without_label(tmp_path: Path) -> None:
 def test_recovery_never_from_env() -> None:
     c = ConfigSource(overrides=env_overrides({"GPUKIT_RECOVERY_SECONDS": "never"})).load().config
     assert c.gpukit.health.recovery_seconds is None
+
+
+@pytest.mark.parametrize(("doc", "expected"), [
+    ({"version": "v1", "sharing": {"timeSlicng": {"resources": [
+        {"name": "nvidia.com/gpu", "replicas": 4}]}}},
+     "sharing.timeSlicng: unknown field (did you mean 'timeSlicing'?"),
+    ({"version": "v1", "sharing": {"spaceSlicing": {}}}, "sharing.spaceSlicing: unknown field"),
+    ({"version": "v1", "flags": {"migStrategyy": "mixed"}},
+     "flags.migStrategyy: unknown field (did you mean 'migStrategy'?"),
+    ({"version": "v1", "flag": {}}, "flag: unknown field (did you mean 'flags'?"),
+])
+def test_unknown_keys_are_errors_naming_the_closest_known_one(
+        doc: dict[str, object], expected: str) -> None:
+    """A typo must not silently turn sharing off (issue 15): before, these were warnings."""
+    assert any(p.startswith(expected) for p in problems(doc)), problems(doc)
+
+
+def test_keys_nvidia_knows_but_gpukit_ignores_stay_warnings() -> None:
+    config = parse_config({"version": "v1", "resources": {}, "health": {"disabled": True},
+                           "flags": {"gfd": {"oneshot": True}, "mofedEnabled": True}})
+    assert sorted(config.warnings) == [
+        "flags.gfd: accepted but not used by gpukit",
+        "flags.mofedEnabled: accepted but not used by gpukit",
+        "health: accepted but not used by gpukit",
+        "resources: accepted but not used by gpukit",
+    ]
