@@ -4,12 +4,26 @@ from __future__ import annotations
 
 import typer
 
+from gpukit import __version__
 from gpukit.lab.config import LabConfigError, load_spec
 from gpukit.lab.controlplane import LabError
 
 app = typer.Typer(help="gpukit: GPU nodes for Kubernetes, declared once, proven live.")
 lab_app = typer.Typer(help="The hardware-free lab: a real cluster with simulated GPU nodes.")
 app.add_typer(lab_app, name="lab")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"gpukit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_print_version,
+                                       is_eager=True, help="print gpukit's version and exit")
+          ) -> None:
+    """gpukit: GPU nodes for Kubernetes, declared once, proven live."""
 
 
 def _fail(err: Exception) -> None:

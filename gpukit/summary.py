@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpukit import __version__
+
 CLUSTER = "(cluster)"  # the suite's node property for cluster-wide tests
 _MESSAGE_CHARS = 200
 
@@ -310,6 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m gpukit.summary",
         description="Per node: what site.yml changed and the conformance suite's result.",
     )
+    ap.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     ap.add_argument("--play", help="the playbook run as JSON (ansible.posix.json or "
                     "gpukit.gpu.play_record)")  # fmt: skip
     ap.add_argument("--junit", help="the conformance suite's JUnit XML")

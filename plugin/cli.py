@@ -19,6 +19,8 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from gpukit import __version__
+
 from .config import ConfigError
 from .config_source import ConfigSource, Override, coerce, env_overrides
 from .manager import InitError, ManagerOptions, PluginManager, PynvmlBackend
@@ -50,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gpukit-device-plugin", description="Kubernetes device plugin for NVIDIA GPUs",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__,
     )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     src = p.add_argument_group("config source")
     src.add_argument("--config-file", type=Path, default=env("CONFIG_FILE") or None,
                      help="one config file (NVIDIA v1 schema) [CONFIG_FILE]")

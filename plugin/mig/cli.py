@@ -26,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from gpukit import __version__
 from gpukit.plugin import nvml
 
 from . import hooks
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m gpukit.plugin.mig", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("command", choices=("plan", "apply", "assert", "export"))
     src = p.add_argument_group("config (plan, apply, assert)")
     one = src.add_mutually_exclusive_group()
