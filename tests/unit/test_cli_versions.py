@@ -15,6 +15,7 @@ BIN = Path(sys.executable).parent
 
 @pytest.mark.parametrize("argv", [
     [str(BIN / "gpukit")],
+    [sys.executable, "-m", "gpukit"],
     [str(BIN / "gpukit-device-plugin")],
     [sys.executable, "-m", "gpukit.plugin"],
     [sys.executable, "-m", "gpukit.plugin.mig"],

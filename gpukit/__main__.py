@@ -1,0 +1,5 @@
+"""`python -m gpukit`: the same command line as `gpukit`."""
+
+from gpukit.cli import main
+
+main()
