@@ -181,6 +181,17 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("node", nodes, ids=nodes)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """One usage error for an unusable cluster, before any test runs (not one traceback per
+    test); --collect-only needs no cluster."""
+    config = session.config
+    if config.option.collectonly or not any(_is_suite_path(i.path) for i in session.items):
+        return
+    why = get_suite(config).unreachable()
+    if why:
+        pytest.exit(f"conformance: {why}", returncode=pytest.ExitCode.USAGE_ERROR)
+
+
 def area_of(item: pytest.Item) -> str:
     for mark in item.iter_markers():
         if mark.name in AREAS:

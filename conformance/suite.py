@@ -182,6 +182,20 @@ class Suite:
 
     # ---- cluster
 
+    def unreachable(self, timeout: float = 15.0) -> str:
+        """Why the cluster cannot be used ("" when it answers): a missing or broken
+        kubeconfig, or an API server that does not answer /version."""
+        from kubernetes import client
+
+        try:
+            kube = self.kube
+            client.VersionApi(kube.api_client).get_code(_request_timeout=timeout)
+        except Exception as exc:  # kubeconfig, TLS, connection: all one usage error
+            where = self.options.kubeconfig or "$KUBECONFIG, ~/.kube/config or in-cluster"
+            detail = " ".join(str(exc).split())[:300]
+            return f"cannot reach the cluster through {where}: {type(exc).__name__}: {detail}"
+        return ""
+
     @property
     def kube(self) -> Kube:
         with self._lock:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -99,6 +100,28 @@ def test_a_bad_inventory_is_a_usage_error_naming_host_and_variable(tmp_path: Pat
     r = _pytest("conformance", "--inventory", str(bad), "--collect-only", "-q")
     assert r.returncode == 4, r.stdout + r.stderr
     assert "host n1: gpukit_mig_config: 'nope' is not a named MIG layout" in r.stderr
+
+
+@pytest.mark.parametrize("kubeconfig", ["missing", "malformed", "refused"])
+def test_an_unusable_cluster_is_one_usage_error_before_any_test(tmp_path: Path,
+                                                                 kubeconfig: str) -> None:
+    path = tmp_path / "kubeconfig"
+    if kubeconfig == "malformed":
+        path.write_text("apiVersion: [\n")
+    elif kubeconfig == "refused":  # nothing listens on port 1
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "c",
+            "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1",
+                                                   "insecure-skip-tls-verify": True}}],
+            "users": [{"name": "u", "user": {"token": "t"}}],
+            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+    r = _pytest("conformance", "--inventory", "inventories/lab", "--kubeconfig", str(path),
+                "-q", "--report-html", str(tmp_path / "r.html"))
+    out = r.stdout + r.stderr
+    assert r.returncode == 4, out
+    assert f"conformance: cannot reach the cluster through {path}" in out
+    assert "passed" not in out and "failed" not in out and "Traceback" not in out, out
+    assert "NotSet" not in (tmp_path / "r.html").read_text()
 
 
 def test_the_plugin_is_inert_elsewhere(tmp_path: Path) -> None:
@@ -331,3 +354,57 @@ def test_the_job_entry_point_uses_options_the_plugin_has() -> None:
     for flag in sorted(flags):
         assert flag in r.stdout, f"run.sh uses {flag}, which pytest does not know"
     assert subprocess.run(["sh", "-n", str(DEPLOY / "run.sh")]).returncode == 0
+
+
+FAKE_PYTEST = """#!/bin/sh
+# Stands in for python3 -m pytest: records the inventory it was given, exits as told.
+while [ $# -gt 0 ]; do [ "$1" = --inventory ] && inv=$2; shift; done
+(cd "$inv" && find . -type f | sort) > "$RESULTS_DIR/seen"
+echo "1 failed, 3 passed"
+exit ${FAKE_STATUS:-0}
+"""
+
+
+@pytest.mark.parametrize("form", ["tree", "tarball", "flat"])
+@pytest.mark.parametrize("status", [0, 1])
+def test_the_job_rebuilds_the_whole_inventory_and_exits_as_the_suite(
+        tmp_path: Path, form: str, status: int) -> None:
+    fleet = REPO / "inventories" / "example"
+    src = tmp_path / "mounted"
+    src.mkdir()
+    if form == "tree":
+        shutil.copytree(fleet, src, dirs_exist_ok=True)
+    elif form == "tarball":
+        subprocess.run(["tar", "-C", str(fleet), "-czf", str(src / "inventory.tar.gz"), "."],
+                       check=True)
+    else:
+        shutil.copy(fleet / "hosts.yml", src / "hosts.yml")
+        (src / "gpu_nodes.yml").write_text("gpukit_gpu: {}\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(FAKE_PYTEST)
+    (bin_dir / "python3").chmod(0o755)
+    results = tmp_path / "results"
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "RESULTS_DIR": str(results),
+           "INVENTORY_DIR": str(src), "FAKE_STATUS": str(status)}
+    r = subprocess.run(["sh", str(DEPLOY / "run.sh")], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == status, r.stdout + r.stderr
+    assert (results / "done").read_text().strip() == str(results / "junit.xml")
+    assert "1 failed, 3 passed" in (results / "pytest.log").read_text()
+    seen = (results / "seen").read_text().split()
+    if form == "flat":
+        assert seen == ["./group_vars/gpu_nodes.yml", "./hosts.yml"]
+    else:  # nothing of the tree is lost: host_vars and nested group_vars included
+        want = sorted(f"./{p.relative_to(fleet)}" for p in fleet.rglob("*") if p.is_file())
+        assert seen == want
+        assert any(s.startswith("./host_vars/") for s in seen)
+        assert any(s.count("/") >= 3 for s in seen)  # group_vars/<group>/<file>
+
+
+def test_the_job_refuses_a_mount_without_an_inventory(tmp_path: Path) -> None:
+    r = subprocess.run(["sh", str(DEPLOY / "run.sh")], capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin", "RESULTS_DIR": str(tmp_path / "r"),
+                            "INVENTORY_DIR": str(tmp_path)}, timeout=60)
+    assert r.returncode == 2
+    assert "no inventory in" in r.stderr
