@@ -215,6 +215,7 @@ static nvmlReturn_t boot(void)
         mock_apply_reset(g);
     }
     events_truncate(); /* nobody from before the boot is waiting */
+    caps_render_static(); /* the driver loads: its /proc/driver files (reported on failure) */
     return state_commit(fd);
 }
 

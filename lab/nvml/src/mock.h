@@ -31,6 +31,19 @@
 #define MOCK_MAX_NVLINK_PEERS 8
 #define MOCK_NO_ID 0xFFFFFFFFu
 
+/* /dev/nvidia-caps minors, the driver's fixed table (/proc/driver/nvidia-caps/mig-minors):
+ * config 1, monitor 2, then per GPU minor 15 GPU instances of (access, 8 compute instances). */
+#define MOCK_CAPS_CONFIG_MINOR 1u
+#define MOCK_CAPS_MONITOR_MINOR 2u
+#define MOCK_CAPS_FIRST_GPU_MINOR 3u
+#define MOCK_CAPS_PER_GI (1u + MOCK_MAX_CI)
+#define MOCK_CAPS_PER_GPU (MOCK_MAX_GI * MOCK_CAPS_PER_GI)
+#define MOCK_CAPS_TABLE_GPUS 32u /* mig-minors lists GPU minors 0..31 (more if a node has more) */
+/* The rest of the stand-in driver's /proc/driver (gpukit.lab.driver_surface renders the same). */
+#define MOCK_IRQ_BASE 120u /* IRQ of GPU 0 in gpus/<bus id>/information; GPU i: + i */
+#define MOCK_DRIVER_BUILD_DATE "Tue Jan  6 00:00:00 UTC 2026"
+#define MOCK_DRIVER_GCC "gcc version 12.2.0 (Debian 12.2.0-14)"
+
 #define MOCK_DEFAULT_PROFILE "/etc/gpukit-lab/nvml/profile.yaml"
 #define MOCK_DEFAULT_STATE_DIR "/var/lib/gpukit-lab/nvml"
 
@@ -210,6 +223,12 @@ nvmlReturn_t mock_emit(const char *kind, unsigned gpu, unsigned long long type,
 unsigned long long mock_supported_events(void);
 extern const char *const mock_events_modes[MOCK_EVENTS_MODES]; /* names in state and status */
 char *mock_status_json(size_t *len); /* malloc'd */
+
+/* caps.c: the MIG capability files ($STATE_DIR/proc-driver/nvidia/capabilities) */
+unsigned mock_caps_minor(unsigned gpu_minor, unsigned gi, unsigned ci); /* ci MOCK_NO_ID: gi */
+nvmlReturn_t caps_render(void); /* rebuild from g_state; call with the state lock held */
+nvmlReturn_t caps_repair(void);
+nvmlReturn_t caps_render_static(void); /* version, gpus/<bus id>/information, mig-minors */ /* caps_render unless the tree already shows g_state.serial */
 
 /* device.c: handle decoding */
 typedef struct {

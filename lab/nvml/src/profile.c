@@ -541,6 +541,9 @@ static int parse_root(yctx *c, yaml_node_t *root, mock_profile *out)
         } else if (!strcmp(ks, "description")) {
             if (!scalar(v))
                 return fail(c, v, "description", "expected a string");
+        } else if (!strcmp(ks, "machine")) { /* the DMI product name: the lab's sysfs, not NVML */
+            if (!scalar(v))
+                return fail(c, v, "machine", "expected a string");
         } else if (!strcmp(ks, "seed")) {
             if (get_str(c, v, "seed", seed, sizeof seed))
                 return -1;
@@ -564,7 +567,7 @@ static int parse_root(yctx *c, yaml_node_t *root, mock_profile *out)
             gpus = v;
         } else {
             return fail(c, k, ks,
-                        "unknown field (top-level fields: name, description, seed, "
+                        "unknown field (top-level fields: name, description, machine, seed, "
                         "driver_version, cuda_driver_version, nvml_version, numa_nodes, defaults, "
                         "gpus)");
         }

@@ -354,6 +354,8 @@ nvmlReturn_t state_lock(int *fd)
     nvmlReturn_t rc = state_refresh();
     if (rc != NVML_SUCCESS)
         state_unlock(*fd);
+    else
+        caps_repair(); /* a writer killed before it rebuilt the capability files */
     return rc;
 }
 
@@ -464,6 +466,9 @@ nvmlReturn_t state_commit(int lockfd)
         fsync(dfd);
         close(dfd);
     }
+    /* The state landed: the driver's capability files follow it (an error there is reported,
+     * and repaired by the next writer; the change itself stands). */
+    caps_render();
 out:
     free(buf);
     state_unlock(lockfd);
