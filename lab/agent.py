@@ -2,7 +2,8 @@
 
 The lab's GPUs are the mock NVML: the agent loads the node's libnvidia-ml.so.1 from
 the driver root and reads the node's profile and device state, as it would read a
-real driver's.
+real driver's. The deployment mounts the library's directory and /dev (driver root
+`/`), and the mock's profile and state directories, nothing else of the node.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from gpukit.plugin.deploy import AgentDeployment, HostMount, manifests
 
 NVML_LIB = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
 NVML_STATE = "/var/lib/gpukit-lab/nvml"
+NVML_PROFILE_DIR = "/etc/gpukit-lab/nvml"
 
 
 def lab_deployment(
@@ -32,11 +34,14 @@ def lab_deployment(
         default_config=default_config,
         nvml_library=f"/driver-root{NVML_LIB}",
         env={
-            "GPUKIT_NVML_PROFILE": "/driver-root/etc/gpukit-lab/nvml/profile.yaml",
+            "GPUKIT_NVML_PROFILE": f"{NVML_PROFILE_DIR}/profile.yaml",
             "GPUKIT_NVML_STATE_DIR": NVML_STATE,
             **env,
         },
-        host_mounts=(HostMount("nvml-state", NVML_STATE, NVML_STATE, read_only=False),),
+        host_mounts=(
+            HostMount("nvml-profile", NVML_PROFILE_DIR, NVML_PROFILE_DIR, read_only=True),
+            HostMount("nvml-state", NVML_STATE, NVML_STATE, read_only=False),
+        ),
         image_pull_policy="Never",
     )
 

@@ -4,19 +4,33 @@ One place for the manifests: the device_plugin role renders them, the lab and th
 tests apply them. The agent runs unprivileged with a read-only root filesystem; its
 ServiceAccount may patch nodes, and an admission policy narrows that to the
 `nvidia.com/` labels of the node its own pod runs on.
+
+The pod mounts only what the agent reads or writes (see `agent_mounts`): with the driver
+installed on the host (driver root `/`) that is the host's /dev and the NVML library's
+directory, read-only, never the host's root, so the kubelet's kubeconfig, keys and
+/etc stay out of its reach; a containerised driver root (e.g. /run/nvidia/driver) holds
+only the driver and is mounted whole.
 """
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
-from .config import parse_host_port
+from .config import DEFAULT_CDI_DIR, DEFAULT_KUBELET_DIR, parse_host_port
 from .metrics import READY_PATH
 
 APP = "gpukit-node-agent"
+
+# Where the container sees the driver root (GPUKIT_DEVICE_ROOT_IN_PLUGIN).
+DRIVER_ROOT_IN_CONTAINER = "/driver-root"
+# The NVML library when the deployment names none: where Debian/Ubuntu driver packages and
+# NVIDIA's driver containers put it. Other layouts (e.g. /usr/lib64 on RPM distributions)
+# set AgentDeployment.nvml_library (gpukit_device_plugin_nvml_library).
+DEFAULT_NVML_LIBRARY = f"{DRIVER_ROOT_IN_CONTAINER}/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
 
 
 @dataclass(frozen=True)
@@ -36,7 +50,7 @@ class AgentDeployment:
     configs: dict[str, dict[str, Any]] = field(default_factory=dict)
     default_config: str | None = None
     driver_root: str = "/"
-    nvml_library: str | None = None
+    nvml_library: str | None = None  # path in the container; None: DEFAULT_NVML_LIBRARY
     metrics_address: str = "127.0.0.1:9402"
     node_labels: bool = True
     node_selector: dict[str, str] = field(default_factory=dict)
@@ -68,7 +82,10 @@ def rbac(d: AgentDeployment) -> list[dict[str, Any]]:
         "kind": "ClusterRole",
         "metadata": {"name": APP, "labels": _labels()},
         "rules": [
-            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]}
+            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
+            # Events about its node (e.g. an invalid selected config); a Node's events live in
+            # the "default" namespace, so a Role in the agent's namespace would not do.
+            {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
         ],
     }
     binding = {
@@ -194,25 +211,69 @@ def readiness_probe(d: AgentDeployment) -> dict[str, Any] | None:
     }
 
 
-def daemonset(d: AgentDeployment) -> dict[str, Any]:
-    env: list[dict[str, Any]] = [
-        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-        {"name": "GPUKIT_CONFIG_DIR", "value": "/etc/gpukit/configs"},
-        {"name": "NVIDIA_DRIVER_ROOT", "value": d.driver_root},
-        {"name": "GPUKIT_DEVICE_ROOT", "value": d.driver_root},
-        {"name": "GPUKIT_DEVICE_ROOT_IN_PLUGIN", "value": "/driver-root"},
-        {"name": "GPUKIT_METRICS_ADDRESS", "value": d.metrics_address},
-        {"name": "GPUKIT_NODE_LABELS", "value": "true" if d.node_labels else "false"},
-    ]
-    if d.default_config:
-        env.append({"name": "DEFAULT_CONFIG", "value": d.default_config})
-    if d.nvml_library:
-        env.append({"name": "GPUKIT_NVML_LIB", "value": d.nvml_library})
-    env += [{"name": k, "value": v} for k, v in sorted(d.env.items())]
-    mounts: list[dict[str, Any]] = [
-        {"name": "device-plugins", "mountPath": "/var/lib/kubelet/device-plugins"},
-        {"name": "driver-root", "mountPath": "/driver-root", "readOnly": True,
-         "mountPropagation": "HostToContainer"},
+def _is_host_root(path: str) -> bool:
+    return posixpath.normpath(path or "/") == "/"
+
+
+def nvml_library_path(d: AgentDeployment) -> str:
+    """The NVML library the agent loads (GPUKIT_NVML_LIB), as the container sees it."""
+    return d.env.get("GPUKIT_NVML_LIB") or d.nvml_library or DEFAULT_NVML_LIBRARY  # env wins
+
+
+def _library_dir(d: AgentDeployment) -> str | None:
+    """The host directory (under the driver root) holding the NVML library, or None when the
+    library is not under /driver-root (in the image, or put there by a container runtime)."""
+    lib = posixpath.normpath(nvml_library_path(d))
+    if not lib.startswith(DRIVER_ROOT_IN_CONTAINER + "/"):
+        return None
+    directory = posixpath.dirname(lib[len(DRIVER_ROOT_IN_CONTAINER):])
+    if directory == "/":
+        raise ValueError(
+            f"nvml library {nvml_library_path(d)!r}: with the host's root as driver root the"
+            " agent mounts the library's directory, and that would be the whole root: name"
+            f" the library in its own directory, e.g. {DEFAULT_NVML_LIBRARY}"
+        )
+    return directory
+
+
+def _host_path(name: str, path: str, kind: str) -> dict[str, Any]:
+    return {"name": name, "hostPath": {"path": path, "type": kind}}
+
+
+def agent_mounts(d: AgentDeployment) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The container's volumeMounts and the pod's volumes: only what the agent touches.
+
+    - the kubelet's device-plugins directory (its sockets, the kubelet's socket), read-write;
+    - the driver: with driver root `/` (the driver installed on the host) the host's /dev (the
+      agent checks which /dev/nvidia* control nodes exist; the device cgroup still refuses to
+      open them) and the NVML library's directory, read-only at the same paths under
+      /driver-root; any other driver root (a driver container's, e.g. /run/nvidia/driver)
+      holds only the driver and is mounted whole, following the mounts the driver container
+      makes after the agent started;
+    - its named configs (the ConfigMap), its state on the host's /run/gpukit (the MIG
+      manager's pause file; /tmp), and the CDI spec directory it writes;
+    - the deployment's own host_mounts (the lab's simulated GPU state).
+    The agent reads /proc/driver/nvidia from its own /proc (the kernel's, not a mount).
+    """
+    ro = {"readOnly": True, "recursiveReadOnly": "IfPossible"}
+    cdi_dir = d.env.get("GPUKIT_CDI_SPEC_DIR") or DEFAULT_CDI_DIR
+    mounts: list[dict[str, Any]] = [{"name": "device-plugins", "mountPath": DEFAULT_KUBELET_DIR}]
+    volumes = [_host_path("device-plugins", DEFAULT_KUBELET_DIR, "Directory")]
+    if _is_host_root(d.driver_root):
+        mounts.append({"name": "driver-dev", "mountPath": f"{DRIVER_ROOT_IN_CONTAINER}/dev", **ro})
+        volumes.append(_host_path("driver-dev", "/dev", "Directory"))
+        lib_dir = _library_dir(d)
+        if lib_dir is not None:
+            mounts.append({"name": "driver-lib",
+                           "mountPath": f"{DRIVER_ROOT_IN_CONTAINER}{lib_dir}", **ro})
+            volumes.append(_host_path("driver-lib", lib_dir, "Directory"))
+    else:
+        # HostToContainer: the driver container may mount its root after the agent started
+        # (recursiveReadOnly would need mountPropagation None).
+        mounts.append({"name": "driver-root", "mountPath": DRIVER_ROOT_IN_CONTAINER,
+                       "readOnly": True, "mountPropagation": "HostToContainer"})
+        volumes.append(_host_path("driver-root", d.driver_root, "Directory"))
+    mounts += [
         {"name": "configs", "mountPath": "/etc/gpukit/configs", "readOnly": True},
         # The MIG manager pauses the plugin through a file here (see plugin/mig/pause.py).
         {"name": "run-gpukit", "mountPath": "/run/gpukit"},
@@ -220,19 +281,35 @@ def daemonset(d: AgentDeployment) -> dict[str, Any]:
         # deletes every pod with an emptyDir, DaemonSet pods too (kubernetes.core#622), so
         # each drain of a rolling upgrade would restart the agent and zero the node's GPUs.
         {"name": "run-gpukit", "mountPath": "/tmp", "subPath": "tmp"},
+        # The CDI spec the agent writes for the cdi-annotations / cdi-cri strategies.
+        {"name": "cdi-specs", "mountPath": cdi_dir},
     ]  # fmt: skip
-    volumes: list[dict[str, Any]] = [
-        {"name": "device-plugins",
-         "hostPath": {"path": "/var/lib/kubelet/device-plugins", "type": "Directory"}},
-        {"name": "driver-root", "hostPath": {"path": d.driver_root, "type": "Directory"}},
+    volumes += [
         {"name": "configs", "configMap": {"name": f"{APP}-configs"}},
-        {"name": "run-gpukit", "hostPath": {"path": "/run/gpukit", "type": "DirectoryOrCreate"}},
-    ]  # fmt: skip
+        _host_path("run-gpukit", "/run/gpukit", "DirectoryOrCreate"),
+        _host_path("cdi-specs", cdi_dir, "DirectoryOrCreate"),
+    ]
     for m in d.host_mounts:
         mounts.append({"name": m.name, "mountPath": m.mount_path, "readOnly": m.read_only})
-        volumes.append(
-            {"name": m.name, "hostPath": {"path": m.host_path, "type": "DirectoryOrCreate"}}
-        )
+        volumes.append(_host_path(m.name, m.host_path, "DirectoryOrCreate"))
+    return mounts, volumes
+
+
+def daemonset(d: AgentDeployment) -> dict[str, Any]:
+    env: list[dict[str, Any]] = [
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "GPUKIT_CONFIG_DIR", "value": "/etc/gpukit/configs"},
+        {"name": "NVIDIA_DRIVER_ROOT", "value": d.driver_root},
+        {"name": "GPUKIT_DEVICE_ROOT", "value": d.driver_root},
+        {"name": "GPUKIT_DEVICE_ROOT_IN_PLUGIN", "value": DRIVER_ROOT_IN_CONTAINER},
+        {"name": "GPUKIT_METRICS_ADDRESS", "value": d.metrics_address},
+        {"name": "GPUKIT_NODE_LABELS", "value": "true" if d.node_labels else "false"},
+        {"name": "GPUKIT_NVML_LIB", "value": nvml_library_path(d)},
+    ]
+    if d.default_config:
+        env.append({"name": "DEFAULT_CONFIG", "value": d.default_config})
+    env += [{"name": k, "value": v} for k, v in sorted(d.env.items())]
+    mounts, volumes = agent_mounts(d)
     container = {
         "name": "device-plugin",
         "image": d.image,
@@ -244,7 +321,14 @@ def daemonset(d: AgentDeployment) -> dict[str, Any]:
             "privileged": False,
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
-            "runAsUser": 0,  # the kubelet's device-plugin directory is root's
+            # uid 0, but no capabilities: the agent must create its sockets in the kubelet's
+            # device-plugins directory (root's, mode 0750) and connect to kubelet.sock there
+            # (root's, 0755: connect needs write permission on the socket). Another uid would
+            # need CAP_DAC_OVERRIDE, which a non-root process loses at exec (no ambient
+            # capabilities; no_new_privs ignores file capabilities), and a user namespace
+            # (hostUsers: false) rules out hostNetwork. Root's own files are what this uid
+            # could read, hence the narrow mounts above (see plugin/README.md, Deployment).
+            "runAsUser": 0,
             "capabilities": {"drop": ["ALL"]},
             "seccompProfile": {"type": "RuntimeDefault"},
         },

@@ -6,6 +6,7 @@ is the judge: capacity, admission, Allocate into real containers, health.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import subprocess
@@ -383,17 +384,105 @@ def test_the_plugin_registers_again_when_the_kubelet_restarts(
     assert len(ids) == 1 and ids[0] in gpu_uuids("gpu-t4"), ids
 
 
+# What the agent's container mounts on a lab node, all of it: the kubelet's device-plugins
+# dir, the driver's /dev and NVML library dir (driver root /), its configs, state, CDI dir, the
+# mock NVML's profile and state, the ServiceAccount token. Never the node's root.
+AGENT_MOUNTS = {
+    "/var/lib/kubelet/device-plugins", "/driver-root/dev", "/driver-root/usr/lib/x86_64-linux-gnu",
+    "/etc/gpukit/configs", "/run/gpukit", "/tmp", "/var/run/cdi", "/etc/gpukit-lab/nvml",
+    "/var/lib/gpukit-lab/nvml", "/var/run/secrets/kubernetes.io/serviceaccount",
+}  # fmt: skip
+# Mounts every container gets from the runtime (not host paths the agent asked for).
+RUNTIME_MOUNTS = {"/", "/dev", "/dev/pts", "/dev/mqueue", "/dev/shm", "/dev/termination-log",
+                  "/etc/hosts", "/etc/hostname", "/etc/resolv.conf"}  # fmt: skip
+
+# Run in the agent's container: who it is, what is mounted, and whether any file it can read
+# has the content of one of the node's kubelet credentials (argv[1]: {size: [sha256]}).
+LOCKED_DOWN_PROBE = r"""
+import hashlib, json, os, stat, sys
+secrets, expected, tries = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3:]
+status = dict(l.split(":", 1) for l in open("/proc/self/status") if ":" in l)
+found = []
+for top, dirs, files in os.walk("/"):
+    if top == "/":
+        dirs[:] = [d for d in dirs if d not in ("proc", "sys")]
+    for f in files:
+        path = os.path.join(top, f)
+        try:
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode) and str(st.st_size) in secrets:
+                with open(path, "rb") as fh:
+                    if hashlib.sha256(fh.read()).hexdigest() in secrets[str(st.st_size)]:
+                        found.append(path)
+        except OSError:
+            pass
+reads = {}
+for path in tries:
+    try:
+        open(path, "rb").read(1)
+        reads[path] = "READ"
+    except OSError as e:
+        reads[path] = type(e).__name__
+print(json.dumps({
+    "uid": os.getuid(), "cap_eff": status["CapEff"].strip(), "cap_bnd": status["CapBnd"].strip(),
+    "mounts": sorted({l.split()[4] for l in open("/proc/self/mountinfo")}),
+    "expected": sorted(os.path.realpath(p) for p in expected),
+    "driver_root": sorted(os.listdir("/driver-root")), "found": found, "reads": reads,
+}))
+"""
+
+
 def test_plugin_socket_and_pod_are_locked_down(
     core: client.CoreV1Api, deployed: AgentDeployment
 ) -> None:
-    root = nodes.root(load_spec().node("gpu-a100"))
-    sock = root / "var/lib/kubelet/device-plugins/gpukit-gpu.sock"
+    node = "gpu-a100"
+    root = nodes.root(load_spec().node(node))
+    plugins = root / "var/lib/kubelet/device-plugins"
+    sock = plugins / "gpukit-gpu.sock"
     st = sock.stat()
     assert (st.st_mode & 0o777, st.st_uid) == (0o600, 0)
-    pod = core.list_namespaced_pod(deployed.namespace).items[0]
-    sc = pod.spec.containers[0].security_context
+    # Why the agent stays uid 0: only root may create its socket here and connect to the
+    # kubelet's (connect needs write permission on the socket; see plugin/README.md).
+    # (The kubelet makes the dir 0750 when it is missing; the lab's node image has it 0755.)
+    pst = plugins.stat()
+    assert pst.st_uid == 0 and not pst.st_mode & 0o022, oct(pst.st_mode)
+    kst = (plugins / "kubelet.sock").stat()
+    assert kst.st_uid == 0 and not kst.st_mode & 0o002, oct(kst.st_mode)
+    pod = next(p for p in core.list_namespaced_pod(deployed.namespace).items
+               if p.spec.node_name == node)  # fmt: skip
+    c = pod.spec.containers[0]
+    sc = c.security_context
     assert sc.privileged is False and sc.read_only_root_filesystem is True
     assert sc.capabilities.drop == ["ALL"] and sc.allow_privilege_escalation is False
+    assert sc.capabilities.add is None and sc.run_as_user == 0
+    assert {m.mount_path for m in c.volume_mounts} == AGENT_MOUNTS
+
+    # The node's kubelet credentials exist, and nothing the agent can read holds one of them.
+    creds = [root / "etc/kubernetes/kubelet.conf", root / "var/lib/kubelet/config.yaml",
+             *(root / "etc/kubernetes/pki").glob("*.key"),
+             *(root / "var/lib/kubelet/pki").glob("*.key")]  # fmt: skip
+    assert len(creds) > 3, creds
+    secrets: dict[str, list[str]] = {}
+    for f in creds:
+        data = f.read_bytes()
+        secrets.setdefault(str(len(data)), []).append(hashlib.sha256(data).hexdigest())
+    tries = [f"{prefix}/{f.relative_to(root)}" for f in creds for prefix in ("", "/driver-root")]
+    tries += ["/driver-root/var/lib/kubelet/kubeconfig", "/driver-root/etc/shadow"]
+    out = agent.kubectl(
+        load_spec(), "-n", deployed.namespace, "exec", pod.metadata.name, "--", "python3", "-c",
+        LOCKED_DOWN_PROBE, json.dumps(secrets), json.dumps(sorted(AGENT_MOUNTS)), *tries,
+    )  # fmt: skip
+    seen = json.loads(out)
+    assert seen["found"] == [], f"kubelet credentials readable in the agent's pod: {seen['found']}"
+    assert set(seen["reads"].values()) == {"FileNotFoundError"}, seen["reads"]
+    # uid 0 without a single capability, bounding set included.
+    assert (seen["uid"], int(seen["cap_eff"], 16), int(seen["cap_bnd"], 16)) == (0, 0, 0), seen
+    # Exactly the expected host mounts (plus what the runtime mounts under /driver-root/dev
+    # with the node's /dev: its pts, shm, mqueue); /driver-root holds only dev and the library.
+    mounts = {m for m in seen["mounts"] if m not in RUNTIME_MOUNTS
+              and not m.startswith(("/proc", "/sys", "/driver-root/dev/"))}  # fmt: skip
+    assert mounts == set(seen["expected"]), sorted(mounts ^ set(seen["expected"]))
+    assert seen["driver_root"] == ["dev", "usr"]
 
 
 def _agent_pod(core: client.CoreV1Api, d: AgentDeployment, node: str) -> str:

@@ -1,0 +1,164 @@
+"""The node agent's DaemonSet mounts only what the agent touches, runs without capabilities,
+and its RBAC allows what it does (nodes, events)."""
+
+from __future__ import annotations
+
+import posixpath
+from typing import Any
+
+import pytest
+
+from gpukit.plugin import deploy
+from gpukit.plugin.deploy import AgentDeployment, HostMount
+
+LIB = "/driver-root/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+
+
+def pod_of(d: AgentDeployment) -> dict[str, Any]:
+    spec: dict[str, Any] = deploy.daemonset(d)["spec"]["template"]["spec"]
+    return spec
+
+
+def container_of(d: AgentDeployment) -> dict[str, Any]:
+    c: dict[str, Any] = pod_of(d)["containers"][0]
+    return c
+
+
+def env_of(d: AgentDeployment) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in container_of(d)["env"]}
+
+
+def mounts_of(d: AgentDeployment) -> dict[str, tuple[str, bool, str | None]]:
+    """mountPath -> (what it is: host path, configMap:<name>; read-only; propagation)."""
+    pod = pod_of(d)
+    sources = {}
+    for v in pod["volumes"]:
+        if "hostPath" in v:
+            sources[v["name"]] = v["hostPath"]["path"]
+        else:
+            sources[v["name"]] = f"configMap:{v['configMap']['name']}"
+    out = {}
+    for m in container_of(d)["volumeMounts"]:
+        src = sources[m["name"]]
+        if "subPath" in m:
+            src = posixpath.join(src, m["subPath"])
+        out[m["mountPath"]] = (src, bool(m.get("readOnly")), m.get("mountPropagation"))
+    return out
+
+
+def test_a_host_installed_driver_mounts_dev_and_the_library_dir_not_the_root() -> None:
+    d = AgentDeployment(image="x")
+    assert mounts_of(d) == {
+        "/var/lib/kubelet/device-plugins": ("/var/lib/kubelet/device-plugins", False, None),
+        "/driver-root/dev": ("/dev", True, None),
+        "/driver-root/usr/lib/x86_64-linux-gnu": ("/usr/lib/x86_64-linux-gnu", True, None),
+        "/etc/gpukit/configs": ("configMap:gpukit-node-agent-configs", True, None),
+        "/run/gpukit": ("/run/gpukit", False, None),
+        "/tmp": ("/run/gpukit/tmp", False, None),
+        "/var/run/cdi": ("/var/run/cdi", False, None),
+    }
+    env = env_of(d)
+    # The agent sees the host's /dev/nvidia* at /driver-root/dev and hands out host paths.
+    assert (env["GPUKIT_DEVICE_ROOT"], env["GPUKIT_DEVICE_ROOT_IN_PLUGIN"]) == ("/", "/driver-root")
+    assert env["GPUKIT_NVML_LIB"] == LIB  # the default: a Debian/Ubuntu driver install
+    # Read-only all the way down where the runtime can (/dev has /dev/shm, /dev/pts, ...).
+    ro = {m["mountPath"]: m.get("recursiveReadOnly") for m in container_of(d)["volumeMounts"]}
+    assert ro["/driver-root/dev"] == ro["/driver-root/usr/lib/x86_64-linux-gnu"] == "IfPossible"
+
+
+@pytest.mark.parametrize("secret", [
+    "/", "/etc/kubernetes/kubelet.conf", "/etc/kubernetes/pki/ca.key",
+    "/var/lib/kubelet/kubeconfig", "/var/lib/kubelet/config.yaml", "/var/lib/kubelet/pki",
+    "/etc/shadow", "/root/.ssh/id_ed25519",
+])  # fmt: skip
+def test_no_host_path_reaches_the_kubelets_credentials(secret: str) -> None:
+    for d in (AgentDeployment(image="x"), AgentDeployment(image="x", nvml_library=LIB)):
+        for v in pod_of(d)["volumes"]:
+            if "hostPath" in v:
+                path = v["hostPath"]["path"]
+                assert path != "/" and not (secret + "/").startswith(path.rstrip("/") + "/"), (
+                    f"volume {v['name']} ({path}) exposes {secret}"
+                )
+
+
+def test_a_containerised_driver_root_is_mounted_whole() -> None:
+    d = AgentDeployment(image="x", driver_root="/run/nvidia/driver")
+    mounts = mounts_of(d)
+    assert mounts["/driver-root"] == ("/run/nvidia/driver", True, "HostToContainer")
+    assert "/driver-root/dev" not in mounts and not any(p.startswith("/driver-root/") for p in mounts)
+    env = env_of(d)
+    assert (env["GPUKIT_DEVICE_ROOT"], env["NVIDIA_DRIVER_ROOT"]) == ("/run/nvidia/driver",) * 2
+    assert env["GPUKIT_NVML_LIB"] == LIB
+
+
+def test_the_library_directory_follows_the_named_library() -> None:
+    d = AgentDeployment(image="x", nvml_library="/driver-root/usr/lib64/libnvidia-ml.so.1")
+    mounts = mounts_of(d)
+    assert mounts["/driver-root/usr/lib64"] == ("/usr/lib64", True, None)
+    assert "/driver-root/usr/lib/x86_64-linux-gnu" not in mounts
+    # The environment wins over the field (as GPUKIT_METRICS_ADDRESS does), mounts included.
+    d = AgentDeployment(image="x", env={"GPUKIT_NVML_LIB": "/driver-root/opt/nv/libnvidia-ml.so.1"})
+    assert mounts_of(d)["/driver-root/opt/nv"] == ("/opt/nv", True, None)
+    # A library that is not under /driver-root (in the image) needs no driver library mount.
+    d = AgentDeployment(image="x", nvml_library="/usr/local/lib/libnvidia-ml.so.1")
+    assert not [p for p in mounts_of(d) if p.startswith("/driver-root/") and p != "/driver-root/dev"]
+    assert env_of(d)["GPUKIT_NVML_LIB"] == "/usr/local/lib/libnvidia-ml.so.1"
+
+
+@pytest.mark.parametrize("lib", ["/driver-root/libnvidia-ml.so.1",
+                                 "/driver-root/usr/../libnvidia-ml.so.1"])
+def test_a_library_at_the_top_of_the_root_is_refused_rather_than_mounting_the_root(lib: str) -> None:
+    with pytest.raises(ValueError, match="whole root"):
+        deploy.daemonset(AgentDeployment(image="x", nvml_library=lib))
+
+
+def test_the_cdi_spec_dir_the_agent_writes_is_mounted() -> None:
+    d = AgentDeployment(image="x", env={"GPUKIT_CDI_SPEC_DIR": "/etc/cdi"})
+    mounts = mounts_of(d)
+    assert mounts["/etc/cdi"] == ("/etc/cdi", False, None) and "/var/run/cdi" not in mounts
+    cdi = next(v for v in pod_of(d)["volumes"] if v["name"] == "cdi-specs")
+    assert cdi["hostPath"]["type"] == "DirectoryOrCreate"
+
+
+def test_host_mounts_come_on_top() -> None:
+    d = AgentDeployment(image="x", host_mounts=(
+        HostMount("nvml-profile", "/etc/gpukit-lab/nvml", "/etc/gpukit-lab/nvml"),
+        HostMount("nvml-state", "/var/lib/gpukit-lab/nvml", "/var/lib/gpukit-lab/nvml", False),
+    ))  # fmt: skip
+    mounts = mounts_of(d)
+    assert mounts["/etc/gpukit-lab/nvml"] == ("/etc/gpukit-lab/nvml", True, None)
+    assert mounts["/var/lib/gpukit-lab/nvml"] == ("/var/lib/gpukit-lab/nvml", False, None)
+    names = [v["name"] for v in pod_of(d)["volumes"]]
+    assert len(names) == len(set(names))
+    assert {m["name"] for m in container_of(d)["volumeMounts"]} == set(names)
+
+
+def test_the_agent_runs_as_root_without_any_capability() -> None:
+    sc = container_of(AgentDeployment(image="x"))["securityContext"]
+    assert sc == {
+        "privileged": False,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsUser": 0,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def test_the_agent_may_record_events_cluster_wide() -> None:
+    objs = {o["kind"]: o for o in deploy.rbac(AgentDeployment(image="x", namespace="gpu"))}
+    role = objs["ClusterRole"]
+    # A Node's events are recorded in namespace "default": a Role in "gpu" would not do.
+    assert {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]} in role[
+        "rules"
+    ]
+    nodes = [r for r in role["rules"] if r["resources"] == ["nodes"]]
+    assert nodes == [{"apiGroups": [""], "resources": ["nodes"],
+                      "verbs": ["get", "list", "watch", "patch"]}]  # fmt: skip
+    binding = objs["ClusterRoleBinding"]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "gpukit-node-agent", "namespace": "gpu"}
+    ]
+    # Nothing else: no secrets, pods, or verbs beyond these.
+    assert len(role["rules"]) == 2
