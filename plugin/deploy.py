@@ -322,7 +322,7 @@ def daemonset(d: AgentDeployment) -> dict[str, Any]:
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
             # uid 0, but no capabilities: the agent must create its sockets in the kubelet's
-            # device-plugins directory (root's, mode 0750) and connect to kubelet.sock there
+            # device-plugins directory (root's, 0750 or 0755) and connect to kubelet.sock there
             # (root's, 0755: connect needs write permission on the socket). Another uid would
             # need CAP_DAC_OVERRIDE, which a non-root process loses at exec (no ambient
             # capabilities; no_new_privs ignores file capabilities), and a user namespace
