@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from gpukit.lab import pki
+from gpukit.lab import driver_surface, pki
 from gpukit.lab.config import PROFILES_DIR, LabSpec, NodeSpec, cache_dir, state_dir
 from gpukit.lab.packages import containerd
 
@@ -43,6 +43,11 @@ def node_dir(node: NodeSpec) -> Path:
 
 def root(node: NodeSpec) -> Path:
     return node_dir(node) / "root"
+
+
+def surface_dir(node: NodeSpec) -> Path:
+    """The node's rendered driver surface (sys/, dev/ trees boot.sh mounts): beside its root."""
+    return node_dir(node) / "driver"
 
 
 def gpu_count(profile: str) -> int:
@@ -91,6 +96,9 @@ def prepare(lab: LabSpec, node: NodeSpec, base: Path, ca: pki.CA) -> None:
     (ndir / "gpus").write_text(str(gpu_count(node.profile)))
     _write_kubernetes_node(lab, node, r, ca)
     _write_nvml_profile(node, r)
+    # The stand-in driver's hardware view (PCI sysfs, DMI, /dev/nvidia-caps), mounted by
+    # boot.sh; its /proc/driver is written by the mock library into the NVML state dir.
+    driver_surface.render_node(r / "etc/gpukit-lab/nvml/profile.yaml", surface_dir(node))
 
 
 def _first_boot_identity(node: NodeSpec, r: Path) -> None:

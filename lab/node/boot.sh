@@ -47,8 +47,48 @@ fi
 for ((i = 0; i < GPUS; i++)); do mknod -m 666 "dev/nvidia$i" c 195 "$i"; done
 if ((GPUS > 0)); then
   mknod -m 666 dev/nvidiactl c 195 255
+  mknod -m 666 dev/nvidia-modeset c 195 254
   mknod -m 666 dev/nvidia-uvm c 510 0
   mknod -m 666 dev/nvidia-uvm-tools c 510 1
+fi
+
+# The stand-in driver's surface (gpukit.lab.driver_surface): what the kernel and the driver
+# show GPU consumers. Hardware views rendered by `lab up` beside the node's root, read-only:
+# PCI sysfs (the node's GPUs only), DMI, /dev/nvidia-caps (major in driver_surface.CAPS_MAJOR).
+SURFACE=$(dirname "$ROOT")/driver
+ro_bind() { mount --bind "$1" "$2"; mount -o remount,bind,ro "$2"; }
+for d in devices drivers; do
+  if [[ -d $SURFACE/sys/bus/pci/$d && -d sys/bus/pci/$d ]]; then
+    ro_bind "$SURFACE/sys/bus/pci/$d" "sys/bus/pci/$d"
+  fi
+done
+if [[ -d $SURFACE/sys/class/dmi/id ]]; then
+  # sysfs has no /sys/class/dmi here (and cannot mkdir): a tmpfs /sys/class holding the
+  # kernel's classes (bind mounts) and the node's dmi/id.
+  mkdir dev/.sysclass
+  mount --bind sys/class dev/.sysclass
+  mount -t tmpfs -o mode=755,nosuid,nodev,noexec tmpfs sys/class
+  for c in dev/.sysclass/*; do
+    [[ ${c##*/} == dmi ]] && continue
+    mkdir "sys/class/${c##*/}"
+    mount --bind "$c" "sys/class/${c##*/}"
+  done
+  mkdir -p sys/class/dmi/id
+  ro_bind "$SURFACE/sys/class/dmi/id" sys/class/dmi/id
+  mount -o remount,ro sys/class
+  umount dev/.sysclass
+  rmdir dev/.sysclass
+fi
+if [[ -d $SURFACE/dev/nvidia-caps ]]; then
+  mkdir dev/nvidia-caps
+  ro_bind "$SURFACE/dev/nvidia-caps" dev/nvidia-caps
+fi
+# /proc/driver: the driver's files, kept by the mock NVML in its state dir (written at boot from
+# the profile and state; the capability files after every MIG change, by any NVML client): live.
+NVSTATE=var/lib/gpukit-lab/nvml
+if [[ -d proc/driver ]]; then
+  mkdir -p "$NVSTATE/proc-driver"
+  ro_bind "$NVSTATE/proc-driver" proc/driver
 fi
 
 mount -t tmpfs -o mode=755,nosuid,nodev tmpfs run
