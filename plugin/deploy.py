@@ -31,6 +31,9 @@ DRIVER_ROOT_IN_CONTAINER = "/driver-root"
 # NVIDIA's driver containers put it. Other layouts (e.g. /usr/lib64 on RPM distributions)
 # set AgentDeployment.nvml_library (gpukit_device_plugin_nvml_library).
 DEFAULT_NVML_LIBRARY = f"{DRIVER_ROOT_IN_CONTAINER}/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+STATE_DIR = "/var/lib/gpukit/agent"  # on the host and in the container
+LAST_GOOD_CONFIG = f"{STATE_DIR}/last-good-config.json"
+SYSFS_IN_CONTAINER = "/host/sys"
 
 
 @dataclass(frozen=True)
@@ -252,6 +255,11 @@ def agent_mounts(d: AgentDeployment) -> tuple[list[dict[str, Any]], list[dict[st
       makes after the agent started;
     - its named configs (the ConfigMap), its state on the host's /run/gpukit (the MIG
       manager's pause file; /tmp), and the CDI spec directory it writes;
+    - its record of the last good config on the host's /var/lib/gpukit/agent (kept across
+      reboots: a restart into an invalid config serves it, see plugin/last_good.py);
+    - the host's /sys, read-only at /host/sys: GFD's gpu.mode, gpu.machine and vgpu labels
+      read each GPU's PCI entry and the DMI product name (a container's own /sys shows
+      neither the node's PCI tree nor, in the lab, the node's stand-in entries);
     - the deployment's own host_mounts (the lab's simulated GPU state).
     The agent reads /proc/driver/nvidia from its own /proc (the kernel's, not a mount).
     """
@@ -283,11 +291,15 @@ def agent_mounts(d: AgentDeployment) -> tuple[list[dict[str, Any]], list[dict[st
         {"name": "run-gpukit", "mountPath": "/tmp", "subPath": "tmp"},
         # The CDI spec the agent writes for the cdi-annotations / cdi-cri strategies.
         {"name": "cdi-specs", "mountPath": cdi_dir},
+        {"name": "agent-state", "mountPath": STATE_DIR},
+        {"name": "host-sys", "mountPath": SYSFS_IN_CONTAINER, **ro},
     ]  # fmt: skip
     volumes += [
         {"name": "configs", "configMap": {"name": f"{APP}-configs"}},
         _host_path("run-gpukit", "/run/gpukit", "DirectoryOrCreate"),
         _host_path("cdi-specs", cdi_dir, "DirectoryOrCreate"),
+        _host_path("agent-state", STATE_DIR, "DirectoryOrCreate"),
+        _host_path("host-sys", "/sys", "Directory"),
     ]
     for m in d.host_mounts:
         mounts.append({"name": m.name, "mountPath": m.mount_path, "readOnly": m.read_only})
@@ -304,6 +316,8 @@ def daemonset(d: AgentDeployment) -> dict[str, Any]:
         {"name": "GPUKIT_DEVICE_ROOT_IN_PLUGIN", "value": DRIVER_ROOT_IN_CONTAINER},
         {"name": "GPUKIT_METRICS_ADDRESS", "value": d.metrics_address},
         {"name": "GPUKIT_NODE_LABELS", "value": "true" if d.node_labels else "false"},
+        {"name": "GPUKIT_LAST_GOOD_CONFIG", "value": LAST_GOOD_CONFIG},
+        {"name": "GPUKIT_SYSFS_ROOT", "value": SYSFS_IN_CONTAINER},
         {"name": "GPUKIT_NVML_LIB", "value": nvml_library_path(d)},
     ]
     if d.default_config:

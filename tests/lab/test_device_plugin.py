@@ -391,6 +391,7 @@ AGENT_MOUNTS = {
     "/var/lib/kubelet/device-plugins", "/driver-root/dev", "/driver-root/usr/lib/x86_64-linux-gnu",
     "/etc/gpukit/configs", "/run/gpukit", "/tmp", "/var/run/cdi", "/etc/gpukit-lab/nvml",
     "/var/lib/gpukit-lab/nvml", "/var/run/secrets/kubernetes.io/serviceaccount",
+    "/var/lib/gpukit/agent", "/host/sys",
 }  # fmt: skip
 # Mounts every container gets from the runtime (not host paths the agent asked for).
 RUNTIME_MOUNTS = {"/", "/dev", "/dev/pts", "/dev/mqueue", "/dev/shm", "/dev/termination-log",
@@ -478,9 +479,10 @@ def test_plugin_socket_and_pod_are_locked_down(
     # uid 0 without a single capability, bounding set included.
     assert (seen["uid"], int(seen["cap_eff"], 16), int(seen["cap_bnd"], 16)) == (0, 0, 0), seen
     # Exactly the expected host mounts (plus what the runtime mounts under /driver-root/dev
-    # with the node's /dev: its pts, shm, mqueue); /driver-root holds only dev and the library.
-    mounts = {m for m in seen["mounts"] if m not in RUNTIME_MOUNTS
-              and not m.startswith(("/proc", "/sys", "/driver-root/dev/"))}  # fmt: skip
+    # with the node's /dev: its pts, shm, mqueue, and the node's sysfs submounts under
+    # /host/sys); /driver-root holds only dev and the library.
+    mounts = {m for m in seen["mounts"] if m not in RUNTIME_MOUNTS and not m.startswith(
+        ("/proc", "/sys", "/driver-root/dev/", "/host/sys/"))}  # fmt: skip
     assert mounts == set(seen["expected"]), sorted(mounts ^ set(seen["expected"]))
     assert seen["driver_root"] == ["dev", "usr"]
 
@@ -722,3 +724,82 @@ def test_mixed_strategy_serves_mig_devices_of_the_right_parent(
     status = json.loads(nvml_cli("gpu-a100", "status"))
     mig_uuids = json.dumps(status["gpus"][0]["mig"])
     assert ids[0] in mig_uuids, "the MIG UUID must belong to GPU 0"
+
+
+STATE_LABEL = "nvidia.com/device-plugin.config.state"
+
+
+def node_labels(core: client.CoreV1Api, node: str) -> dict[str, str]:
+    return dict(core.read_node(node).metadata.labels or {})
+
+
+def test_gfd_machine_mode_and_vgpu_labels_come_from_the_nodes_driver_surface(
+    core: client.CoreV1Api, deployed: AgentDeployment
+) -> None:
+    """What GFD reads on a real node (PCI class, DMI product name, PCI config space), read
+    from the lab's stand-in entries of each node (issue 14 point 11)."""
+    for node, machine in (("gpu-a100", "DGXA100-920-23687-2530-000"),
+                          ("gpu-t4", "PowerEdge-R740")):
+        want = {"nvidia.com/gpu.mode": "compute", "nvidia.com/gpu.machine": machine,
+                "nvidia.com/vgpu.present": "false"}
+        wait_for(f"{node}: {want}", lambda n=node, w=want: w.items() <= node_labels(
+            core, n).items(), timeout=30, explain=lambda n=node: str(node_labels(core, n)))
+
+
+def test_a_hand_edited_label_comes_back_and_other_labels_stay(
+    core: client.CoreV1Api, deployed: AgentDeployment
+) -> None:
+    node, key = "gpu-t4", "nvidia.com/gpu.product"
+    want = wait_for(f"{node}: {key}", lambda: node_labels(core, node).get(key), timeout=30)
+    core.patch_node(node, {"metadata": {"labels": {key: "hand-edited", "gpukit-test/keep": "x"}}})
+    try:
+        # The agent's watch of its node sees the edit: seconds, not the 60 s re-assert.
+        start_t = time.monotonic()
+        wait_for(f"{node}: {key} restored to {want}",
+                 lambda: node_labels(core, node).get(key) == want, timeout=30, every=0.2)
+        assert time.monotonic() - start_t < 15
+        assert node_labels(core, node)["gpukit-test/keep"] == "x"  # not the agent's label
+    finally:
+        core.patch_node(node, {"metadata": {"labels": {"gpukit-test/keep": None}}})
+
+
+def test_an_agent_restarted_into_an_unknown_config_keeps_the_nodes_gpus(
+    core: client.CoreV1Api, deployed: AgentDeployment
+) -> None:
+    """Issue 14 point 1: the node label names a config that does not exist; the running agent
+    keeps its config and says so; a restarted one serves the last good config instead of
+    crash-looping with the node at 0 GPUs."""
+    spec, node = load_spec(), "gpu-t4"
+    wait_for(f"{node}: 8 GPUs under ts", lambda: resources(core, node).get("nvidia.com/gpu") == 8)
+    set_config(core, node, "no-such-config")
+    try:
+        wait_for(f"{node}: {STATE_LABEL}=failed",
+                 lambda: node_labels(core, node).get(STATE_LABEL) == "failed", timeout=60)
+        events = core.list_namespaced_event(
+            "default", field_selector=f"involvedObject.name={node},reason=DevicePluginConfigRefused")
+        assert any("'no-such-config' names no config" in (e.message or "")
+                   for e in events.items), [e.message for e in events.items]
+        old = _agent_pod(core, deployed, node)
+        core.delete_namespaced_pod(old, deployed.namespace, grace_period_seconds=0)
+
+        def new_pod_ready() -> Any:
+            for p in core.list_namespaced_pod(deployed.namespace).items:
+                if p.spec.node_name == node and p.metadata.name != old and any(
+                        c.type == "Ready" and c.status == "True"
+                        for c in (p.status.conditions or [])):
+                    return p
+            return None
+
+        pod = wait_for("a new agent pod Ready (registered)", new_pod_ready, timeout=120,
+                       explain=lambda: agent.diagnose(spec, node))
+        wait_for(f"{node}: 8 GPUs again", lambda: resources(core, node).get("nvidia.com/gpu") == 8,
+                 timeout=60)
+        time.sleep(5)  # a crash-looping agent would have exited by now
+        pod = core.read_namespaced_pod(pod.metadata.name, deployed.namespace)
+        assert pod.status.container_statuses[0].restart_count == 0
+        assert node_labels(core, node).get(STATE_LABEL) == "failed"
+        assert resources(core, node).get("nvidia.com/gpu") == 8
+    finally:
+        set_config(core, node, "ts")
+    wait_for(f"{node}: {STATE_LABEL}=success",
+             lambda: node_labels(core, node).get(STATE_LABEL) == "success", timeout=60)

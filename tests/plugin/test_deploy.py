@@ -56,8 +56,14 @@ def test_a_host_installed_driver_mounts_dev_and_the_library_dir_not_the_root() -
         "/run/gpukit": ("/run/gpukit", False, None),
         "/tmp": ("/run/gpukit/tmp", False, None),
         "/var/run/cdi": ("/var/run/cdi", False, None),
+        # The last good config record, kept across reboots (issue 14 point 1).
+        "/var/lib/gpukit/agent": ("/var/lib/gpukit/agent", False, None),
+        # PCI entries and DMI for GFD's gpu.mode, gpu.machine and vgpu labels.
+        "/host/sys": ("/sys", True, None),
     }
     env = env_of(d)
+    assert env["GPUKIT_LAST_GOOD_CONFIG"] == "/var/lib/gpukit/agent/last-good-config.json"
+    assert env["GPUKIT_SYSFS_ROOT"] == "/host/sys"
     # The agent sees the host's /dev/nvidia* at /driver-root/dev and hands out host paths.
     assert (env["GPUKIT_DEVICE_ROOT"], env["GPUKIT_DEVICE_ROOT_IN_PLUGIN"]) == ("/", "/driver-root")
     assert env["GPUKIT_NVML_LIB"] == LIB  # the default: a Debian/Ubuntu driver install
