@@ -10,7 +10,9 @@ from gpukit.lab.controlplane import LabError
 
 app = typer.Typer(help="gpukit: GPU nodes for Kubernetes, declared once, proven live.")
 lab_app = typer.Typer(help="The hardware-free lab: a real cluster with simulated GPU nodes.")
+inventory_app = typer.Typer(help="Inventories: check declarations before any host is touched.")
 app.add_typer(lab_app, name="lab")
+app.add_typer(inventory_app, name="inventory")
 
 
 def _print_version(value: bool) -> None:
@@ -29,6 +31,36 @@ def _main(version: bool = typer.Option(False, "--version", callback=_print_versi
 def _fail(err: Exception) -> None:
     typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)
+
+
+@inventory_app.command("check")
+def inventory_check(
+    inventory: str = typer.Argument(..., help="inventory directory or hosts file"),
+) -> None:
+    """Validate every GPU node's declaration and what it implies (resources, labels) on the
+    controller, connecting to nothing; list every problem at once (exit 2)."""
+    from gpukit import inventory as inv
+
+    try:
+        gpus = inv.load(inventory)
+    except inv.InventoryError as e:
+        _fail(e)
+    problems: list[inv.Problem] = []
+    lines: list[str] = []
+    for decl in gpus.nodes:
+        try:
+            resources = inv.expected_resources(decl)
+            inv.expected_labels(decl)
+        except inv.InventoryError as e:
+            problems += e.problems
+            continue
+        served = ", ".join(f"{r}={n}" for r, n in sorted(resources.items()) if n) or "no GPUs"
+        lines.append(f"{decl.node_name:24} {served}")
+    if problems:
+        _fail(inv.InventoryError(problems, gpus.source))
+    print(f"{gpus.source}: {len(gpus.nodes)} GPU node(s), every declaration valid")
+    for line in lines:
+        print(f"  {line}")
 
 
 @lab_app.command("up")
