@@ -41,7 +41,10 @@ PLAYBOOKS = [
     "site.yml",
     *sorted(str(p.relative_to(REPO)) for p in (REPO / "playbooks").glob("*.yml")),
 ]
-SITE_ROLES = [r["role"] for r in yaml.safe_load((REPO / "site.yml").read_text())[0]["roles"]]
+# The roles site.yml runs (short names; the plays name them gpukit.gpu.<role>).
+SITE_ROLES = [r["role"].removeprefix("gpukit.gpu.")
+              for play in yaml.safe_load((REPO / "site.yml").read_text())
+              for r in play.get("roles", [])]  # fmt: skip
 
 HARDWARE_GROUPS = {
     "a100_nodes": ["gpu-a100-01", "gpu-a100-02", "gpu-a100-03"],
@@ -121,7 +124,7 @@ def _play(roles: list[str], hosts: str = "gpu_nodes") -> str:
                                              "select('in', gpukit_example_os_facts) | first] }}"},
             "tags": ["always"],
         }],
-        "roles": [{"role": r, "tags": [r]} for r in roles],
+        "roles": [{"role": f"gpukit.gpu.{r}", "tags": [r]} for r in roles],
         "post_tasks": [
             {
                 "name": EXPORT_TASK,
