@@ -10,7 +10,8 @@ branch pin, install, upgrade across branches, conflicts between flavours):
 * `nvidia-kernel-open-<branch>`, `nvidia-kernel-<branch>` (`<driver version>-1`): the
   "kernel module", open or proprietary: a unit that "loads" it at boot.
 * `nvidia-persistenced` (one version per branch): a persistence daemon stand-in and its unit.
-* `nvidia-container-toolkit` (`1.17.4-1`): `nvidia-container-runtime`, a wrapper running runc.
+* `nvidia-container-toolkit` (`1.17.4-1`): `nvidia-container-runtime`, which edits a
+  container's OCI spec for its GPUs as NVIDIA's does and runs runc (gpukit.lab.runtime).
 
 The loaded "kernel module" decides which driver version the GPUs report (through NVML):
 the unit it ships rewrites the node's mock NVML profile at boot. So after an upgrade the old
@@ -129,32 +130,41 @@ Restart=on-failure
 WantedBy=multi-user.target
 """
 
-RUNTIME = """\
+# The runtime itself is gpukit.lab.runtime.nvidia_container_runtime (one stdlib-only file);
+# the package ships it beside a launcher, as NVIDIA's ships a Go binary.
+RUNTIME_SOURCE = Path(__file__).resolve().parent.parent / "runtime" / "nvidia_container_runtime.py"
+RUNTIME_DIR = "/usr/lib/nvidia-container-toolkit"
+RUNTIME = f"""\
 #!/bin/sh
-# Stand-in for nvidia-container-runtime: the real one injects the devices (CDI or its hook)
-# into the OCI spec and runs runc; here the kubelet's device plugin already passes the
-# device nodes, so this only runs runc. Like the real one it logs each invocation to the
-# file its config's `debug` names, so a container it ran can be told from one runc ran.
-log=$(sed -n 's/^[[:space:]]*debug[[:space:]]*=[[:space:]]*"\\(.*\\)"[[:space:]]*$/\\1/p' \\
-  /etc/nvidia-container-runtime/config.toml 2>/dev/null | head -n 1)
-if [ -n "$log" ]; then
-  printf '%s nvidia-container-runtime %s\\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$*" \\
-    >> "$log" 2>/dev/null || true
-fi
-for r in /usr/bin/runc /usr/sbin/runc; do
-  [ -x "$r" ] && exec "$r" "$@"
-done
-echo "nvidia-container-runtime: runc not found" >&2
-exit 1
+# nvidia-container-runtime (gpukit lab stand-in): edits the OCI spec for the GPUs a container
+# asks for, as NVIDIA's does, then runs runc. See {RUNTIME_DIR}/nvidia_container_runtime.py.
+exec /usr/bin/python3 -I {RUNTIME_DIR}/nvidia_container_runtime.py "$@"
 """
 
 RUNTIME_LOG = "/var/log/nvidia-container-runtime.log"
+# NVIDIA's packaged config.toml (defaults commented out as there), with the log enabled.
 RUNTIME_CONFIG = f"""\
-# nvidia-container-runtime configuration (gpukit lab stand-in)
+#accept-nvidia-visible-devices-as-volume-mounts = false
+#accept-nvidia-visible-devices-envvar-when-unprivileged = true
+disable-require = false
+supported-driver-capabilities = "compat32,compute,display,graphics,ngx,utility,video"
+
+[nvidia-container-cli]
+environment = []
+ldconfig = "@/sbin/ldconfig"
+load-kmods = true
+#root = "/run/nvidia/driver"
+
 [nvidia-container-runtime]
 debug = "{RUNTIME_LOG}"
-runtimes = ["runc"]
-mode = "cdi"
+log-level = "info"
+mode = "auto"
+runtimes = ["docker-runc", "runc", "crun"]
+
+[nvidia-container-runtime.modes.cdi]
+annotation-prefixes = ["cdi.k8s.io/"]
+default-kind = "nvidia.com/gpu"
+spec-dirs = ["/etc/cdi", "/var/run/cdi"]
 """
 
 
@@ -254,13 +264,15 @@ def toolkit_packages() -> list[Package]:
             section="non-free/utils",
             description=(
                 "NVIDIA container runtime\n"
-                "nvidia-container-runtime, which runs containers with runc. CDI specs come\n"
-                "from gpukit, not from nvidia-ctk."
+                "nvidia-container-runtime: adds the GPUs a container asks for (legacy or CDI\n"
+                "mode) to its OCI spec, then runs runc. CDI specs come from gpukit."
             ),
             files={
                 "/usr/bin/nvidia-container-runtime": text(RUNTIME, 0o755),
+                f"{RUNTIME_DIR}/nvidia_container_runtime.py": File(source=RUNTIME_SOURCE),
                 "/etc/nvidia-container-runtime/config.toml": text(RUNTIME_CONFIG, conffile=True),
             },
+            depends=("python3 (>= 3.11)", "python3-yaml"),
         )
     ]
 
