@@ -1,10 +1,17 @@
 """The HTML report: a grid of area x node (pass/fail at a glance), then per node the tests with
-expected vs observed for every comparison, and the CNCF AI Conformance requirements covered."""
+expected vs observed for every comparison, and the CNCF AI Conformance requirements covered.
+
+The suite writes it at the end of a run (`--report-html`) from its in-run results, and
+`gpukit report junit.xml -o report.html` writes the same from the run's JUnit XML
+(`from_junit`): every test case of the suite carries its area, node, resource, CNCF
+requirement id and comparisons as JUnit properties (see plugin.py).
+"""
 
 from __future__ import annotations
 
 import datetime as dt
 import html
+import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,6 +139,67 @@ def _result_row(r: Result) -> str:
     return (f"<tr><td>{e(r.name)}<div class='muted'>{e(r.cncf)}</div></td><td>{e(r.resource)}"
             f"</td><td class='outcome-{e(r.outcome)}'>{e(r.outcome)} "
             f"<span class='muted'>{r.duration:.1f}s</span></td><td>{body}</td></tr>")
+
+
+class JunitError(ValueError):
+    """The file is not the suite's JUnit XML; the message names the file and why."""
+
+
+def from_junit(path: str | Path) -> tuple[list[Result], dict[str, str]]:
+    """The suite's results and the run's facts from its JUnit XML. Test cases without the
+    suite's `area` property (other tests in the same run) are left out, as in the run's own
+    report."""
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError) as e:
+        raise JunitError(f"{path}: cannot read JUnit XML ({e})") from e
+    if root.tag not in ("testsuites", "testsuite"):
+        raise JunitError(f"{path}: not JUnit XML (root element <{root.tag}>)")
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    results: list[Result] = []
+    for case in root.iter("testcase"):
+        props: dict[str, str] = {}
+        rows: list[Row] = []
+        for prop in case.iter("property"):
+            name, value = prop.get("name", ""), prop.get("value", "")
+            if name == "check":
+                try:
+                    rows.append(Row.from_json(value))
+                except (ValueError, TypeError) as e:
+                    raise JunitError(f"{path}: test case {case.get('name')!r}: property "
+                                     f"check={value[:80]!r} is not a comparison ({e})") from e
+            else:
+                props[name] = value
+        if "area" not in props:
+            continue
+        outcome, message = _junit_outcome(case)
+        name = case.get("name", "")
+        results.append(Result(
+            nodeid=f"{case.get('classname', '')}::{name}", name=name.split("[")[0],
+            area=props["area"], node=props.get("node") or ALL_NODES,
+            resource=props.get("resource", ""), outcome=outcome,
+            duration=float(case.get("time") or 0), message=message,
+            cncf=props.get("cncf_ai_conformance", ""), rows=rows,
+        ))  # fmt: skip
+    meta = {"from": str(path)}
+    stamp = next((s.get("timestamp") for s in suites if s.get("timestamp")), None)
+    if stamp:
+        meta["run"] = stamp
+    seconds = sum(float(s.get("time") or 0) for s in suites)
+    if seconds:
+        meta["duration"] = f"{seconds:.1f}s"
+    return results, meta
+
+
+def _junit_outcome(case: ET.Element) -> tuple[str, str]:
+    for tag, outcome in (("failure", "failed"), ("error", "error")):
+        bad = case.find(tag)
+        if bad is not None:
+            return outcome, bad.text or bad.get("message") or ""
+    skipped = case.find("skipped")
+    if skipped is not None:
+        return "skipped", skipped.get("message") or skipped.text or ""
+    return "passed", ""
 
 
 def write(path: str, results: Iterable[Result], meta: Mapping[str, str]) -> Path:

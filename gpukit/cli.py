@@ -1,6 +1,18 @@
-"""The `gpukit` command line."""
+"""The `gpukit` command line: one command over gpukit's library.
+
+    gpukit plugin ...            the device plugin (gpukit-device-plugin's flags)
+    gpukit mig plan|apply|...    the MIG manager (python -m gpukit.plugin.mig)
+    gpukit inventory check INV   every GPU node's declaration, checked on the controller
+    gpukit manifests -i INV      the device plugin's Kubernetes objects, as site.yml applies them
+    gpukit report JUNIT -o HTML  the conformance suite's per-node report from its JUnit XML
+    gpukit summary ...           per node: what site.yml changed, what the suite found
+    gpukit lab ...               the hardware-free lab
+"""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -28,9 +40,100 @@ def _main(version: bool = typer.Option(False, "--version", callback=_print_versi
     """gpukit: GPU nodes for Kubernetes, declared once, proven live."""
 
 
-def _fail(err: Exception) -> None:
+def _fail(err: Exception | str) -> None:
     typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)
+
+
+# Commands that hand their arguments to an existing entry point as they are (its own --help,
+# --version and exit codes).
+_PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True,
+                 "help_option_names": []}  # fmt: skip
+
+
+@app.command("plugin", context_settings=_PASS_THROUGH, add_help_option=False)
+def plugin(ctx: typer.Context) -> None:
+    """Run the device plugin: gpukit-device-plugin's flags (`gpukit plugin --help`)."""
+    from gpukit.plugin.signals import INBOX, StopRequested
+
+    INBOX.install()  # before the heavy imports, as `python -m gpukit.plugin` does
+    try:
+        from gpukit.plugin.cli import main as plugin_main
+    except StopRequested:
+        raise typer.Exit(0) from None
+    raise typer.Exit(plugin_main(ctx.args, prog="gpukit plugin"))
+
+
+@app.command("mig", context_settings=_PASS_THROUGH, add_help_option=False)
+def mig(ctx: typer.Context) -> None:
+    """The MIG manager: plan, apply, assert, export (`gpukit mig --help`)."""
+    from gpukit.plugin.mig.cli import main as mig_main
+
+    raise typer.Exit(mig_main(ctx.args, prog="gpukit mig"))
+
+
+@app.command("summary", context_settings=_PASS_THROUGH, add_help_option=False)
+def summary(ctx: typer.Context) -> None:
+    """Per node: what site.yml changed and what the suite found (`gpukit summary --help`)."""
+    from gpukit.summary import main as summary_main
+
+    raise typer.Exit(summary_main(ctx.args, prog="gpukit summary"))
+
+
+@app.command("report")
+def report(
+    junit: Annotated[Path, typer.Argument(help="the conformance suite's JUnit XML (--junitxml)")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="the HTML report to write")],
+) -> None:
+    """Render the conformance suite's per-node HTML report from the JUnit XML of a run."""
+    try:
+        from gpukit.conformance import report as html_report
+    except ImportError as e:
+        _fail(f"gpukit report needs the conformance suite's dependencies ({e}): "
+              "pip install 'gpukit[conformance]'")  # fmt: skip
+    try:
+        results, meta = html_report.from_junit(junit)
+    except html_report.JunitError as e:
+        _fail(e)
+    if not results:
+        _fail(f"{junit}: no test case of the gpukit conformance suite (none has its properties)")
+    try:
+        html_report.write(str(output), results, meta)
+    except OSError as e:
+        _fail(f"{output}: {e}")
+    nodes = sorted({r.node for r in results})
+    bad = sum(r.outcome in ("failed", "error") for r in results)
+    print(f"{output}: {len(results)} tests on {len(nodes)} node(s), {bad} failed")
+
+
+@app.command("manifests")
+def manifests_cmd(
+    inventory: Annotated[str, typer.Option("--inventory", "-i",
+                                           help="inventory directory or file")],
+    host: Annotated[list[str] | None, typer.Option(
+        "--host", help="play only these hosts (repeatable)")] = None,
+    group: Annotated[list[str] | None, typer.Option(
+        "--group", help="play only these groups (repeatable)")] = None,
+    limit: Annotated[str, typer.Option(
+        "--limit", "-l", help="an Ansible host pattern, as ansible-playbook --limit")] = "",
+    extra_vars: Annotated[list[str] | None, typer.Option(
+        "--extra-vars", "-e", help="variables as ansible-playbook -e: @FILE, YAML/JSON or k=v")
+    ] = None,
+) -> None:
+    """Print the device plugin's Kubernetes objects exactly as site.yml's device_plugin role
+    applies them for the inventory, as one YAML stream (`| kubectl apply -f -`, GitOps)."""
+    from gpukit import inventory as inv
+    from gpukit import manifests as m
+
+    try:
+        objects = m.for_inventory(
+            inventory, limit=[*(host or []), *(group or []), *([limit] if limit else [])],
+            extra_vars=extra_vars or [])
+    except (m.ManifestsError, inv.InventoryError) as e:
+        _fail(e)
+    except ImportError as e:
+        _fail(f"reading an inventory needs ansible-core ({e}): pip install 'gpukit[conformance]'")
+    print(m.to_yaml(objects), end="")
 
 
 @inventory_app.command("check")
@@ -45,6 +148,8 @@ def inventory_check(
         gpus = inv.load(inventory)
     except inv.InventoryError as e:
         _fail(e)
+    except ImportError as e:
+        _fail(f"reading an inventory needs ansible-core ({e}): pip install 'gpukit[conformance]'")
     problems: list[inv.Problem] = []
     lines: list[str] = []
     for decl in gpus.nodes:

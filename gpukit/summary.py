@@ -3,6 +3,7 @@
 `make lab` prints this at its end (also when a step failed):
 
     python -m gpukit.summary --play results/site.json --junit results/conformance.xml
+    gpukit summary --play results/site.json --junit results/conformance.xml   # the same
 
 Inputs:
 - the playbook run as JSON: the document of the `ansible.posix.json` stdout callback, or the
@@ -307,9 +308,10 @@ def _load(path: str | None, reader: Any) -> tuple[Any, str | None]:
     return reader(path), None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "python -m gpukit.summary") -> int:
+    """`prog`: the name --help and --version show (`gpukit summary` runs this too)."""
     ap = argparse.ArgumentParser(
-        prog="python -m gpukit.summary",
+        prog=prog,
         description="Per node: what site.yml changed and the conformance suite's result.",
     )
     ap.add_argument("--version", action="version", version=f"%(prog)s {__version__}")

@@ -46,10 +46,10 @@ FLAG_TO_PATH = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "gpukit-device-plugin") -> argparse.ArgumentParser:
     env = os.environ.get
     p = argparse.ArgumentParser(
-        prog="gpukit-device-plugin", description="Kubernetes device plugin for NVIDIA GPUs",
+        prog=prog, description="Kubernetes device plugin for NVIDIA GPUs",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__,
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -115,17 +115,18 @@ def overrides_from(args: argparse.Namespace) -> list[Override]:
     return env_overrides() + flags
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "gpukit-device-plugin") -> int:
+    """`prog`: the name --help and --version show (`gpukit plugin` runs this too)."""
     INBOX.install()  # first: a SIGTERM before there is a handler is lost (signals.py)
     try:
-        return _main(argv)
+        return _main(argv, prog)
     except StopRequested as stop:
         log.info("stopped by %s while starting", stop)
         return 0
 
 
-def _main(argv: list[str] | None) -> int:
-    args = build_parser().parse_args(argv)
+def _main(argv: list[str] | None, prog: str) -> int:
+    args = build_parser(prog).parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -1,9 +1,11 @@
 """Kubelet gRPC APIs: device plugin v1beta1 and PodResources v1.
 
 `deviceplugin_pb2`, `deviceplugin_grpc`, `podresources_pb2` and `podresources_grpc` are the
-generated modules, loaded on first use and generated then if missing (a fresh clone needs no
-build step). They are typed `Any` on purpose: type checking must not depend on build outputs.
-Loading lazily also keeps `python -m gpukit.plugin.api.generate` from importing itself twice.
+generated modules, loaded on first use. An installed gpukit carries them (the wheel's build
+generates them); only a checkout generates missing ones then (a fresh clone needs no build
+step, grpcio-tools is a dev dependency). They are typed `Any` on purpose: type checking must
+not depend on build outputs. Loading lazily also keeps `python -m gpukit.plugin.api.generate`
+from importing itself twice.
 """
 
 from __future__ import annotations
@@ -29,10 +31,20 @@ _MODULES = {
 _lock = threading.Lock()
 
 
+def in_checkout(directory: Path = _DIR) -> bool:
+    """A source checkout (plugin/api beside the project's pyproject.toml), not an install."""
+    return (directory.parents[1] / "pyproject.toml").is_file()
+
+
 def _ensure_stubs() -> None:
     with _lock:
         if all((_DIR / f"{m}.py").is_file() for m in _MODULES.values()):
             return
+        if not in_checkout():
+            raise ImportError(
+                f"kubelet API stubs are missing in {_DIR}: this gpukit was installed without "
+                "them; reinstall it from a wheel (its build generates them)"
+            )
         if not os.access(_DIR, os.W_OK):
             raise ImportError(
                 f"kubelet API stubs are missing in {_DIR} and it is read-only; run "

@@ -1,9 +1,10 @@
 """Generate the gRPC/protobuf Python stubs for the kubelet APIs from the .proto files here.
 
-Run as `python -m gpukit.plugin.api.generate` (the Makefile and image build do); `gpukit.plugin.api`
-also calls it on first import when the stubs are missing, so a fresh clone works without a build
-step. The stubs are build outputs (gitignored) because they must match the installed protobuf
-runtime, which a committed copy would not track.
+Run as `python -m gpukit.plugin.api.generate` (the Makefile and image build do); building the
+wheel runs it too (setup.py), so an installed gpukit carries its stubs and needs no grpcio-tools;
+in a checkout `gpukit.plugin.api` calls it on first import when the stubs are missing, so a
+fresh clone works without a build step. The stubs are build outputs (gitignored) because they
+must match the installed protobuf runtime, which a committed copy would not track.
 """
 
 from __future__ import annotations
@@ -68,6 +69,25 @@ def generate(out_dir: Path = API_DIR) -> list[Path]:
                 shutil.move(str(src), str(dst))
                 written.append(dst)
     return written
+
+
+_PROTOBUF_GENCODE = re.compile(r"^# Protobuf Python Version: (\d+)\.(\d+)\.(\d+)", re.M)
+_GRPC_GENCODE = re.compile(r"^GRPC_GENERATED_VERSION = '(\d+)\.(\d+)\.(\d+)'", re.M)
+
+
+def runtime_requirements(directory: Path = API_DIR) -> dict[str, tuple[int, ...]]:
+    """The oldest grpcio and protobuf the stubs in directory run with (their generated code
+    refuses older ones at import): {"protobuf": (7, 35, 1), "grpcio": (1, 85, 1)}; a
+    generator too old to record its version adds nothing."""
+    needs: dict[str, tuple[int, ...]] = {}
+    for proto in PROTOS:
+        for name, pattern, dist in zip(stub_names(proto), (_PROTOBUF_GENCODE, _GRPC_GENCODE),
+                                       ("protobuf", "grpcio"), strict=True):
+            m = pattern.search((directory / name).read_text())
+            if m:
+                version = tuple(int(x) for x in m.groups())
+                needs[dist] = max(needs.get(dist, version), version)
+    return needs
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,5 @@
-"""``python -m gpukit.plugin.mig {plan|apply|assert|export}``: the MIG manager entry point.
+"""``python -m gpukit.plugin.mig {plan|apply|assert|export}`` (or ``gpukit mig ...``): the MIG
+manager entry point.
 
     plan    validate the selected config against this node's GPUs, print what would change
     apply   plan, refuse if GPU processes run (unless --force), pause the device plugin,
@@ -46,9 +47,9 @@ def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(name) or default
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m gpukit.plugin.mig") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m gpukit.plugin.mig", description=__doc__,
+        prog=prog, description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("command", choices=("plan", "apply", "assert", "export"))
@@ -190,8 +191,9 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_OK
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, prog: str = "python -m gpukit.plugin.mig") -> int:
+    """`prog`: the name --help and --version show (`gpukit mig` runs this too)."""
+    args = build_parser(prog).parse_args(argv)
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:

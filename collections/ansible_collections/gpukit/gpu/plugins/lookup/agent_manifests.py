@@ -1,6 +1,7 @@
 # ruff: noqa: E402  (Ansible's layout: documentation strings before imports)
 """gpukit.gpu.agent_manifests: the device plugin DaemonSet's objects (gpukit.plugin.deploy),
-from the role's variables, checked by gpukit.provision.agent."""
+from the role's variables, checked by gpukit.provision.agent (`gpukit manifests` renders the
+same from an inventory, through gpukit.manifests)."""
 
 from __future__ import annotations
 
@@ -78,27 +79,15 @@ class LookupModule(LookupBase):
     def run(self, terms, variables=None, **kwargs):
         self.set_options(var_options=variables, direct=kwargs)
         try:
+            from gpukit import manifests
             from gpukit.provision import agent
         except ImportError as e:
             raise AnsibleLookupError(
                 f"gpukit is not importable on the controller ({e}): run ansible-playbook from"
                 " gpukit's environment (.venv)"
             ) from e
-        opts = {
-            k: self.get_option(k)
-            for k in (
-                "image",
-                "configs",
-                "namespace",
-                "default_config",
-                "driver_root",
-                "nvml_library",
-                "node_selector",
-                "env",
-                "host_mounts",
-                "image_pull_policy",
-            )
-        }
+        # The same arguments `gpukit manifests` renders with (gpukit.manifests).
+        opts = {k: self.get_option(k) for k in ("configs", *manifests.RENDER_ARGS)}
         # Plain Python values (Ansible's templated strings are tagged subclasses).
         opts = json.loads(json.dumps(opts))
         try:

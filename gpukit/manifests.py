@@ -1,0 +1,189 @@
+"""The device plugin's Kubernetes objects for an inventory, as site.yml applies them.
+
+`gpukit manifests --inventory INV` prints them for `kubectl apply -f -` or a GitOps repository.
+They are the objects the device_plugin role applies (roles/device_plugin/tasks/daemonset.yml):
+the role computes its variables from the inventory's (roles/device_plugin/defaults/main.yml:
+an inventory may set the role's own variables too, which win over its defaults), merges every
+play host's named configs into one ConfigMap, and renders with the first play host's variables
+(the apply is `run_once`); `gpukit.provision.agent.render` draws the objects for both.
+
+The play is site.yml's: the hosts of `gpu_nodes`, narrowed by `limit` as `--limit` narrows
+ansible-playbook's; `extra_vars` are `-e` (`@file`, YAML/JSON, or key=value).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpukit.inventory import GPU_GROUP, plain
+from gpukit.provision import agent
+
+
+class ManifestsError(ValueError):
+    """The inventory cannot give the device plugin's objects; the message names the host,
+    the variable and the value."""
+
+
+# The role's variables that an inventory variable feeds: role variable -> (inventory variable,
+# value when neither is set). tests/unit/test_manifests.py holds this to the role's defaults.
+FROM_INVENTORY: dict[str, tuple[str, Any]] = {
+    "device_plugin_configs": ("gpukit_device_plugin_configs", {}),
+    "device_plugin_image": ("gpukit_device_plugin_image", ""),
+    "device_plugin_image_pull_policy": ("gpukit_device_plugin_image_pull_policy", "IfNotPresent"),
+    "device_plugin_driver_root": ("gpukit_device_plugin_driver_root", "/"),
+    "device_plugin_nvml_library": ("gpukit_device_plugin_nvml_library", ""),
+    "device_plugin_env": ("gpukit_device_plugin_env", {}),
+    "device_plugin_host_mounts": ("gpukit_device_plugin_host_mounts", []),
+}
+# The role's other variables that shape the objects, with their defaults.
+ROLE_DEFAULTS: dict[str, Any] = {
+    "device_plugin_mode": "daemonset",
+    "device_plugin_namespace": "gpukit-system",
+    "device_plugin_node_selector": {"nvidia.com/gpu.deploy.device-plugin": "true"},
+}
+DEFAULT_CONFIG = "device_plugin_default_config"  # 'default' when the host's configs have one
+# agent.render's arguments, as daemonset.yml passes them (configs: the merged ones).
+RENDER_ARGS = {
+    "image": "device_plugin_image",
+    "namespace": "device_plugin_namespace",
+    "default_config": DEFAULT_CONFIG,
+    "driver_root": "device_plugin_driver_root",
+    "nvml_library": "device_plugin_nvml_library",
+    "node_selector": "device_plugin_node_selector",
+    "env": "device_plugin_env",
+    "host_mounts": "device_plugin_host_mounts",
+    "image_pull_policy": "device_plugin_image_pull_policy",
+}
+
+
+def role_vars(host: str, hostvars: Mapping[str, Any]) -> dict[str, Any]:
+    """The device_plugin role's variables for one host, from its (templated) variables."""
+    out: dict[str, Any] = {}
+    for name, (inventory_name, default) in FROM_INVENTORY.items():
+        out[name] = hostvars.get(name, hostvars.get(inventory_name, default))
+    for name, default in ROLE_DEFAULTS.items():
+        out[name] = hostvars.get(name, default)
+    configs = out["device_plugin_configs"]
+    if not isinstance(configs, Mapping):
+        raise ManifestsError(f"host {host}: gpukit_device_plugin_configs: {configs!r} is not a "
+                             "mapping of config names to device plugin configs")
+    out[DEFAULT_CONFIG] = hostvars.get(DEFAULT_CONFIG,
+                                       "default" if "default" in configs else None)
+    return out
+
+
+def render(play: Sequence[tuple[str, Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """The objects for a play's hosts, in play order, each with its role variables."""
+    if not play:
+        raise ManifestsError("no hosts in the play")
+    first, first_vars = play[0]
+    mode = first_vars["device_plugin_mode"]
+    if mode != "daemonset":
+        raise ManifestsError(f"host {first}: device_plugin_mode: {mode!r} runs the device "
+                             "plugin as a host service: the role applies no Kubernetes objects")
+    per_host = {h: v["device_plugin_configs"] for h, v in play
+                if v["device_plugin_mode"] == "daemonset"}  # fmt: skip
+    try:
+        merged = agent.merge_configs(per_host)
+        return agent.render(configs=merged,
+                            **{arg: first_vars[var] for arg, var in RENDER_ARGS.items()})
+    except agent.AgentSpecError as e:
+        raise ManifestsError(f"host {first}: {e}") from e
+
+
+def for_inventory(
+    inventory: str | Path,
+    limit: Sequence[str] = (),
+    extra_vars: Sequence[str] = (),
+) -> list[dict[str, Any]]:
+    """The objects site.yml's device_plugin role applies for the inventory (see the module's
+    docstring); needs ansible-core, as reading any inventory does."""
+    return render(play_vars(inventory, limit, extra_vars))
+
+
+def play_vars(
+    inventory: str | Path,
+    limit: Sequence[str] = (),
+    extra_vars: Sequence[str] = (),
+) -> list[tuple[str, dict[str, Any]]]:
+    """(host, role variables) of site.yml's play hosts, in play order."""
+    from ansible.errors import AnsibleError  # type: ignore[import-untyped]
+    from ansible.inventory.manager import InventoryManager  # type: ignore[import-untyped]
+    from ansible.parsing.dataloader import DataLoader  # type: ignore[import-untyped]
+    from ansible.template import Templar  # type: ignore[import-untyped]
+    from ansible.vars.manager import VariableManager  # type: ignore[import-untyped]
+
+    source = str(inventory)
+    if not Path(source).exists():
+        raise ManifestsError(f"inventory {source!r} does not exist")
+    loader = DataLoader()
+    try:
+        inv = InventoryManager(loader=loader, sources=[source])
+        variables = VariableManager(loader=loader, inventory=inv)
+        extra = _extra_vars(loader, extra_vars)
+    except AnsibleError as e:
+        raise ManifestsError(f"{source}: cannot be read: {e}") from e
+    if GPU_GROUP not in inv.groups:
+        raise ManifestsError(f"{source}: no {GPU_GROUP!r} group: site.yml plays its hosts")
+    if limit:
+        inv.subset(list(limit))
+    hosts = inv.get_hosts(GPU_GROUP)
+    if not hosts:
+        raise ManifestsError(f"{source}: no host of {GPU_GROUP!r} matches the limit "
+                             f"{', '.join(limit)!r}")
+    wanted = (*FROM_INVENTORY, *(v for v, _ in FROM_INVENTORY.values()), *ROLE_DEFAULTS,
+              DEFAULT_CONFIG)  # fmt: skip
+    play: list[tuple[str, dict[str, Any]]] = []
+    for host in hosts:
+        hv = {**variables.get_vars(host=host), **extra}
+        templar = Templar(loader=loader, variables=hv)
+        templated: dict[str, Any] = {}
+        for name in wanted:
+            if name in hv:
+                try:
+                    templated[name] = plain(templar.template(hv[name]))
+                except AnsibleError as e:
+                    raise ManifestsError(f"host {host.name}: {name}: {plain(hv[name])!r} cannot "
+                                         f"be templated: {e}") from e
+        play.append((host.name, role_vars(host.name, templated)))
+    return play
+
+
+def _extra_vars(loader: Any, given: Sequence[str]) -> dict[str, Any]:
+    """`-e` values as ansible-playbook reads them, later ones winning."""
+    from ansible.parsing.splitter import parse_kv  # type: ignore[import-untyped]
+
+    out: dict[str, Any] = {}
+    for text in given:
+        if text.startswith("@"):
+            data = loader.load_from_file(text[1:])
+        elif text.lstrip().startswith(("{", "[")):
+            data = loader.load(text)
+        else:
+            data = parse_kv(text)
+        if not isinstance(data, Mapping):
+            raise ManifestsError(f"--extra-vars {text[:80]!r}: not a mapping of variables")
+        out.update(data)
+    return out
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (the ConfigMap's configs) as literal blocks, as a person writes them."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def to_yaml(objects: Sequence[Mapping[str, Any]]) -> str:
+    """One YAML stream, each object its own `---` document, in apply order."""
+    return yaml.dump_all([plain(o) for o in objects], Dumper=_Dumper, sort_keys=False,
+                         explicit_start=True, default_flow_style=False)
