@@ -221,12 +221,13 @@ class GpuInventory:
 
 
 def load(
-    path: str | Path,
+    path: str | Path | Sequence[str | Path],
     hosts: Sequence[str] | None = None,
     host_vars: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> GpuInventory:
-    """Load an inventory (a directory, a hosts file, or anything Ansible accepts) and return the
-    declarations of the hosts in `gpu_nodes` (or only `hosts`, by host or node name).
+    """Load an inventory (a directory, a hosts file, or anything Ansible accepts; several
+    sources as a list, like repeated `-i`) and return the declarations of the hosts in
+    `gpu_nodes` (or only `hosts`, by host or node name).
 
     `host_vars` (host -> {variable: value}) win over the inventory's files, as a play's extra
     variables do: a rolling upgrade validates a node against what its play applied, `-e`
@@ -237,12 +238,15 @@ def load(
     from ansible.template import Templar  # type: ignore[import-untyped]
     from ansible.vars.manager import VariableManager  # type: ignore[import-untyped]
 
-    source = str(path)
-    if not Path(path).exists():
-        raise InventoryError([Problem(None, "inventory", source, "does not exist")], source)
+    paths = [str(p) for p in ([path] if isinstance(path, str | Path) else path)]
+    source = ",".join(paths)
+    missing = [p for p in paths if not Path(p).exists()]
+    if missing or not paths:
+        raise InventoryError([Problem(None, "inventory", missing or source, "does not exist")],
+                             source)
     loader = DataLoader()
     try:
-        inv = InventoryManager(loader=loader, sources=[source])
+        inv = InventoryManager(loader=loader, sources=paths)
         variables = VariableManager(loader=loader, inventory=inv)
     except AnsibleError as exc:
         raise InventoryError([Problem(None, "inventory", source, f"cannot be read: {exc}")],
@@ -252,6 +256,7 @@ def load(
             [Problem(None, "groups", sorted(inv.groups), f"has no {GPU_GROUP!r} group "
                      "(every GPU node must be in it, see inventories/README.md)")], source)
     members = inv.get_hosts(GPU_GROUP)
+    group_vars: dict[str, dict[str, Any]] = {}  # group -> the declaration variables it sets
     problems = _host_vars_problems(host_vars or {}, [h.name for h in members])
     if problems:
         raise InventoryError(problems, source)
@@ -272,7 +277,9 @@ def load(
                 return default
 
         raw = {name: value(name) for name in _VARIABLES}
-        raw.update({k: plain(v) for k, v in (host_vars or {}).get(host.name, {}).items()})
+        given = (host_vars or {}).get(host.name, {})
+        raw.update({k: plain(v) for k, v in given.items()})
+        problems.extend(_group_conflicts(loader, inv, host, set(given), group_vars))
         raw["inventory_hostname"] = host.name
         raw["ansible_host"] = value("ansible_host", None)
         try:
@@ -299,6 +306,39 @@ def load(
     return GpuInventory(source=source, nodes=tuple(nodes))
 
 
+@dataclass(frozen=True)
+class CheckResult:
+    """What `check` found: the inventory (None when it could not be loaded), what each node
+    must serve, and every problem."""
+
+    inventory: GpuInventory | None
+    resources: Mapping[str, Mapping[str, int]]  # node name -> resource -> count
+    problems: tuple[Problem, ...]
+
+
+def check(
+    path: str | Path | Sequence[str | Path],
+    host_vars: Mapping[str, Mapping[str, Any]] | None = None,
+) -> CheckResult:
+    """Every GPU node's declaration and what it implies (resources, labels), validated on the
+    controller without connecting anywhere: `gpukit inventory check` and the playbooks'
+    preflight (the gpukit.gpu.inventory_check action). Every problem at once; problems of the
+    implied resources and labels show once the declarations themselves are valid."""
+    try:
+        gpus = load(path, host_vars=host_vars)
+    except InventoryError as exc:
+        return CheckResult(None, {}, tuple(exc.problems))
+    problems: list[Problem] = []
+    resources: dict[str, Mapping[str, int]] = {}
+    for decl in gpus.nodes:
+        try:
+            resources[decl.node_name] = expected_resources(decl)
+            expected_labels(decl)
+        except InventoryError as exc:
+            problems += exc.problems
+    return CheckResult(gpus, resources, tuple(problems))
+
+
 # The variables a node's declaration is made of; DECLARED_VARIABLES: those but the kubeconfig.
 _VARIABLES = (
     "gpukit_kubeconfig", "gpukit_node_name", "gpukit_gpu", "nvidia_driver_branch",
@@ -312,6 +352,46 @@ DECLARED_VARIABLES = tuple(v for v in _VARIABLES if v != "gpukit_kubeconfig")
 def declared_vars(hostvars: Mapping[str, Any]) -> dict[str, Any]:
     """The declaration variables a host has (from a play's hostvars: -e included), plain."""
     return {name: plain(hostvars[name]) for name in DECLARED_VARIABLES if name in hostvars}
+
+
+def _group_conflicts(loader: Any, inv: Any, host: Any, given: set[str],
+                     cache: dict[str, dict[str, Any]]) -> list[Problem]:
+    """Declaration variables that two groups of `host`, neither inside the other, set to
+    different values (e.g. a host in two hardware groups): Ansible would pick one by group
+    depth and name, silently. A value the host itself sets (host_vars, `-e`) decides."""
+    from ansible.inventory.helpers import sort_groups  # type: ignore[import-untyped]
+    from ansible.vars.plugins import (  # type: ignore[import-untyped]
+        get_vars_from_inventory_sources,
+    )
+
+    def own(entity: Any) -> dict[str, Any]:
+        """The declaration variables the entity itself sets (inventory source, *_vars dirs)."""
+        found = {**entity.get_vars(),
+                 **get_vars_from_inventory_sources(loader, inv._sources, [entity], "task")}
+        return {k: plain(v) for k, v in found.items() if k in _VARIABLES}
+
+    decided = set(own(host)) | given
+    groups = sort_groups([g for g in host.get_groups() if g.name != "all"])
+    for g in groups:
+        if g.name not in cache:
+            cache[g.name] = own(g)
+    setting = [(g, cache[g.name]) for g in groups]
+    problems: list[Problem] = []
+    for name in _VARIABLES:
+        if name in decided:
+            continue
+        by = [(g, gv[name]) for g, gv in setting if name in gv]
+        for i, (a, va) in enumerate(by):
+            for b, vb in by[i + 1 :]:  # b wins in Ansible's order
+                related = a in b.get_ancestors() or b in a.get_ancestors()
+                if va == vb or related or a.priority != b.priority:
+                    continue
+                problems.append(Problem(host.name, name, vb, f"comes from group {b.name}, "
+                                        f"but group {a.name} sets {_short(va)} (neither group "
+                                        "is inside the other: Ansible picks one by group "
+                                        "depth and name; declare it once, or for the host "
+                                        "in host_vars)"))
+    return problems
 
 
 def _host_vars_problems(host_vars: Mapping[str, Any], members: Sequence[str]) -> list[Problem]:

@@ -1,0 +1,60 @@
+"""gpukit.gpu.inventory_check: every GPU node's declaration validated on the controller before
+any host is touched (a thin adapter over gpukit.inventory.check, the code behind
+`gpukit inventory check`). Runs in the controller's Ansible process and opens no connection."""
+
+from __future__ import annotations
+
+from ansible.errors import AnsibleError
+from ansible.plugins.action import ActionBase
+
+GPU_GROUP = "gpu_nodes"
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _requires_connection = False  # nothing of a node is read: no connection is even made
+    _supports_check_mode = True
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        _, args = self.validate_argument_spec(
+            argument_spec={"sources": {"type": "list", "elements": "path"}},
+        )
+        try:
+            from gpukit import inventory
+        except ImportError as e:
+            raise AnsibleError(
+                f"gpukit is not importable on the controller ({e}): install gpukit's Python"
+                " package where ansible-playbook runs (see the gpukit.gpu collection's README)"
+            ) from e
+        sources = args.get("sources") or list(task_vars.get("ansible_inventory_sources") or [])
+        checked = inventory.check(sources, host_vars=self._extra_declarations(task_vars))
+        problems = [str(p) for p in checked.problems]
+        source = checked.inventory.source if checked.inventory else ",".join(sources)
+        result.update(changed=False, problems=problems,
+                      nodes={n: dict(r) for n, r in checked.resources.items()})
+        if problems:
+            # One line per problem, host, variable and value first: the play's output says it all.
+            result.update(failed=True, msg=f"{source}: {len(problems)} problem(s) in the GPU "
+                          "nodes' declarations (nothing was touched):\n  " + "\n  ".join(problems))
+        else:
+            result["msg"] = (f"{source}: {len(checked.resources)} GPU node(s), every declaration "
+                             "valid")
+        return result
+
+    def _extra_declarations(self, task_vars):
+        """Declaration variables given with -e, as each GPU node resolves them: they win over
+        the inventory's files, as in the plays that follow. The inventory's own values are
+        read (and templated) by gpukit.inventory itself."""
+        from ansible.utils.vars import load_extra_vars
+
+        from gpukit import inventory
+
+        given = [n for n in load_extra_vars(self._loader) if n in inventory.DECLARED_VARIABLES]
+        if not given:
+            return {}
+        hostvars = task_vars["hostvars"]
+        out = {}
+        for host in task_vars.get("groups", {}).get(GPU_GROUP, []):
+            out[host] = {n: inventory.plain(hostvars[host][n]) for n in given}
+        return out
