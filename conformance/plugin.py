@@ -244,6 +244,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         return
     callspec = getattr(item, "callspec", None)
     params = callspec.params if callspec else {}
+    if not isinstance(params.get("node", ALL_NODES), str):
+        return  # an empty parameter set (no node to test): pytest's NOTSET is no node
     area = area_of(item)
     mark = item.get_closest_marker("cncf")
     cncf = str(mark.args[0]) if mark and mark.args else CNCF_BY_AREA.get(area, "")
