@@ -20,6 +20,9 @@ BIN = Path(sys.executable).parent
     [sys.executable, "-m", "gpukit.plugin"],
     [sys.executable, "-m", "gpukit.plugin.mig"],
     [sys.executable, "-m", "gpukit.summary"],
+    [str(BIN / "gpukit"), "plugin"],
+    [str(BIN / "gpukit"), "mig"],
+    [str(BIN / "gpukit"), "summary"],
 ])
 def test_version(argv: list[str]) -> None:
     out = subprocess.run([*argv, "--version"], capture_output=True, text=True, timeout=60)
