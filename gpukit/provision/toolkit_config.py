@@ -1,0 +1,141 @@
+"""The NVIDIA container runtime's own config (/etc/nvidia-container-runtime/config.toml) and the
+device plugin strategies that must agree with it.
+
+Hardening by default (NVIDIA's documented advice for Kubernetes): the runtime ignores
+NVIDIA_VISIBLE_DEVICES in unprivileged containers
+(`accept-nvidia-visible-devices-envvar-when-unprivileged = false`), so a pod that sets the
+variable itself (every CUDA image does) gets no GPU it was not allocated, and takes the device
+plugin's list from volume mounts (`accept-nvidia-visible-devices-as-volume-mounts = true`).
+The declaration variable `gpukit_runtime_accept_envvar_unprivileged: true` opts out.
+
+With the hardening on, a device plugin config whose only strategy is `envvar` (also NVIDIA's
+default, for a config that names none) cannot give an unprivileged pod its GPU: such configs
+are refused, naming host, variable and config. No strategy is filled in silently: the
+ConfigMap carries the declared configs as written (rollouts compare the two).
+
+The file is edited in place: only the two top-level keys change; a commented-out default line
+(`#accept-... = ...`, as NVIDIA's package ships them) is replaced where it stands.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpukit.provision.edit import Edit
+
+DEFAULT_PATH = "/etc/nvidia-container-runtime/config.toml"
+ENVVAR_UNPRIVILEGED = "accept-nvidia-visible-devices-envvar-when-unprivileged"
+VOLUME_MOUNTS = "accept-nvidia-visible-devices-as-volume-mounts"
+OPT_OUT_VARIABLE = "gpukit_runtime_accept_envvar_unprivileged"
+CONFIGS_VARIABLE = "gpukit_device_plugin_configs"
+# Strategies that reach an unprivileged container under the hardening.
+HARDENED_STRATEGIES = ("volume-mounts", "cdi-annotations", "cdi-cri")
+NVIDIA_DEFAULT_STRATEGY = "envvar"  # a config that names none (NVIDIA's plugin, and gpukit's)
+
+
+class ToolkitConfigError(ValueError):
+    """The runtime's config or the declaration cannot be used; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class ToolkitSettings:
+    accept_envvar_unprivileged: bool = False
+    accept_volume_mounts: bool = True
+
+    def wanted(self) -> dict[str, bool]:
+        return {ENVVAR_UNPRIVILEGED: self.accept_envvar_unprivileged,
+                VOLUME_MOUNTS: self.accept_volume_mounts}  # fmt: skip
+
+
+def _loads(text: str, path: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ToolkitConfigError(f"{path}: not valid TOML ({e}); fix the file first") from e
+
+
+def _set_top_level(text: str, key: str, value: bool) -> str:
+    """`key = value` at the top level: the existing assignment or the commented-out default
+    replaced where it stands, else a new line before the first table."""
+    line = f"{key} = {'true' if value else 'false'}"
+    lines = text.splitlines(keepends=True)
+    first_table = next((i for i, ln in enumerate(lines) if ln.lstrip().startswith("[")),
+                       len(lines))  # fmt: skip
+    assigned = re.compile(rf"^\s*{re.escape(key)}\s*=")
+    commented = re.compile(rf"^\s*#\s*{re.escape(key)}\s*=")
+    for pattern in (assigned, commented):
+        for i in range(first_table):
+            if pattern.match(lines[i]):
+                lines[i] = line + "\n"
+                return "".join(lines)
+    if lines and first_table == len(lines) and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    lines.insert(first_table, line + "\n")
+    return "".join(lines)
+
+
+def plan(current: str | None, s: ToolkitSettings, path: str = DEFAULT_PATH) -> Edit:
+    """The config with the hardening keys as `s` wants them; only what differs changes."""
+    doc = _loads(current or "", path)
+    after = current or ""
+    changes: list[str] = []
+    for key, value in s.wanted().items():
+        have = doc.get(key)
+        if have is not None and not isinstance(have, bool):
+            changes.append(f"{key}: {have!r} (not a boolean) -> {value}")
+        elif have != value:
+            changes.append(f"{key}: {'unset' if have is None else have} -> {value}")
+        else:
+            continue
+        after = _set_top_level(after, key, value)
+    result = _loads(after, path)
+    for key, value in s.wanted().items():  # the edit must read back as planned
+        if result.get(key) is not value:
+            raise ToolkitConfigError(f"{path}: {key} does not read back as {value} after the"
+                                     " edit; fix the file by hand")  # fmt: skip
+    if current is None:
+        changes.insert(0, f"{path}: created")
+    return Edit(path=path, before=current, after=after if changes else current,
+                changes=tuple(changes))  # fmt: skip
+
+
+# --- agreement with the device plugin's configs -----------------------------------------------
+
+
+def _strategies(cfg: Mapping[str, Any]) -> tuple[tuple[str, ...], bool]:
+    """(the config's strategies, whether it names them itself: else NVIDIA's default)."""
+    flags = cfg.get("flags")
+    plugin = flags.get("plugin") if isinstance(flags, Mapping) else None
+    raw = plugin.get("deviceListStrategy") if isinstance(plugin, Mapping) else None
+    if raw is None:
+        return (NVIDIA_DEFAULT_STRATEGY,), False
+    return ((raw,) if isinstance(raw, str) else tuple(str(r) for r in raw)), True
+
+
+def hardening_problems(
+    configs: Mapping[str, Any] | None, accept_envvar_unprivileged: bool, host: str
+) -> list[str]:
+    """Why the device plugin configs cannot work with the runtime's settings, one line per
+    config (empty: they agree)."""
+    if accept_envvar_unprivileged or not isinstance(configs, Mapping):
+        return []  # not a mapping: the device plugin role refuses it with its own message
+    problems: list[str] = []
+    for name, cfg in configs.items():
+        if not isinstance(cfg, Mapping):
+            continue
+        strategies, explicit = _strategies(cfg)
+        if not set(strategies) & set(HARDENED_STRATEGIES):
+            where = "" if explicit else " (not set: NVIDIA's default)"
+            problems.append(
+                f"host {host}: {CONFIGS_VARIABLE}[{name!r}] uses deviceListStrategy"
+                f" {','.join(strategies)}{where}, but {OPT_OUT_VARIABLE} is false (NVIDIA's"
+                " hardening: the runtime ignores NVIDIA_VISIBLE_DEVICES in unprivileged"
+                " containers), so unprivileged pods would get no GPU; set its"
+                " flags.plugin.deviceListStrategy to volume-mounts, cdi-annotations or cdi-cri,"
+                f" or set {OPT_OUT_VARIABLE}: true"
+            )
+    return problems
