@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from labplay import BIN, REPO, run_playbook
+from labplay import BIN, REPO, PlayResult, run_playbook
 
 PLAYBOOKS = ["site.yml", "playbooks/provision.yml", "playbooks/sharing.yml", "playbooks/mig.yml",
              "playbooks/upgrade.yml"]
@@ -45,9 +45,15 @@ def test_every_role_has_typed_argument_specs() -> None:
             assert opt.get("type") and opt.get("description"), f"{role.name}: {name}"
 
 
+def check_args(role: str, **extra: Any) -> PlayResult:
+    """The role's argument check alone (nothing of the role runs, whatever it decides)."""
+    return run_playbook(str(HERE / "playbooks/argspec.yml"), "localhost,", "--tags",
+                        "gpukit_argspec", var_files=(),
+                        extra_vars={"role_under_test": role, **extra})  # fmt: skip
+
+
 def argspec(role: str, **extra: Any) -> str:
-    r = run_playbook(str(HERE / "playbooks/argspec.yml"), "localhost,", var_files=(),
-                     extra_vars={"role_under_test": role, **extra})  # fmt: skip
+    r = check_args(role, **extra)
     assert r.rc != 0, f"{role} accepted {extra}"
     return json.dumps(r.failed)
 
@@ -71,10 +77,60 @@ def argspec(role: str, **extra: Any) -> str:
          "rolling_upgrade_job_timeout"),
         ("rolling_upgrade", {"rolling_upgrade_reasons": "not-a-list-of", "gpukit_upgrade_validate": "maybe"},
          "rolling_upgrade_validate"),
+        # Wrong types, each refused by the type its argument spec gives.
+        ("nvidia_driver", {"nvidia_driver_branch": {"major": 550}},
+         "argument 'nvidia_driver_branch' is of type dict and we were unable to convert to int"),
+        ("nvidia_driver", {"nvidia_driver_branch": "55x"},
+         "argument 'nvidia_driver_branch' is of type str and we were unable to convert to int"),
+        ("nvidia_driver", {"nvidia_driver_branch": ["550"]},
+         "argument 'nvidia_driver_branch' is of type list and we were unable to convert to int"),
+        ("nvidia_driver", {"nvidia_driver_branch": "550", "nvidia_driver_reboot_timeout": "10m"},
+         "argument 'nvidia_driver_reboot_timeout' is of type str and we were unable to convert to int"),
+        ("nvidia_driver", {"nvidia_driver_branch": "550", "nvidia_driver_repo_credentials": ["a"]},
+         "argument 'nvidia_driver_repo_credentials' is of type list and we were unable to convert to dict"),
+        ("gpukit_node", {"gpukit_node_wheel_platforms": {"linux": "x86_64"}},
+         "argument 'gpukit_node_wheel_platforms' is of type dict and we were unable to convert to list"),
+        ("container_toolkit", {"container_toolkit_set_as_default": "sometimes"},
+         "argument 'container_toolkit_set_as_default' is of type str and we were unable to convert to bool"),
+        ("device_plugin", {"gpukit_device_plugin_host_mounts": [{"name": "x", "host_path": "/x", "read_only": "rw"}]},
+         "argument 'read_only' is of type str found in 'device_plugin_host_mounts'. and we were unable to convert to bool"),
+        ("node_labels", {"gpukit_node_labels": ["gpu=yes"]},
+         "argument 'node_labels_labels' is of type list and we were unable to convert to dict"),
+        ("gpu_sharing", {"gpukit_mig_config": "all-1g", "gpu_sharing_mig_force": {"yes": True}},
+         "argument 'gpu_sharing_mig_force' is of type dict and we were unable to convert to bool"),
+        ("rolling_upgrade", {"rolling_upgrade_reasons": ["x"], "gpukit_upgrade_order": "first"},
+         "argument 'rolling_upgrade_order' is of type str and we were unable to convert to int"),
     ],
 )  # fmt: skip
 def test_argument_specs_reject_bad_variables(role: str, extra: dict[str, Any], needle: str) -> None:
     assert needle in argspec(role, **extra)
+
+
+@pytest.mark.parametrize("branch", ["550", 570])
+def test_a_driver_branch_is_a_number_quoted_or_not(branch: object) -> None:
+    r = check_args("nvidia_driver", nvidia_driver_branch=branch)
+    assert r.rc == 0 and not r.failed, r.describe()
+
+
+def test_argument_types_are_as_narrow_as_ansible_allows() -> None:
+    """Every option has a type; `raw` (anything) only where the value is a union no argument
+    spec type expresses. Ansible's `str` turns any value into text, so a variable that is a
+    number is typed int (the driver branch): a mapping or a list is then refused."""
+    import yaml
+
+    raw_allowed = {"rolling_upgrade_serial", "rolling_upgrade_max_failed"}  # count or "25%"
+    numbers = {"nvidia_driver_branch", "nvidia_driver_reboot_timeout", "device_plugin_wait_timeout",
+               "rolling_upgrade_order", "rolling_upgrade_job_timeout"}  # fmt: skip
+    seen: dict[str, str] = {}
+    for spec_file in sorted((REPO / "roles").glob("*/meta/argument_specs.yml")):
+        for entry in yaml.safe_load(spec_file.read_text())["argument_specs"].values():
+            for name, opt in entry.get("options", {}).items():
+                assert opt.get("type"), f"{spec_file}: {name} has no type"
+                seen[name] = opt["type"]
+                for sub, sub_opt in (opt.get("options") or {}).items():
+                    assert sub_opt.get("type"), f"{spec_file}: {name}.{sub} has no type"
+    assert {n for n, t in seen.items() if t == "raw"} == raw_allowed
+    assert {n: seen[n] for n in numbers} == dict.fromkeys(numbers, "int")
 
 
 @pytest.fixture
