@@ -10,9 +10,12 @@ DOCUMENTATION = r"""
 module: wheelhouse
 short_description: Build (or reuse) the archive of gpukit's wheels for the nodes
 description:
-  - Builds gpukit's wheel from the checkout the controller runs, downloads its dependencies'
-    wheels for the nodes' Python and platform, and packs them into one archive keyed by
-    content, under the cache directory. An unchanged checkout gives the same archive.
+  - Takes gpukit's wheel, downloads the wheels of the dependencies it declares for the nodes'
+    Python and platform, and packs them into one archive keyed by content, under the cache
+    directory. Unchanged gpukit gives the same archive.
+  - gpukit's wheel is C(wheel) when given (e.g. the release the controller installed), else
+    built from the checkout the controller's gpukit runs from, else re-made from the installed
+    gpukit package (a controller that installed gpukit from its wheel needs no checkout).
   - Runs on the controller (C(delegate_to localhost)) with the controller's gpukit.
   - Or reads a prebuilt archive (C(archive)), e.g. from CI, and builds nothing.
 version_added: "0.1.0"
@@ -32,6 +35,9 @@ options:
     type: path
   archive:
     description: A prebuilt wheelhouse archive to use instead of building.
+    type: path
+  wheel:
+    description: gpukit's wheel (a file on the controller) to put in the archive.
     type: path
 notes:
   - A local cache: reports changed=false.
@@ -77,6 +83,7 @@ def main():
             },
             "cache_dir": {"type": "path"},
             "archive": {"type": "path"},
+            "wheel": {"type": "path"},
         },
         supports_check_mode=True,
     )
@@ -95,7 +102,8 @@ def main():
                 or os.environ.get("GPUKIT_CACHE")
                 or os.path.expanduser("~/.cache/gpukit")
             )
-            wh = wheelhouse.build(Path(cache), p["python_version"], p["platforms"])
+            wheel = Path(p["wheel"]) if p["wheel"] else None
+            wh = wheelhouse.build(Path(cache), p["python_version"], p["platforms"], wheel=wheel)
     except wheelhouse.WheelhouseError as e:
         module.fail_json(msg=str(e))
     module.exit_json(changed=False, **wh.as_dict())
