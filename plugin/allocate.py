@@ -8,7 +8,8 @@ runtime acts on them unchanged:
 - cdi-annotations: `<prefix>gpukit-device-plugin_<uuid>: nvidia.com/gpu=<id>,...`;
 - cdi-cri: CDIDevice entries in the response;
 - passDeviceSpecs: DeviceSpecs for the GPU's /dev nodes and the driver's control nodes, host
-  paths under the configured device root.
+  paths under the configured device root; none when every strategy is a CDI one (as NVIDIA's
+  plugin: the CDI spec carries the nodes).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 VOLUME_MOUNTS_ROOT = "/var/run/nvidia-container-devices"
 VOLUME_MOUNTS_HOST_PATH = "/dev/null"
 CDI_KIND = "nvidia.com/gpu"
+CDI_STRATEGIES = frozenset({"cdi-annotations", "cdi-cri"})
 CDI_ANNOTATION_PLUGIN = "gpukit-device-plugin"
 # Driver nodes every GPU container needs; included only when present on the host (like NVIDIA).
 CONTROL_NODES = (
@@ -84,7 +86,8 @@ class Allocator:
         plugin = config.flags.plugin
         self.strategies = set(plugin.device_list_strategy)
         self.by_index = plugin.device_id_strategy == "index"
-        self.pass_specs = plugin.pass_device_specs
+        # Under CDI only, the spec injects the nodes: NVIDIA's plugin passes no DeviceSpecs.
+        self.pass_specs = plugin.pass_device_specs and not self.strategies <= CDI_STRATEGIES
         self.fail_gt_one = config.time_slicing.fail_requests_greater_than_one
         self.annotation_prefix = plugin.cdi_annotation_prefix
         root_seen = config.device_root_in_plugin

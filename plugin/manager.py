@@ -499,7 +499,10 @@ class PluginManager:
             return
         control = [n for n in CONTROL_NODES
                    if os.path.exists(host_path(config.device_root_in_plugin, n))]
-        spec = cdi.build_spec(self.resources.units().values(), config.device_root, control)
+        files = [(host_path(config.device_root, f), f) for f in cdi.DRIVER_FILES
+                 if os.path.exists(host_path(config.device_root_in_plugin, f))]
+        spec = cdi.build_spec(self.resources.units().values(), config.device_root, control,
+                              files)
         if spec == self._last_cdi:
             return
         try:

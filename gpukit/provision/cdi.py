@@ -2,9 +2,11 @@
 from NVML discovery with the device plugin's own device model.
 
 Kind `nvidia.com/gpu`; every GPU by index and UUID, every MIG device by `<gpu>:<mig>` and
-UUID, and `all`. Container edits: the driver's control nodes that exist and the NVML
-library. The device plugin's per-allocation spec (/var/run/cdi) uses the same names and
-takes precedence where both define a device (CDI resolves by directory priority).
+UUID (its parent's node and its /dev/nvidia-caps nodes), and `all`. Container edits, as
+NVIDIA's: the driver's control nodes that exist, its libraries and binaries (read-only bind
+mounts) and NVIDIA_VISIBLE_DEVICES=void. The device plugin's per-allocation spec
+(/var/run/cdi) uses the same names and takes precedence where both define a device (CDI
+resolves by directory priority); it carries the same spec-wide edits.
 """
 
 from __future__ import annotations
@@ -22,15 +24,15 @@ from gpukit.plugin.resources import Unit, gpu_unit, mig_unit
 from gpukit.provision.edit import Edit
 
 DEFAULT_PATH = "/etc/cdi/nvidia.yaml"
-DRIVER_FILES = ("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", "/usr/bin/nvidia-smi")
+DRIVER_FILES = plugin_cdi.DRIVER_FILES
 HEADER = "# Managed by gpukit (container_toolkit): CDI spec for this node's NVIDIA devices.\n"
 
 
-def units(inv: Inventory) -> list[Unit]:
+def units(inv: Inventory, proc_root: str = "/") -> list[Unit]:
     out: list[Unit] = []
     for gpu in inv.gpus:
         out.append(gpu_unit(gpu))
-        out += [mig_unit(gpu, m) for m in gpu.mig_devices]
+        out += [mig_unit(gpu, m, proc_root) for m in gpu.mig_devices]
     return out
 
 
@@ -38,25 +40,23 @@ def build(
     inv: Inventory,
     exists: Callable[[str], bool] = os.path.exists,
     driver_files: Iterable[str] = DRIVER_FILES,
+    proc_root: str = "/",
 ) -> dict[str, Any]:
     present = [n for n in CONTROL_NODES if exists(n)]
-    spec = plugin_cdi.build_spec(units(inv), "/", present)
+    files = [(f, f) for f in driver_files if exists(f)]
+    every_unit = units(inv, proc_root)
+    spec = plugin_cdi.build_spec(every_unit, "/", present, files)
     # A node-wide spec: plain paths (the device root is the host's /).
     for dev in spec["devices"]:
         for node in dev["containerEdits"]["deviceNodes"]:
             node.pop("hostPath", None)
     for node in spec["containerEdits"]["deviceNodes"]:
         node.pop("hostPath", None)
-    gpu_nodes = [{"path": g.device_node} for g in inv.gpus]
-    if gpu_nodes:
-        spec["devices"].append({"name": "all", "containerEdits": {"deviceNodes": gpu_nodes}})
-    mounts = [
-        {"hostPath": f, "containerPath": f, "options": ["ro", "nosuid", "nodev", "bind"]}
-        for f in driver_files
-        if exists(f)
-    ]
-    if mounts:
-        spec["containerEdits"]["mounts"] = mounts
+    # `all`: every GPU and MIG device (their caps nodes too), as nvidia-ctk's
+    every = dict.fromkeys(p for u in every_unit for p in u.device_nodes)
+    if every:
+        spec["devices"].append({"name": "all", "containerEdits": {
+            "deviceNodes": [{"path": p} for p in every]}})
     spec["cdiVersion"] = "0.5.0"
     return spec
 

@@ -115,3 +115,14 @@ def test_fail_requests_greater_than_one() -> None:
 def test_greater_than_one_allowed_by_default() -> None:
     al = allocator({"sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2}]}}})
     assert al.allocate([f"{gpu_uuid(0)}::0", f"{gpu_uuid(0)}::1"]).envs
+
+
+@pytest.mark.parametrize("strategies", [["cdi-annotations"], ["cdi-cri"], ["cdi-annotations", "cdi-cri"]])
+def test_cdi_only_strategies_pass_no_device_specs(strategies: list[str]) -> None:
+    """NVIDIA's plugin returns no DeviceSpecs when CDI injects the devices, passDeviceSpecs or not."""
+    a = allocator({"flags": {"plugin": {"deviceListStrategy": strategies,
+                                        "passDeviceSpecs": True}}}).allocate([gpu_uuid(1)])
+    assert a.devices == [] and (a.annotations or a.cdi_devices)
+    mixed = allocator({"flags": {"plugin": {"deviceListStrategy": ["volume-mounts", "cdi-cri"],
+                                            "passDeviceSpecs": True}}}).allocate([gpu_uuid(1)])
+    assert mixed.devices  # another strategy still needs the nodes from the kubelet
