@@ -32,6 +32,11 @@ KUBELET_SYSCTLS = {
     "kernel/keys/root_maxkeys": "1000000",
     "kernel/keys/root_maxbytes": "25000000",
 }
+# Floors the lab raises a host tunable to (never lowers it). Each node's systemd, journald,
+# containerd and kubelet hold about 8 inotify instances together; at the kernel's default of
+# 128 per user the 16th node's systemd exits 255 at boot with no message (seen with 8 labs
+# side by side). kind asks the same of its users' hosts.
+SYSCTL_FLOORS = {"fs/inotify/max_user_instances": 1024}
 
 Progress = Callable[[str], None]
 
@@ -89,12 +94,17 @@ def _read_record() -> dict[str, Any]:
         return {}
 
 
+def _sysctl(key: str) -> str:
+    return Path("/proc/sys", key).read_text().strip()
+
+
 def apply_sysctls(lab: LabSpec) -> None:
     with _locked_record():
-        rec = _read_record()
-        if not rec:
-            saved = {k: Path("/proc/sys", k).read_text().strip() for k in KUBELET_SYSCTLS}
-            rec = {"saved": saved, "holders": []}
+        rec = _read_record() or {"saved": {}, "holders": []}
+        # The host's own values, saved once by the first lab (also for a key a newer lab
+        # added while an older lab held the record).
+        for k in (*KUBELET_SYSCTLS, *SYSCTL_FLOORS):
+            rec["saved"].setdefault(k, _sysctl(k))
         if lab.instance not in rec["holders"]:
             rec["holders"].append(lab.instance)
         tmp = SYSCTL_RECORD.with_suffix(".tmp")
@@ -102,6 +112,9 @@ def apply_sysctls(lab: LabSpec) -> None:
         tmp.replace(SYSCTL_RECORD)
         for k, v in KUBELET_SYSCTLS.items():
             Path("/proc/sys", k).write_text(v)
+        for k, floor in SYSCTL_FLOORS.items():
+            if int(_sysctl(k)) < floor:
+                Path("/proc/sys", k).write_text(str(floor))
 
 
 def restore_sysctls(lab: LabSpec) -> None:

@@ -40,6 +40,8 @@ def test_down_cleans_everything_and_up_again_works(lab_cluster: object) -> None:
         assert json.loads(cluster.SYSCTL_RECORD.read_text())["holders"] == others
         for key, value in cluster.KUBELET_SYSCTLS.items():
             assert Path("/proc/sys", key).read_text().strip() == value
+        for key, floor in cluster.SYSCTL_FLOORS.items():
+            assert int(Path("/proc/sys", key).read_text()) >= floor
     else:
         for key, value in record["saved"].items():
             assert Path("/proc/sys", key).read_text().strip() == value, f"sysctl {key} not restored"
