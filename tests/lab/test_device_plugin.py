@@ -48,6 +48,14 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "version": "v1",
         "flags": {"migStrategy": "mixed", "plugin": {"passDeviceSpecs": True}},
     },
+    # Health checks off: selected by label to prove a reload stops the monitor (issue 14).
+    "nohealth": {
+        "version": "v1",
+        "flags": {"migStrategy": "none", "plugin": {"passDeviceSpecs": True}},
+        "gpukit": {"health": {"disabled": True}},
+    },
+    # An empty entry (the ConfigMap carries "{}"): invalid, never taken as defaults.
+    "empty": {},
 }
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
 NS = "default"
@@ -766,21 +774,26 @@ def test_a_hand_edited_label_comes_back_and_other_labels_stay(
         core.patch_node(node, {"metadata": {"labels": {"gpukit-test/keep": None}}})
 
 
-def test_an_agent_restarted_into_an_unknown_config_keeps_the_nodes_gpus(
-    core: client.CoreV1Api, deployed: AgentDeployment
+@pytest.mark.parametrize(("bad", "reason"), [
+    ("no-such-config", "'no-such-config' names no config"),
+    ("empty", "the config is empty"),
+])
+def test_an_agent_restarted_into_bad_input_keeps_the_nodes_gpus(
+    core: client.CoreV1Api, deployed: AgentDeployment, bad: str, reason: str
 ) -> None:
-    """Issue 14 point 1: the node label names a config that does not exist; the running agent
-    keeps its config and says so; a restarted one serves the last good config instead of
-    crash-looping with the node at 0 GPUs."""
+    """Issue 14 points 1 and 2: the node label names a config that does not exist, or an empty
+    entry; the running agent keeps its config (time-slicing stays at 8) and says so; a
+    restarted one serves the last good config instead of crash-looping with the node at 0."""
     spec, node = load_spec(), "gpu-t4"
     wait_for(f"{node}: 8 GPUs under ts", lambda: resources(core, node).get("nvidia.com/gpu") == 8)
-    set_config(core, node, "no-such-config")
+    set_config(core, node, bad)
     try:
         wait_for(f"{node}: {STATE_LABEL}=failed",
                  lambda: node_labels(core, node).get(STATE_LABEL) == "failed", timeout=60)
+        assert resources(core, node).get("nvidia.com/gpu") == 8
         events = core.list_namespaced_event(
             "default", field_selector=f"involvedObject.name={node},reason=DevicePluginConfigRefused")
-        assert any("'no-such-config' names no config" in (e.message or "")
+        assert any(reason in (e.message or "")
                    for e in events.items), [e.message for e in events.items]
         old = _agent_pod(core, deployed, node)
         core.delete_namespaced_pod(old, deployed.namespace, grace_period_seconds=0)
@@ -806,3 +819,138 @@ def test_an_agent_restarted_into_an_unknown_config_keeps_the_nodes_gpus(
         set_config(core, node, "ts")
     wait_for(f"{node}: {STATE_LABEL}=success",
              lambda: node_labels(core, node).get(STATE_LABEL) == "success", timeout=60)
+
+
+def _agent_log(core: client.CoreV1Api, d: AgentDeployment, node: str) -> str:
+    return str(core.read_namespaced_pod_log(_agent_pod(core, d, node), d.namespace))
+
+
+def _xid_total(node: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in _metrics(node).splitlines()
+               if line.startswith("gpukit_plugin_xid_events_total{"))
+
+
+def test_a_reload_that_disables_health_stops_the_monitor_and_one_that_enables_it_starts_it(
+    core: client.CoreV1Api, deployed: AgentDeployment
+) -> None:
+    """Issue 14 point 3: a config reload applies the health settings too. Under `nohealth` a
+    critical XID neither takes the GPU out nor is even counted (no monitor runs); back on the
+    default config the same XID takes the GPU out again."""
+    node = "gpu-a100"
+    set_config(core, node, "nohealth")
+    try:
+        wait_for(f"{node}: the health monitor stopped under nohealth",
+                 lambda: node_labels(core, node).get(STATE_LABEL) == "success"
+                 and "stopping the health monitor" in _agent_log(core, deployed, node),
+                 timeout=60, explain=lambda: agent.diagnose(load_spec(), node))
+        before = _xid_total(node)
+        nvml_cli(node, "inject-xid", "--gpu", "2", "--xid", "79")
+        for _ in range(16):  # the probe interval is 1 s: four times what the monitor needs
+            assert resources(core, node)["nvidia.com/gpu"] == 8, "a stopped monitor took a GPU out"
+            time.sleep(0.5)
+        assert _xid_total(node) == before, "XIDs are watched although health checks are off"
+    finally:
+        set_config(core, node, None)
+    wait_for(f"{node}: the health monitor started again on the default config",
+             lambda: "health monitor started" in _agent_log(core, deployed, node).rsplit(
+                 "stopping the health monitor", 1)[-1], timeout=60,
+             explain=lambda: agent.diagnose(load_spec(), node))
+    nvml_cli(node, "inject-xid", "--gpu", "2", "--xid", "79")
+    wait_for("GPU 2 unhealthy under a restarted monitor",
+             lambda: resources(core, node)["nvidia.com/gpu"] == 7, timeout=30)
+    wait_for("GPU 2 healthy again", lambda: resources(core, node)["nvidia.com/gpu"] == 8,
+             timeout=60)
+
+
+STORM = """
+import json, sys, time
+from gpukit.lab.nvml.control import MockControl
+profile, state, rate, seconds, gpus = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
+ctl = MockControl(profile=profile, state_dir=state)
+sent, t0 = 0, time.monotonic()
+while (now := time.monotonic() - t0) < seconds:
+    due = int(now * rate)
+    while sent < due:
+        ctl.inject_xid(sent % gpus, 13 if sent % 2 else 31)
+        sent += 1
+    time.sleep(0.002)
+print(json.dumps({"sent": sent, "seconds": time.monotonic() - t0}))
+"""
+
+
+def test_an_xid_storm_is_counted_in_full_and_logged_in_little(
+    core: client.CoreV1Api, deployed: AgentDeployment
+) -> None:
+    """Issue 14 point 5: 1000 XID/s for 60 s over the node's 8 GPUs (application XIDs 13 and
+    31, which take no GPU out): the agent counts every event in its metric and logs under
+    100 KB for the whole storm (one line per device and XID, then periodic summaries)."""
+    spec, node = load_spec(), "gpu-a100"
+    pod = _agent_pod(core, deployed, node)
+    log_before = len(core.read_namespaced_pod_log(pod, deployed.namespace).encode())
+    counted_before = _xid_total(node)
+    r = nodes.root(spec.node(node))
+    proc = subprocess.run(
+        [sys.executable, "-c", STORM, str(r / "etc/gpukit-lab/nvml/profile.yaml"),
+         str(r / "var/lib/gpukit-lab/nvml"), "1000", "60", "8"],
+        capture_output=True, text=True, timeout=180, check=True)
+    storm = json.loads(proc.stdout)
+    assert storm["sent"] >= 59_000, storm
+    wait_for(f"all {storm['sent']} XIDs counted",
+             lambda: _xid_total(node) - counted_before == storm["sent"], timeout=60,
+             explain=lambda: f"counted {_xid_total(node) - counted_before:.0f}")
+    assert _agent_pod(core, deployed, node) == pod  # the same agent, never restarted
+    logged = len(core.read_namespaced_pod_log(pod, deployed.namespace).encode()) - log_before
+    print(f"XID storm: {storm['sent']} events in {storm['seconds']:.1f}s, agent log +{logged} B")
+    assert logged < 100_000, f"the storm grew the agent's log by {logged} bytes"
+    assert resources(core, node)["nvidia.com/gpu"] == 8
+
+
+def test_a_mig_apply_killed_mid_change_leaves_a_node_that_serves_at_once(
+    core: client.CoreV1Api, deployed: AgentDeployment
+) -> None:
+    """Issue 14 point 6: the MIG manager pauses the agent (its GPUs out) while it changes a
+    GPU; killed with SIGKILL in the middle (here while it waits for the GPU reset), its pause
+    is void at the agent's next tick: the node serves all its GPUs again within seconds, not
+    after the pause expires. The manager runs outside the node's PID namespace, as a process
+    whose PID the agent cannot see: the pause file's lock says it is gone."""
+    import os
+    import signal
+
+    from gpukit.lab import nvml
+
+    spec, node = load_spec(), "gpu-a100"
+    init = cluster.init_proc(spec.node(node))
+    assert init is not None
+    pause = f"/proc/{init.pid}/root/run/gpukit/plugin.pause"
+    r = nodes.root(spec.node(node))
+    env = nvml.env(r / "etc/gpukit-lab/nvml/profile.yaml", r / "var/lib/gpukit-lab/nvml")
+    layout = {"killed": [{"devices": [0], "mig-enabled": True, "mig-devices": {"3g.20gb": 2}},
+                         {"devices": [1, 2, 3, 4, 5, 6, 7], "mig-enabled": False}]}
+    apply = subprocess.Popen(
+        [sys.executable, "-m", "gpukit.plugin.mig", "apply", "--configs-json", json.dumps(layout),
+         "--selected", "killed", "--pause-file", pause, "--reset-command", "sleep 600",
+         "--log-level", "INFO"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    try:
+        wait_for("the apply to pause GPU 0 (7 GPUs allocatable)",
+                 lambda: resources(core, node)["nvidia.com/gpu"] < 8 or apply.poll() is not None,
+                 timeout=60)
+        assert apply.poll() is None, apply.communicate()[0]
+        assert os.path.exists(pause)
+        os.killpg(apply.pid, signal.SIGKILL)  # the apply and its reset command
+        apply.wait(timeout=10)
+        killed_at = time.monotonic()
+        wait_for(f"{node}: 8 GPUs again after the kill",
+                 lambda: resources(core, node)["nvidia.com/gpu"] == 8, timeout=60,
+                 explain=lambda: agent.diagnose(spec, node))
+        took = time.monotonic() - killed_at
+        print(f"served again {took:.1f}s after the kill")
+        assert took < 30, f"{took:.0f}s after the kill (the pause's own expiry is 15 min)"
+    finally:
+        if apply.poll() is None:
+            os.killpg(apply.pid, signal.SIGKILL)
+            apply.wait(timeout=10)
+        # GPU 0's MIG mode change is pending until a reset: undo it.
+        _node_pynvml(node, MIG_SCRIPT, "destroy")
+        nvml_cli(node, "reset", "--gpu", "0")
