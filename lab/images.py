@@ -1,18 +1,19 @@
 """Container images the lab builds locally (nothing is ever pulled).
 
-Each image is written as a docker-archive tar (manifest.json with RepoTags), the
-form `ctr images import` reads.
+Each image is written as a docker-archive tar (manifest.json with RepoTags), the form
+`ctr images import` reads. The pause and shell images are tiny static test images made
+here; the node agent's is built from the checkout's Containerfile by buildah.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import json
 import os
 import shutil
 import subprocess
-import sys
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,70 +57,32 @@ def _layer(entries: list[FileEntry]) -> bytes:
     return buf.getvalue()
 
 
-def write_archive(
-    out: Path, ref: str, layer: bytes | list[Path], config: dict[str, object]
-) -> Path:
-    """Write a docker-archive; `layer` is one layer's bytes or a list of layer tar files."""
-    layers: list[tuple[str, Path | bytes]] = []
-    for item in [layer] if isinstance(layer, bytes) else layer:
-        digest = hashlib.sha256(item).hexdigest() if isinstance(item, bytes) else _file_sha256(item)
-        layers.append((digest, item))
+def write_archive(out: Path, ref: str, layer: bytes, config: dict[str, object]) -> Path:
+    """Write a docker-archive of one layer (the pause and shell images)."""
+    digest = hashlib.sha256(layer).hexdigest()
     image_config = {
         "architecture": "amd64",
         "os": "linux",
         "config": config,
-        "rootfs": {"type": "layers", "diff_ids": [f"sha256:{d}" for d, _ in layers]},
-        "history": [{"created_by": "gpukit lab"} for _ in layers],
+        "rootfs": {"type": "layers", "diff_ids": [f"sha256:{digest}"]},
+        "history": [{"created_by": "gpukit lab"}],
     }
     cfg = json.dumps(image_config, sort_keys=True).encode()
     cfg_name = hashlib.sha256(cfg).hexdigest() + ".json"
-    names = [f"{d}/layer.tar" for d, _ in layers]
-    manifest = json.dumps([{"Config": cfg_name, "RepoTags": [ref], "Layers": names}]).encode()
-    entries: list[tuple[str, Path | bytes]] = [(cfg_name, cfg)]
-    entries += [(n, data) for n, (_, data) in zip(names, layers, strict=True)]
-    entries.append(("manifest.json", manifest))
+    layer_name = f"{digest}/layer.tar"
+    manifest = json.dumps([{"Config": cfg_name, "RepoTags": [ref], "Layers": [layer_name]}])
     tmp = out.with_suffix(".partial")
     with tarfile.open(tmp, "w") as tar:
-        for name, data in entries:
-            if isinstance(data, Path):
-                info = tar.gettarinfo(data, arcname=name)
-                info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
-                with open(data, "rb") as f:
-                    tar.addfile(info, f)
-                continue
+        for name, data in (
+            (cfg_name, cfg),
+            (layer_name, layer),
+            ("manifest.json", manifest.encode()),
+        ):
             info = tarfile.TarInfo(name)
             info.size, info.mtime = len(data), 0
             tar.addfile(info, io.BytesIO(data))
-    if out.exists() and _same_bytes(out, tmp):
-        tmp.unlink()  # unchanged: keep the old file, so nodes need not import it again
-    else:
-        tmp.replace(out)
+    tmp.replace(out)
     return out
-
-
-def _file_sha256(path: Path) -> str:
-    """A layer file's sha256, remembered beside it (keyed by size and mtime): the agent's
-    base and dependency layers are hundreds of MB and change rarely."""
-    st = path.stat()
-    memo = path.with_name(path.name + ".sha256")
-    stamp = f"{st.st_size}:{st.st_mtime_ns}"
-    try:
-        seen, digest = memo.read_text().split()
-        if seen == stamp and len(digest) == 64:
-            return digest
-    except (OSError, ValueError):
-        pass
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    try:  # several lab instances share the cache: write it whole or not at all
-        tmp = memo.with_name(f"{memo.name}.{os.getpid()}")
-        tmp.write_text(f"{stamp} {h.hexdigest()}\n")
-        tmp.replace(memo)
-    except OSError:
-        pass
-    return h.hexdigest()
 
 
 def image_id(archive: Path) -> str:
@@ -131,18 +94,13 @@ def image_id(archive: Path) -> str:
     return "sha256:" + str(config).removesuffix(".json")
 
 
-def _same_bytes(a: Path, b: Path) -> bool:
-    if a.stat().st_size != b.stat().st_size:
-        return False
-    with open(a, "rb") as fa, open(b, "rb") as fb:
-        return all(
-            x == y
-            for x, y in zip(
-                iter(lambda: fa.read(1 << 20), b""),
-                iter(lambda: fb.read(1 << 20), b""),
-                strict=False,
-            )
-        )
+def layers_size(archive: Path) -> int:
+    """A docker-archive's uncompressed image size: the bytes of its layer tars."""
+    with tarfile.open(archive) as tar:
+        member = tar.extractfile("manifest.json")
+        assert member is not None
+        layers = json.loads(member.read())[0]["Layers"]
+        return sum(tar.getmember(name).size for name in layers)
 
 
 def build_pause(out_dir: Path) -> Path:
@@ -182,77 +140,43 @@ def build_shell(out_dir: Path) -> Path:
 
 
 AGENT = "localhost/gpukit-lab/node-agent:dev"
-AGENT_PYTHON = "3.11"  # Debian bookworm's python3, which runs the agent in the image
-_SKIP_IN_BASE = ("dev/", "proc/", "sys/", "run/", "tmp/", "var/cache/apt/", "var/lib/apt/lists/")
+CONTAINERFILE = "Containerfile"
+# The Containerfile's BASE in the lab: an image of the lab's node root (Debian bookworm with
+# python3 and python3-venv), tagged by that root's build.
+BASE_REPO = "localhost/gpukit-lab/bookworm-root"
+_SKIP_IN_BASE = ("dev", "proc", "sys", "run", "tmp", "var/cache/apt/archives")
+CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+KEEP_BUILDS = 3  # archives kept in the cache, the most recently used
 
-
-def _dir_layer(root: Path, out: Path, prefix: str = "", skip: tuple[str, ...] = ()) -> Path:
-    """A layer tar of a directory tree (numeric owners kept), written atomically."""
-    if out.exists():
-        return out
-    tmp = out.with_suffix(".partial")
-    tmp.parent.mkdir(parents=True, exist_ok=True)
-
-    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
-        rel = info.name.removeprefix(prefix)
-        if any(rel.startswith(s) for s in skip) or "__pycache__" in rel or rel.endswith(".pyc"):
-            return None
-        info.mtime = 0
-        return info
-
-    with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
-        for child in sorted(root.iterdir()):
-            if child.name != ".complete":
-                tar.add(child, arcname=f"{prefix}{child.name}", filter=keep)
-    tmp.replace(out)
-    return out
-
-
-def _requirements(repo: Path) -> list[str]:
-    import tomllib
-
-    data = tomllib.loads((repo / "pyproject.toml").read_text())
-    return list(data["project"]["dependencies"])
-
-
-# Tests set this to put a marker file into the agent's image, which changes its content
-# key and its image ID, without touching the checkout.
+# Tests set this to change the agent's image without touching the checkout: it is part of
+# the content key and of the REVISION the image records (/opt/gpukit/REVISION).
 AGENT_MARKER_ENV = "GPUKIT_LAB_AGENT_MARKER"
-_GENERATED = ("_pb2.py", "_pb2_grpc.py")  # made from the .proto files, which the key covers
 
 
-def _code_files(repo: Path) -> list[tuple[str, Path]]:
-    """What the image's code layer copies from the checkout (symlinks followed, as
-    `shutil.copytree` does), by path inside the package, sorted."""
-    top = repo / "gpukit"
-    found: list[tuple[str, Path]] = []
-    for dirpath, dirnames, filenames in os.walk(top, followlinks=True):
-        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
-        for name in filenames:
-            if not name.endswith(".pyc"):
-                path = Path(dirpath, name)
-                found.append((path.relative_to(top).as_posix(), path))
-    return sorted(found)
+def node_root(cache: Path) -> Path:
+    return cache / "rootfs" / "bookworm"
 
 
-def agent_key(repo: Path, base: Path, deps_layer: Path) -> str:
-    """A content key of everything that goes into the node-agent image: gpukit's files
-    (by content), the base and dependency layers (by name, size and mtime), the marker."""
+def _base_ref(cache: Path) -> str:
+    """The base image's name: the node root's path and build time (its .complete stamp)."""
+    done = node_root(cache) / ".complete"
+    stamp = f"{done.parent}:{done.stat().st_mtime_ns}"
+    return f"{BASE_REPO}:{hashlib.sha256(stamp.encode()).hexdigest()[:16]}"
+
+
+def agent_key(repo: Path, cache: Path) -> str:
+    """A content key of everything the agent's image is built from: the build context (the
+    files .containerignore lets through), the Containerfile, the base, the marker."""
+    from gpukit.lab import build_context
+
     h = hashlib.sha256()
-    for layer in (base, deps_layer):
-        st = layer.stat()
-        h.update(f"{layer.name}:{st.st_size}:{st.st_mtime_ns}\n".encode())
-    h.update(f"marker:{os.environ.get(AGENT_MARKER_ENV, '')}\n".encode())
-    for rel, path in _code_files(repo):
-        if rel.endswith(_GENERATED):
-            continue
-        h.update(f"{rel}\0".encode())
-        h.update(hashlib.sha256(path.read_bytes()).digest())
+    h.update(build_context.digest(repo, extra=(repo / CONTAINERFILE,)).encode())
+    h.update(f"\nbase:{_base_ref(cache)}\nmarker:{os.environ.get(AGENT_MARKER_ENV, '')}\n".encode())
     return h.hexdigest()
 
 
 def agent_record(out_dir: Path) -> dict[str, str]:
-    """What the last agent build recorded: its content key and image ID ({} if none)."""
+    """What the last agent build recorded: its content key, image ID, revision ({} if none)."""
     try:
         data = json.loads((out_dir / "node-agent.json").read_text())
     except (OSError, ValueError):
@@ -260,77 +184,102 @@ def agent_record(out_dir: Path) -> dict[str, str]:
     return {k: str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
 
-def build_agent(out_dir: Path, repo: Path, cache: Path) -> Path:
-    """The node agent's image: Debian's python3, gpukit's dependencies, gpukit itself.
-
-    Three layers, so that a code change re-imports only the small top layer. The image is
-    rebuilt only when its content key (`agent_key`) differs from the last build's, which
-    `node-agent.json` records with the image's ID.
-    """
-    base_root = cache / "rootfs" / "bookworm-agent"
-    if not (base_root / ".complete").exists():
-        subprocess.run(["bash", str(repo / "lab/scripts/build-rootfs.sh"), "agent"], check=True)
-    layers = cache / "images" / "agent"
-    base = _dir_layer(base_root, layers / "base.tar", skip=_SKIP_IN_BASE)
-    reqs = _requirements(repo)
-    key = hashlib.sha256(("\n".join(sorted(reqs)) + AGENT_PYTHON).encode()).hexdigest()[:16]
-    deps_layer = layers / f"deps-{key}.tar"
-    if not deps_layer.exists():
-        target = layers / f"deps-{key}"
-        shutil.rmtree(target, ignore_errors=True)
-        # Wheels for the image's interpreter, resolved on the host: nothing builds in the image.
-        subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-q", "--no-compile", "--only-binary=:all:",
-             "--python-version", AGENT_PYTHON, "--platform", "manylinux2014_x86_64",
-             "--platform", "manylinux_2_28_x86_64", "--implementation", "cp",
-             "--target", str(target / "lib"), *reqs],
-            check=True,
-        )  # fmt: skip
-        _dir_layer(target, deps_layer, prefix="opt/gpukit/")
-        shutil.rmtree(target, ignore_errors=True)
-    out = out_dir / "node-agent.tar"
-    content_key = agent_key(repo, base, deps_layer)
-    if out.exists() and agent_record(out_dir).get("key") == content_key:
-        return out
-    # The image's root filesystem is read-only: its gRPC stubs must exist before copying.
-    subprocess.run(
-        [sys.executable, "-m", "gpukit.plugin.api.generate"],
-        check=True,
-        cwd=repo,
-        capture_output=True,
-    )
-    code = out_dir / "agent-code"
-    shutil.rmtree(code, ignore_errors=True)
-    shutil.copytree(
-        repo / "gpukit",
-        code / "src" / "gpukit",
-        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
-    )
+def _revision(key: str) -> str:
     marker = os.environ.get(AGENT_MARKER_ENV)
-    if marker:
-        (code / "marker").write_text(marker + "\n")
-    code_layer = out_dir / "agent-code.tar"
-    code_layer.unlink(missing_ok=True)
-    _dir_layer(code, code_layer, prefix="opt/gpukit/")
-    shutil.rmtree(code, ignore_errors=True)
-    write_archive(
-        out,
-        AGENT,
-        [base, deps_layer, code_layer],
-        {
-            "Env": [
-                "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                "PYTHONPATH=/opt/gpukit/src:/opt/gpukit/lib",
-                "PYTHONDONTWRITEBYTECODE=1",
-            ],
-            "Entrypoint": ["python3", "-m", "gpukit.plugin"],
-        },
-    )
-    record = out_dir / "node-agent.json"
-    tmp = record.with_name(record.name + ".partial")
-    tmp.write_text(json.dumps({"key": content_key, "id": image_id(out)}) + "\n")
-    tmp.replace(record)
+    return f"lab-{key[:16]}" + (f"+{marker}" if marker else "")
+
+
+def _ensure_base(cache: Path, repo: Path, log: Path) -> str:
+    from gpukit.lab import buildah
+
+    if not (node_root(cache) / ".complete").exists():
+        subprocess.run(["bash", str(repo / "lab/scripts/build-rootfs.sh")], check=True,
+                       stdout=subprocess.DEVNULL)  # fmt: skip
+    ref = _base_ref(cache)
+    if buildah.image(ref) is None:
+        buildah.import_root(node_root(cache), ref, _SKIP_IN_BASE, log)
+    return ref
+
+
+def _build(repo: Path, cache: Path, key: str, archive: Path, log: Path) -> dict[str, str]:
+    """Build the Containerfile with buildah and write the image as a docker-archive tagged
+    AGENT (what `ctr images import` reads)."""
+    from gpukit.lab import buildah
+
+    base = _ensure_base(cache, repo, log)
+    revision = _revision(key)
+    # RUN steps trust what this machine trusts (read-only, in no layer): Debian's pip uses
+    # the system bundle, so a build behind a TLS-inspecting proxy still reaches PyPI.
+    trust = [f"--volume={CA_BUNDLE}:{CA_BUNDLE}:ro"] if CA_BUNDLE.is_file() else []
+    buildah.run(
+        "bud", "--isolation", "chroot", "--layers", "--pull=never", "--format", "docker",
+        *trust, "-f", str(repo / CONTAINERFILE), "-t", AGENT,
+        "--build-arg", f"BASE={base}", "--build-arg", f"REVISION={revision}", str(repo),
+        log=log,
+    )  # fmt: skip
+    tmp = archive.with_name(archive.name + ".partial")
+    tmp.unlink(missing_ok=True)
+    buildah.run("push", AGENT, f"docker-archive:{tmp}:{AGENT}", log=log)
+    tmp.replace(archive)
+    return {"key": key, "id": image_id(archive), "revision": revision,
+            "size": str(layers_size(archive))}  # fmt: skip
+
+
+def _prune(builds: Path, current: Path) -> None:
+    """Keep the newest KEEP_BUILDS archives (buildah's storage keeps its layer cache; the
+    images it tagged AGENT before are superseded)."""
+    records = sorted(builds.glob("node-agent-*.json"), key=lambda p: p.stat().st_mtime_ns)
+    for record in records[:-KEEP_BUILDS]:
+        record.with_suffix(".tar").unlink(missing_ok=True)
+        record.unlink(missing_ok=True)
+    for archive in builds.glob("node-agent-*.tar"):  # left by a build that did not finish
+        if archive != current and not archive.with_suffix(".json").exists():
+            archive.unlink()
+
+
+def build_agent(out_dir: Path, repo: Path, cache: Path) -> Path:
+    """The node agent's image, built from the checkout's Containerfile by buildah, as
+    out_dir/node-agent.tar (a docker-archive tagged AGENT) with its record, node-agent.json.
+
+    Rebuilt only when its content key (`agent_key`) differs from the last build's. Builds are
+    kept in the cache by key (shared by all lab instances; a lock keeps two from building
+    at once), so a key seen before costs a link, not a build; buildah's layer cache keeps
+    the dependency layer across changes of gpukit's own files.
+    """
+    out = out_dir / "node-agent.tar"
+    key = agent_key(repo, cache)
+    if out.exists() and agent_record(out_dir).get("key") == key:
+        return out
+    builds = cache / "images" / "agent"
+    builds.mkdir(parents=True, exist_ok=True)
+    archive = builds / f"node-agent-{key}.tar"
+    record_file = archive.with_suffix(".json")
+    with open(builds / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (archive.exists() and record_file.exists()):
+            log = builds / "build.log"
+            log.write_text(f"node-agent image, key {key}\n")
+            record = _build(repo, cache, key, archive, log)
+            _write_json(record_file, record)
+            _prune(builds, archive)
+        else:
+            os.utime(record_file)  # used again: newest for _prune
+        record = json.loads(record_file.read_text())
+    tmp = out.with_name(out.name + ".partial")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(archive, tmp)
+    except OSError:  # another file system
+        shutil.copyfile(archive, tmp)
+    tmp.replace(out)
+    _write_json(out_dir / "node-agent.json", record)
     return out
+
+
+def _write_json(path: Path, data: dict[str, str]) -> None:
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(json.dumps(data) + "\n")
+    tmp.replace(path)
 
 
 def build_all(out_dir: Path) -> list[Path]:

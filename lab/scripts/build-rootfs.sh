@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Build a Debian root, cached outside the checkout; idempotent. The mirror comes
 # from the host's own apt configuration.
-#   build-rootfs.sh [node]  the root every lab node boots (systemd, sshd, containerd, runc)
-#   build-rootfs.sh agent   the base of the node-agent image (python3 only)
+#   build-rootfs.sh [node]  the root every lab node boots (systemd, sshd, containerd, runc);
+#                           also the base the lab builds the node agent's image from
+#                           (python3, python3-venv: lab/images.py)
 set -euo pipefail
 CACHE="${GPUKIT_CACHE:-$HOME/.cache/gpukit}"
 SUITE="${GPUKIT_LAB_SUITE:-bookworm}"
@@ -10,9 +11,7 @@ FLAVOUR="${1:-node}"
 case "$FLAVOUR" in
   node) OUT="$CACHE/rootfs/$SUITE"
         INCLUDE=systemd,systemd-sysv,dbus,libpam-systemd,openssh-server,python3,python3-apt,python3-yaml,python3-venv,iproute2,iputils-ping,runc,containernetworking-plugins,libyaml-0-2,ca-certificates,iptables,kmod,procps,gnupg,sudo,less ;;
-  agent) OUT="$CACHE/rootfs/$SUITE-agent"
-        INCLUDE=python3,python3-venv,libyaml-0-2,ca-certificates ;;
-  *) echo "unknown flavour $FLAVOUR (node|agent)" >&2; exit 2 ;;
+  *) echo "unknown flavour $FLAVOUR (node)" >&2; exit 2 ;;
 esac
 if [[ -f "$OUT/.complete" ]]; then echo "$OUT"; exit 0; fi
 mirror="${GPUKIT_LAB_MIRROR:-}"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Host packages the lab and the tests need (Debian). Idempotent.
 set -euo pipefail
-PKGS=(busybox-static file dpkg-dev apt-utils gnupg debootstrap etcd-server iproute2 iptables libyaml-dev gcc make openssl psmisc util-linux)
+# buildah builds the node agent's image from the Containerfile (lab/images.py).
+PKGS=(busybox-static file dpkg-dev apt-utils gnupg debootstrap etcd-server iproute2 iptables libyaml-dev gcc make openssl psmisc util-linux buildah)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
