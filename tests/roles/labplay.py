@@ -54,8 +54,10 @@ def run_playbook(
     var_files: Sequence[Path] = (LAB_VARS,),
     timeout: float = 900,
     env: dict[str, str] | None = None,
+    command: Sequence[str] = (str(BIN / "ansible-playbook"),),
+    cwd: Path = REPO,
 ) -> PlayResult:
-    argv = [str(BIN / "ansible-playbook"), "-i", str(inventory), playbook]
+    argv = [*command, "-i", str(inventory), playbook]
     for f in var_files:
         argv += ["-e", f"@{f}"]
     if extra_vars:
@@ -71,7 +73,7 @@ def run_playbook(
         **(env or {}),
     }
     t0 = time.monotonic()
-    proc = subprocess.run(argv, cwd=REPO, env=full_env, capture_output=True, text=True,
+    proc = subprocess.run(argv, cwd=cwd, env=full_env, capture_output=True, text=True,
                           timeout=timeout)  # fmt: skip
     seconds = time.monotonic() - t0
     try:
