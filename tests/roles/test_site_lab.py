@@ -222,6 +222,69 @@ def test_site_converges_both_nodes(lab: Lab) -> None:
     assert expected_allocatable(lab.hostvars["gpu-t4"]) == {"nvidia.com/gpu": 8}
 
 
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+def _missing_or_different(want: Any, live: Any, path: str = "") -> list[str]:
+    """Where the live object lacks or differs from a field we declared (fields the API server
+    adds are not differences, nor a declared zero value it leaves out, as `readOnly: false`;
+    lists must match item by item)."""
+    if live is None and want in (False, 0, "", [], {}):
+        return []
+    if isinstance(want, dict):
+        if not isinstance(live, dict):
+            return [f"{path or '.'}: {live!r} is not a mapping"]
+        return [d for k, v in want.items()
+                for d in _missing_or_different(v, live.get(k), f"{path}.{k}")]  # fmt: skip
+    if isinstance(want, list):
+        if not isinstance(live, list) or len(live) != len(want):
+            return [f"{path}: {len(want)} items declared, live {live!r}"]
+        return [d for i, (w, x) in enumerate(zip(want, live, strict=True))
+                for d in _missing_or_different(w, x, f"{path}[{i}]")]  # fmt: skip
+    return [] if want == live else [f"{path}: declared {want!r}, live {live!r}"]
+
+
+def test_gpukit_manifests_prints_what_the_role_applied(lab: Lab) -> None:
+    """`gpukit manifests` for the lab's inventory (with the play's -e) prints exactly the
+    objects site.yml's device_plugin role applied: each object's last applied configuration
+    (the apply's own record) is the printed object, and every field it declares is live."""
+    from kubernetes.dynamic import DynamicClient
+    from kubernetes.dynamic.exceptions import NotFoundError
+
+    out = subprocess.run(
+        [sys.executable, "-m", "gpukit", "manifests", "--inventory", str(lab.inventory),
+         "-e", f"@{LAB_VARS}"],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    printed = list(yaml.safe_load_all(out.stdout))
+    assert [o["kind"] for o in printed] == [
+        "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ConfigMap",
+        "DaemonSet"]  # fmt: skip
+    dyn = DynamicClient(client.ApiClient())
+    problems: list[str] = []
+    for want in printed:
+        meta = want["metadata"]
+        name = f"{want['kind']} {meta.get('namespace', '')}/{meta['name']}"
+        try:
+            live = dyn.resources.get(api_version=want["apiVersion"], kind=want["kind"]).get(
+                name=meta["name"], namespace=meta.get("namespace")).to_dict()
+        except NotFoundError:
+            problems.append(f"{name}: printed but not in the cluster")
+            continue
+        applied = json.loads(live["metadata"].get("annotations", {}).get(LAST_APPLIED, "null"))
+        if applied != want:
+            problems.append(f"{name}: last applied {json.dumps(applied, sort_keys=True)[:600]}"
+                            f" != printed {json.dumps(want, sort_keys=True)[:600]}")
+        problems += [f"{name}: {d}" for d in _missing_or_different(want, live)]
+    assert not problems, "\n".join(problems)
+    # The lab's own settings reached the DaemonSet (not only defaults on both sides).
+    pod = printed[-1]["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == "localhost/gpukit-lab/node-agent:dev"
+    assert sorted(printed[-2]["data"]) == sorted(
+        lab.hostvars["gpu-t4"]["gpukit_device_plugin_configs"])
+
+
 def test_second_run_changes_nothing(lab: Lab) -> None:
     r = lab.play()
     TIMINGS["second"] = r.seconds
