@@ -5,7 +5,9 @@ a stopped plugin). The lab instance comes from the environment (GPUKIT_LAB_INSTA
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -221,6 +223,26 @@ def test_an_xid_that_takes_a_gpu_out_fails(lab: Lab, tmp_path: Path) -> None:
     finally:
         lp.restart_agent_on(node)  # the lab agent keeps XID'd devices out until it restarts
         lp.wait_resources(node, inv.expected_resources(lab.decl(node)))
+
+
+def test_a_pinned_driver_version_that_does_not_run_fails(lab: Lab, tmp_path: Path) -> None:
+    """Issue 14 point 10: host_vars pin a driver version of the declared branch that the node
+    does not run (given as --host-vars, as upgrade.yml passes `-e` values): the suite fails,
+    naming node, expected and observed; pinning the version the node runs passes."""
+    node, pinned = "gpu-t4", "550.127.05"
+    (tmp_path / "other").mkdir()
+    (tmp_path / "same").mkdir()
+    run = run_suite(tmp_path / "other", "--nodes", node, "-m", "host", "-k", "driver_version",
+                    "--host-vars", json.dumps({node: {"nvidia_driver_version": pinned}}))
+    assert run.rc == 1, run.output
+    found = re.search(rf"node {node}: driver version \(nvmlSystemGetDriverVersion\): "
+                      rf"expected {re.escape(pinned)}, observed (\S+)", run.messages())
+    assert found, f"no failure naming node, expected and observed:\n{run.messages()}"
+    running = found.group(1)
+    assert running != pinned and running.startswith("550."), running
+    run = run_suite(tmp_path / "same", "--nodes", node, "-m", "host", "-k", "driver_version",
+                    "--host-vars", json.dumps({node: {"nvidia_driver_version": running}}))
+    assert run.rc == 0 and f"test_driver_version[{node}]" in run.passed, run.output
 
 
 def test_a_stopped_plugin_fails(lab: Lab, tmp_path: Path) -> None:
