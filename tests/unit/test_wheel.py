@@ -171,9 +171,12 @@ def test_the_installed_commands_run_without_the_checkout(base_env: Env, tmp_path
     checked = env.ok("gpukit-device-plugin", "--check-config", "--config-file", str(cfg))
     assert json.loads(checked)["time_slicing"]["resources"][0]["replicas"] == 4
     assert env.ok("gpukit", "plugin", "--check-config", "--config-file", str(cfg)) == checked
-    # Reading an inventory needs ansible-core, which only the extra brings.
-    r = env.run("gpukit", "inventory", "check", str(REPO / "inventories" / "lab"))
-    assert r.returncode == 2 and "pip install 'gpukit[conformance]'" in r.stderr, r.stderr
+    # Reading an inventory needs ansible-core, and the report the suite's parts: the extra's.
+    for argv in (["inventory", "check", str(REPO / "inventories" / "lab")],
+                 ["manifests", "-i", str(REPO / "inventories" / "lab")],
+                 ["report", str(tmp_path / "junit.xml"), "-o", str(tmp_path / "r.html")]):
+        r = env.run("gpukit", *argv)
+        assert r.returncode == 2 and "pip install 'gpukit[conformance]'" in r.stderr, r.stderr
 
 
 @pytest.mark.nvml
