@@ -212,7 +212,8 @@ def _build(repo: Path, cache: Path, key: str, archive: Path, log: Path) -> dict[
     # the system bundle, so a build behind a TLS-inspecting proxy still reaches PyPI.
     trust = [f"--volume={CA_BUNDLE}:{CA_BUNDLE}:ro"] if CA_BUNDLE.is_file() else []
     buildah.run(
-        "bud", "--isolation", "chroot", "--layers", "--pull=never", "--format", "docker",
+        "bud", "--isolation", "chroot", "--layers", "--force-rm", "--pull=never",
+        "--format", "docker",
         *trust, "-f", str(repo / CONTAINERFILE), "-t", AGENT,
         "--build-arg", f"BASE={base}", "--build-arg", f"REVISION={revision}", str(repo),
         log=log,

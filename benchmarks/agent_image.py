@@ -1,0 +1,91 @@
+"""The node agent's image as the lab builds it (Containerfile, buildah): size and build times.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/agent_image.py [--keep]
+
+Builds into an empty temporary gpukit cache (its node root linked from the real cache, so no
+debootstrap is timed) from a copy of the checkout's build context: cold (nothing in buildah's
+storage: the base is imported, dependencies come from PyPI), warm with nothing changed (the
+content key matches: no buildah call), and warm after a change to one of gpukit's files
+(buildah's layer cache keeps the base and dependency layers). Prints each time and the
+image's uncompressed size (buildah's and the archive's) with its ratio to the 150 MB target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from gpukit.lab import build_context, buildah, images
+from gpukit.lab.config import cache_dir
+
+REPO = Path(__file__).resolve().parent.parent
+TARGET_BYTES = 150 * 10**6
+
+
+def copy_context(dst: Path) -> None:
+    """The files the build reads (and its Containerfile and ignore files), nothing else."""
+    extra = [images.CONTAINERFILE, *build_context.IGNORE_FILES]
+    for rel in [*build_context.context_files(REPO), *extra]:
+        src, out = REPO / rel, dst / rel
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_symlink():
+            out.symlink_to(os.readlink(src))
+        else:
+            shutil.copy2(src, out)
+
+
+def timed(out: Path, repo: Path, cache: Path) -> float:
+    t0 = time.monotonic()
+    images.build_agent(out, repo, cache)
+    return time.monotonic() - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--keep", action="store_true", help="keep the temporary cache")
+    args = parser.parse_args()
+    real_root = images.node_root(cache_dir())
+    if not (real_root / ".complete").exists():
+        raise SystemExit(f"no node root at {real_root}: run `make rootfs` first")
+    work = Path(tempfile.mkdtemp(prefix="gpukit-agent-image-", dir=cache_dir()))
+    cache, repo, out = work / "cache", work / "repo", work / "out"
+    (cache / "rootfs").mkdir(parents=True)
+    (cache / "rootfs" / "bookworm").symlink_to(real_root)
+    out.mkdir()
+    copy_context(repo)
+    os.environ["GPUKIT_CACHE"] = str(cache)  # buildah's storage goes there too
+    os.environ.pop(images.AGENT_MARKER_ENV, None)
+    try:
+        cold = timed(out, repo, cache)
+        unchanged = timed(out, repo, cache)
+        changed = repo / "plugin" / "__init__.py"
+        changed.write_text(changed.read_text() + "# a change\n")
+        code_change = timed(out, repo, cache)
+        size = images.layers_size(out / "node-agent.tar")
+        archive = (out / "node-agent.tar").stat().st_size
+        found = buildah.image(images.AGENT)
+        buildah_says = str(found["size"]) if found else "?"
+    finally:
+        if not args.keep:
+            subprocess.run(buildah.command("rmi", "--all", "--force"), capture_output=True)
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"node-agent image ({images.AGENT}, built from {images.CONTAINERFILE} by buildah)")
+    print(f"  build, cold (empty storage, dependencies from PyPI): {cold:.1f} s")
+    print(f"  build, warm, nothing changed:                        {unchanged:.2f} s")
+    print(f"  build, warm, one of gpukit's files changed:          {code_change:.1f} s")
+    print(
+        f"  size, uncompressed: {size / 1e6:.1f} MB (its layers; buildah images: {buildah_says},"
+        f" archive file {archive / 1e6:.1f} MB); target {TARGET_BYTES / 1e6:.0f} MB,"
+        f" ratio {size / TARGET_BYTES:.2f}"
+    )
+    if args.keep:
+        print(f"  kept: {work}")
+
+
+if __name__ == "__main__":
+    main()
