@@ -21,7 +21,10 @@ pytestmark = [pytest.mark.workload, pytest.mark.exclusive]
 
 WORKLOAD = r"""
 import json, os
-out = {"env": os.environ.get("NVIDIA_VISIBLE_DEVICES"), "gpus": [], "error": ""}
+env = os.environ.get("NVIDIA_VISIBLE_DEVICES")
+if env == "/var/run/nvidia-container-devices" and os.path.isdir(env):
+    env = ",".join(sorted(os.listdir(env)))  # volume-mounts: one mount per device ID
+out = {"env": env, "gpus": [], "error": ""}
 try:
     import pynvml as n
     n.nvmlInit()
