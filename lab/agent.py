@@ -23,6 +23,10 @@ from gpukit.plugin.deploy import AgentDeployment, HostMount, manifests
 NVML_LIB = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
 NVML_STATE = "/var/lib/gpukit-lab/nvml"
 NVML_PROFILE_DIR = "/etc/gpukit-lab/nvml"
+# The stand-in driver's /proc/driver is a mount over each node's procfs (lab/node/boot.sh),
+# which a container's own /proc does not show as a real driver's would: the agent reads the
+# node's view through a host mount, for the MIG capability files its DeviceSpecs need.
+PROC_ROOT_IN_AGENT = "/host-proc"
 
 
 def lab_deployment(
@@ -36,11 +40,13 @@ def lab_deployment(
         env={
             "GPUKIT_NVML_PROFILE": f"{NVML_PROFILE_DIR}/profile.yaml",
             "GPUKIT_NVML_STATE_DIR": NVML_STATE,
+            "GPUKIT_PROC_ROOT": PROC_ROOT_IN_AGENT,
             **env,
         },
         host_mounts=(
             HostMount("nvml-profile", NVML_PROFILE_DIR, NVML_PROFILE_DIR, read_only=True),
             HostMount("nvml-state", NVML_STATE, NVML_STATE, read_only=False),
+            HostMount("driver-proc", "/proc/driver", f"{PROC_ROOT_IN_AGENT}/proc/driver"),
         ),
         image_pull_policy="Never",
     )

@@ -99,7 +99,10 @@ def build_parser(prog: str = "gpukit-device-plugin") -> argparse.ArgumentParser:
                                 "/var/lib/gpukit/agent/last-good-config.json"),
                     help="record of the last config served, used when a restart meets an "
                          "invalid one ('' disables) [GPUKIT_LAST_GOOD_CONFIG]")
-    rt.add_argument("--proc-root", default="/", help=argparse.SUPPRESS)
+    rt.add_argument("--proc-root", default=env("GPUKIT_PROC_ROOT", "/"),
+                    help="where the driver's /proc/driver/nvidia is found, as <root>/proc/..."
+                         " (MIG capability files; default: the container's own /proc) "
+                         "[GPUKIT_PROC_ROOT]")
     rt.add_argument("--check-config", action="store_true",
                     help="print the resolved config as JSON and exit (2 if invalid)")
     rt.add_argument("--log-level", default=env("GPUKIT_LOG_LEVEL", "INFO"))

@@ -133,7 +133,8 @@ def deployed(core: client.CoreV1Api) -> Iterator[AgentDeployment]:
 
 
 def gpu_pod(name: str, node: str, count: int, resource: str = "nvidia.com/gpu") -> client.V1Pod:
-    script = 'echo "NVD=$NVIDIA_VISIBLE_DEVICES"; echo "DEV=$(ls /dev | grep nvidia | tr "\\n" " ")"; exec sleep 3600'
+    script = ('echo "NVD=$NVIDIA_VISIBLE_DEVICES"; echo "DEV=$(ls /dev | grep nvidia | tr "\\n" " ")"; '
+              'echo "CAPS=$(ls /dev/nvidia-caps 2>/dev/null | tr "\\n" " ")"; exec sleep 3600')
     return client.V1Pod(
         metadata=client.V1ObjectMeta(name=name, labels={"gpukit-test": "device-plugin"}),
         spec=client.V1PodSpec(
@@ -402,7 +403,7 @@ AGENT_MOUNTS = {
     "/var/lib/kubelet/device-plugins", "/driver-root/dev", "/driver-root/usr/lib/x86_64-linux-gnu",
     "/etc/gpukit/configs", "/run/gpukit", "/tmp", "/var/run/cdi", "/etc/gpukit-lab/nvml",
     "/var/lib/gpukit-lab/nvml", "/var/run/secrets/kubernetes.io/serviceaccount",
-    "/var/lib/gpukit/agent", "/host/sys",
+    "/var/lib/gpukit/agent", "/host/sys", "/host-proc/proc/driver",
 }  # fmt: skip
 # Mounts every container gets from the runtime (not host paths the agent asked for).
 RUNTIME_MOUNTS = {"/", "/dev", "/dev/pts", "/dev/mqueue", "/dev/shm", "/dev/termination-log",
@@ -735,6 +736,16 @@ def test_mixed_strategy_serves_mig_devices_of_the_right_parent(
     status = json.loads(nvml_cli("gpu-a100", "status"))
     mig_uuids = json.dumps(status["gpus"][0]["mig"])
     assert ids[0] in mig_uuids, "the MIG UUID must belong to GPU 0"
+    # Its MIG capability nodes too, those the driver lists for its GPU and compute instance
+    # (the stand-in driver's /proc/driver/nvidia/capabilities, read by the agent), no others.
+    caps = wait_for(f"{name} to list /dev/nvidia-caps",
+                    lambda: re.search(r"CAPS=(.*)", core.read_namespaced_pod_log(name, NS)))
+    cap_dir = (nodes.root(load_spec().node("gpu-a100"))
+               / "var/lib/gpukit-lab/nvml/proc-driver/nvidia/capabilities/gpu0/mig")
+    minors = {f"nvidia-cap{m}" for f in cap_dir.glob("gi*/**/access")
+              for m in re.findall(r"DeviceFileMinor: (\d+)", f.read_text())}
+    seen = set(caps.group(1).split())
+    assert len(seen) == 2 and seen <= minors, (seen, sorted(minors))
 
 
 STATE_LABEL = "nvidia.com/device-plugin.config.state"
