@@ -22,6 +22,7 @@ REPLICA_SEPARATOR = "::"
 VOLUME_MOUNTS_ROOT = "/var/run/nvidia-container-devices"
 OBSERVE = (
     'for f in /dev/nvidia*; do [ -e "$f" ] && echo "DEV ${f#/dev/}"; done; '
+    'for f in /dev/nvidia-caps/*; do [ -e "$f" ] && echo "CAP ${f##*/}"; done; '
     'echo "ENV ${NVIDIA_VISIBLE_DEVICES-<unset>}"; '
     f'for f in {VOLUME_MOUNTS_ROOT}/*; do [ -e "$f" ] && echo "VOL ${{f##*/}}"; done; true'
 )
@@ -42,6 +43,7 @@ class Seen:
     requested: int
     state: PodState
     dev_entries: tuple[str, ...] = ()  # every /dev/nvidia* name
+    cap_entries: tuple[str, ...] = ()  # every /dev/nvidia-caps/* name (MIG capabilities)
     env: str | None = None  # NVIDIA_VISIBLE_DEVICES (None: unset)
     volume_ids: tuple[str, ...] = ()
     kubelet_ids: tuple[str, ...] | None = None  # PodResources device IDs (None: not read)
@@ -65,15 +67,19 @@ class Seen:
     def parse(self, text: str) -> None:
         devs: list[str] = []
         vols: list[str] = []
+        caps: list[str] = []
         for line in text.splitlines():
             kind, _, value = line.partition(" ")
             if kind == "DEV":
                 devs.append(value)
+            elif kind == "CAP":
+                caps.append(value)
             elif kind == "ENV":
                 self.env = None if value == "<unset>" else value
             elif kind == "VOL":
                 vols.append(value)
         self.dev_entries = tuple(sorted(devs))
+        self.cap_entries = tuple(sorted(caps))
         self.volume_ids = tuple(sorted(vols))
 
 

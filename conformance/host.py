@@ -43,6 +43,7 @@ class MigSeen:
     profile: str  # GPU instance profile name from the MIG table ("?<id>" when unknown)
     start: int
     memory_mib: int
+    caps: tuple[int, ...] = ()  # /dev/nvidia-caps minors the driver lists for it
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,8 @@ def parse_probe(doc: dict[str, Any]) -> NvmlSeen:
                 except KeyError:
                     pass
             migs.append(MigSeen(m["uuid"], int(m["gi"]), int(m["ci"]), profile,
-                                int(m["start"]), int(m["memory_mib"])))
+                                int(m["start"]), int(m["memory_mib"]),
+                                tuple(int(c) for c in m.get("caps", ()))))
         gpu = GpuSeen(int(g["index"]), g["uuid"], g["name"], int(g["minor"]),
                       int(g["memory_mib"]), g.get("mig_current"), g.get("mig_pending"),
                       tuple(migs))

@@ -9,7 +9,10 @@ share the code it checks.
 Output: {"ok": bool, "error": str, "library": path, "mock": bool, "driver_version": str,
 "cuda_driver_version": int, "gpus": [{"index", "uuid", "name", "minor", "memory_mib",
 "mig_current", "mig_pending", "migs": [{"uuid", "gi", "ci", "gi_profile_id", "start", "size",
-"memory_mib"}]}]}; gi_profile_id is nvmlGpuInstanceInfo_t.profileId, the driver's profile id
+"memory_mib", "caps"}]}]}; caps are the /dev/nvidia-caps minors the driver lists for the MIG
+device's GPU and compute instance (/proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<G>/access
+and .../ci<C>/access, "DeviceFileMinor: N"), [] where it lists none; gi_profile_id is
+nvmlGpuInstanceInfo_t.profileId, the driver's profile id
 (`nvidia-smi mig -lgip`'s ID: 19 for an A100's 1g.5gb), not an NVML_GPU_INSTANCE_PROFILE_*
 constant. A GPU NVML cannot query (lost: NVML_ERROR_GPU_IS_LOST, or another error) is
 {"index", "lost": bool, "error": str} and the GPUs after it are still read, each under its own
@@ -93,7 +96,28 @@ def _loaded_library() -> str:
     return ""
 
 
-def _mig_devices(nvml: Nvml, handle: Any) -> list[dict[str, Any]]:
+CAPABILITIES = "/proc/driver/nvidia/capabilities"
+
+
+def _cap_minor(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "DeviceFileMinor" and value.strip().isdigit():
+                    return int(value)
+    except OSError:
+        pass
+    return None
+
+
+def _mig_caps(gpu_minor: int, gi: int, ci: int) -> list[int]:
+    base = f"{CAPABILITIES}/gpu{gpu_minor}/mig/gi{gi}"
+    found = (_cap_minor(f"{base}/access"), _cap_minor(f"{base}/ci{ci}/access"))
+    return [m for m in found if m is not None]
+
+
+def _mig_devices(nvml: Nvml, handle: Any, gpu_minor: int) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     slots = nvml.uint("nvmlDeviceGetMaxMigDeviceCount", handle)
     for slot in range(slots):
@@ -114,6 +138,7 @@ def _mig_devices(nvml: Nvml, handle: Any) -> list[dict[str, Any]]:
             "uuid": nvml.text("nvmlDeviceGetUUID", mig), "gi": gi_id, "ci": ci_id,
             "gi_profile_id": int(info.profileId), "start": int(info.placement.start),
             "size": int(info.placement.size), "memory_mib": nvml.memory_mib(mig),
+            "caps": _mig_caps(gpu_minor, gi_id, ci_id),
         })
     return out
 
@@ -134,7 +159,7 @@ def _gpu(nvml: Nvml, index: int) -> dict[str, Any]:
     if rc == SUCCESS:
         gpu["mig_current"], gpu["mig_pending"] = bool(cur.value), bool(pend.value)
         if cur.value:
-            gpu["migs"] = _mig_devices(nvml, handle)
+            gpu["migs"] = _mig_devices(nvml, handle, gpu["minor"])
     elif rc != NOT_SUPPORTED:
         raise NvmlFailure(f"nvmlDeviceGetMigMode(GPU {index}): error {rc}", rc)
     return gpu

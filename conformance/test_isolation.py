@@ -79,7 +79,8 @@ def test_devices_are_disjoint(gpukit_suite: Any, node: str, resource: str,
 def test_containers_see_only_their_devices(gpukit_suite: Any, node: str, resource: str,
                                            check: Check) -> None:
     """NVIDIA_VISIBLE_DEVICES names exactly the container's devices, and its only GPU device
-    nodes are those of its devices (of their parent GPU, for MIG devices)."""
+    nodes are those of its devices (of their parent GPU, for MIG devices), with the MIG
+    capability nodes of its MIG devices and no others."""
     f = _fill(gpukit_suite, node, resource, check)
     probe = gpukit_suite.probe(node)
     shared = resource in gpukit_suite.shared_resources(node)
@@ -106,6 +107,11 @@ def test_containers_see_only_their_devices(gpukit_suite: Any, node: str, resourc
                        str(low) if low == high else f"{low}..{high}", len(s.gpu_nodes), resource)
             continue
         check.equal(f"pod {s.pod}: GPU device nodes", want, sorted(s.gpu_nodes), resource)
+        # A MIG device is usable only with the capability nodes of its GPU and compute
+        # instance; a container gets those and no other (none for whole GPUs).
+        caps = sorted({f"nvidia-cap{c}" for u in units if (m := probe.mig(u)) for c in m.caps})
+        check.equal(f"pod {s.pod}: MIG capability nodes (/dev/nvidia-caps)", caps,
+                    list(s.cap_entries), resource)
     check.verify()
 
 
@@ -184,4 +190,5 @@ def test_pod_without_gpu_sees_none(gpukit_suite: Any, node: str, check: Check) -
     if s.state.state == "Running":
         check.equal(f"pod {s.pod}: exec", "", s.error)
         check.equal(f"pod {s.pod}: /dev/nvidia* entries", [], list(s.dev_entries))
+        check.equal(f"pod {s.pod}: /dev/nvidia-caps entries", [], list(s.cap_entries))
     check.verify()
