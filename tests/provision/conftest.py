@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,6 +13,8 @@ import pytest
 
 from gpukit.lab import nvml as mock
 
+# --import-mode=importlib does not put test dirs on sys.path; moduletest.py needs it.
+sys.path.insert(0, os.path.dirname(__file__))
 REPO = Path(__file__).resolve().parents[2]
 # The containerd release that reads each config version: 3 is containerd 2's, 2 is 1.7's.
 CONTAINERD_RELEASES = {3: "v2.2.9", 2: "v1.7.35"}

@@ -5,18 +5,14 @@ idempotence, `restart_needed`, and a refusal that writes nothing."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 from typing import Any
 
+import moduletest
 import pytest
-import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 MAIN = {
     2: 'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]\n'
        "  SystemdCgroup = true\n",
@@ -27,20 +23,7 @@ CRI = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
 
 
 def run_module(tmp: Path, args: dict[str, Any], *flags: str) -> dict[str, Any]:
-    """One runtime_config task on localhost; its result."""
-    play = [{"hosts": "localhost", "gather_facts": False,
-             "tasks": [{"name": "runtime_config", "gpukit.gpu.runtime_config": args}]}]  # fmt: skip
-    (tmp / "play.yml").write_text(yaml.safe_dump(play))
-    env = {**os.environ, "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json", "ANSIBLE_NOCOLOR": "1",
-           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}  # fmt: skip
-    r = subprocess.run(
-        [str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local",
-         "-e", f"ansible_python_interpreter={sys.executable}", str(tmp / "play.yml"), *flags],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    doc = json.loads(r.stdout[r.stdout.index("{") :])
-    result: dict[str, Any] = doc["plays"][0]["tasks"][0]["hosts"]["localhost"]
-    return result
+    return moduletest.run_module(tmp, "runtime_config", args, *flags)
 
 
 def snapshot(root: Path) -> dict[str, bytes]:

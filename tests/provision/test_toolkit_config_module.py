@@ -5,38 +5,20 @@ refused untouched."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 from typing import Any
 
-import yaml
+import moduletest
 
 from gpukit.lab.packages.catalog import RUNTIME_CONFIG
 
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 ENVVAR = "accept-nvidia-visible-devices-envvar-when-unprivileged"
 MOUNTS = "accept-nvidia-visible-devices-as-volume-mounts"
 
 
 def run_module(tmp: Path, args: dict[str, Any], *flags: str) -> dict[str, Any]:
-    play = [{"hosts": "localhost", "gather_facts": False,
-             "tasks": [{"name": "toolkit_config", "gpukit.gpu.toolkit_config": args}]}]  # fmt: skip
-    (tmp / "play.yml").write_text(yaml.safe_dump(play))
-    env = {**os.environ, "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json", "ANSIBLE_NOCOLOR": "1",
-           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}  # fmt: skip
-    r = subprocess.run(
-        [str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local",
-         "-e", f"ansible_python_interpreter={sys.executable}", str(tmp / "play.yml"), *flags],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    doc = json.loads(r.stdout[r.stdout.index("{") :])
-    result: dict[str, Any] = doc["plays"][0]["tasks"][0]["hosts"]["localhost"]
-    return result
+    return moduletest.run_module(tmp, "toolkit_config", args, *flags)
 
 
 def test_module_hardens_in_check_diff_and_real_runs(tmp_path: Path) -> None:
