@@ -474,9 +474,10 @@ class PluginManager:
         interval = self.config.gpukit.health.probe_interval_seconds
         monitor = self.monitor
         if monitor is not None and not want:
-            log.info("health checks disabled: stopping the health monitor")
             self.monitor = None
             monitor.stop()
+            # Said once it is true: the monitor's thread has ended and its event set is freed.
+            log.info("health checks disabled: health monitor stopped")
             # Nothing watches the devices now: an XID or lost GPU seen before must not keep
             # them Unhealthy for good (disabled checks report every device Healthy).
             self.tracker.clear()

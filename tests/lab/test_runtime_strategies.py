@@ -22,19 +22,18 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
-import time
 import tomllib
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import labtools
 import pytest
 from kubernetes import client
+from labtools import wait_for
 
-from gpukit.lab import agent, cluster, images, kube, network, nodes
+from gpukit.lab import agent, cluster, images, kube, nodes
 from gpukit.lab import driver_surface as ds
 from gpukit.lab.config import load_spec
 from gpukit.lab.controlplane import paths
@@ -67,19 +66,6 @@ CONFIGS = {
 }
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 60, every: float = 0.5,
-             explain: Callable[[], str] | None = None) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(every)
-    more = f"\n{explain()}" if explain else ""
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r}){more}")
-
-
 def sh(command: str, timeout: float = 120) -> str:
     r = cluster.node_exec(load_spec().node(NODE), ["sh", "-c", command], timeout=timeout)
     assert r.returncode == 0, f"{NODE}: {command}: {r.stdout}{r.stderr}"
@@ -90,26 +76,8 @@ def root() -> Path:
     return nodes.root(load_spec().node(NODE))
 
 
-HTTP_GET = """
-import sys, urllib.error, urllib.request
-try:
-    r = urllib.request.urlopen("http://127.0.0.1:9402" + sys.argv[1], timeout=5)
-    print(r.status, r.read().decode())
-except urllib.error.HTTPError as e:
-    print(e.code, e.read().decode())
-except OSError as e:
-    print(0, e)
-"""
-
-
 def agent_http(path: str) -> tuple[int, str]:
-    spec = load_spec()
-    r = subprocess.run(
-        ["nsenter", f"--net={network.netns_path(spec.node(NODE), spec)}", sys.executable, "-c",
-         HTTP_GET, path], capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    status, _, body = r.stdout.partition(" ")
-    return int(status), body
+    return labtools.agent_http(NODE, path)
 
 
 def reloads() -> float:
@@ -327,42 +295,20 @@ def test_a_gpu_less_pod_asking_for_all_gpus_gets_them_only_without_hardening(
         set_toolkit(hardened=True)
 
 
-MIG_ENABLE = """
-import sys, pynvml as n
-n.nvmlInit()
-n.nvmlDeviceSetMigMode(n.nvmlDeviceGetHandleByIndex(0), 1 if sys.argv[1] == "create" else 0)
-"""
-
-MIG_CREATE = """
-import pynvml as n
-n.nvmlInit()
-h = n.nvmlDeviceGetHandleByIndex(0)
-info = n.nvmlDeviceGetGpuInstanceProfileInfo(h, n.NVML_GPU_INSTANCE_PROFILE_3_SLICE)
-for _ in range(2):
-    gi = n.nvmlDeviceCreateGpuInstance(h, info.id)
-    ci = n.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, n.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE, 0)
-    n.nvmlGpuInstanceCreateComputeInstance(gi, ci.id)
-"""
-
-
 def node_pynvml(code: str, *args: str) -> None:
-    from gpukit.lab import nvml
-
-    r = root()
-    env = nvml.env(r / "etc/gpukit-lab/nvml/profile.yaml", r / "var/lib/gpukit-lab/nvml")
-    subprocess.run([sys.executable, "-c", code, *args], env=env, check=True)
+    labtools.node_pynvml(NODE, code, *args)
 
 
 @pytest.fixture
 def mig_gpu0(core: client.CoreV1Api, deployed: AgentDeployment) -> Iterator[None]:
     cli = load_spec().node(NODE)
-    node_pynvml(MIG_ENABLE, "create")
+    node_pynvml(labtools.MIG_MODE, "create")
     nodes.nvml_cli(cli, "reset", "--gpu", "0")
-    node_pynvml(MIG_CREATE)
+    node_pynvml(labtools.MIG_CREATE)
     yield
     select(core, "volume-mounts", {})
     nodes.nvml_cli(cli, "reset", "--gpu", "0")  # a reset destroys the MIG instances
-    node_pynvml(MIG_ENABLE, "destroy")
+    node_pynvml(labtools.MIG_MODE, "destroy")
     nodes.nvml_cli(cli, "reset", "--gpu", "0")
     wait_for(f"{NODE} back to 8 whole GPUs", lambda: resources(core).get("nvidia.com/gpu") == 8,
              timeout=90)  # fmt: skip
