@@ -61,6 +61,11 @@ test: deps venv protos nvml k8s containerd rootfs ## the project's tests: lint, 
 	GPUKIT_K8S_VERSION=$(MATRIX_K8S) bash lab/scripts/build-kubernetes.sh >/dev/null
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy -p gpukit
+	@# The test labs start from new nodes, as on a new machine: node roots outlive `lab down`,
+	@# and what an earlier run left on them (a pinned driver branch, an upgrade) is not the
+	@# bare node the tests provision from.
+	for i in $(TEST_LABS) $(MATRIX_LAB); do \
+	  GPUKIT_LAB_INSTANCE=$$i $(PY) -m gpukit.cli lab down --purge || exit; done
 	@mkdir -p $(RESULTS); set -- $(TEST_LABS); \
 	  for i in $$1 $$2 $$3; do GPUKIT_LAB_INSTANCE=$$i $(PY) -m gpukit.lab.packages build || exit; done; \
 	  ( GPUKIT_LAB_INSTANCE=$$1 $(PY) -m pytest tests --ignore=tests/conformance --ignore=tests/roles; \
