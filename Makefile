@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export GPUKIT_CACHE ?= $(HOME)/.cache/gpukit
 
-.PHONY: lab provision conformance test matrix hardware deps venv nvml k8s containerd rootfs protos lab-down clean
+.PHONY: lab provision conformance test lint unit matrix hardware deps venv nvml k8s containerd rootfs protos lab-down clean
 
 # The running lab instance (GPUKIT_LAB_INSTANCE, default 0): its inventory (instance 0:
 # inventories/lab; others: a copy with their addresses) and kubeconfig.
@@ -59,8 +59,7 @@ test: deps venv protos nvml k8s containerd rootfs ## the project's tests: lint, 
 	@# edits with the real containerd of both config versions).
 	GPUKIT_CONTAINERD_VERSION=$(MATRIX_CONTAINERD) bash lab/scripts/build-containerd.sh >/dev/null
 	GPUKIT_K8S_VERSION=$(MATRIX_K8S) bash lab/scripts/build-kubernetes.sh >/dev/null
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy -p gpukit
+	@$(MAKE) --no-print-directory lint
 	@# The test labs start from new nodes, as on a new machine: node roots outlive `lab down`,
 	@# and what an earlier run left on them (a pinned driver branch, an upgrade) is not the
 	@# bare node the tests provision from.
@@ -80,6 +79,16 @@ test: deps venv protos nvml k8s containerd rootfs ## the project's tests: lint, 
 	    cat $(RESULTS)/test-lane$$lane.log; done; \
 	  echo "lane 1 (unit, lab, suite): exit $$rc1; lane 2 (roles, matrix): exit $$rc2"; \
 	  [ $$rc1 = 0 ] && [ $$rc2 = 0 ]
+
+# Fast checks that need no lab cluster (`make test` runs them too, before the lab lanes):
+# lint is ruff and mypy strict; unit is every test not marked `lab` (the containerd config
+# tests build the containerd releases they judge edits with, once, into $(GPUKIT_CACHE)).
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy -p gpukit
+
+unit: venv protos nvml
+	$(PY) -m pytest tests -m "not lab" -q
 
 # The version matrix beside the default stack (`make test` runs it in lane 2): the main job on the
 # oldest supported Kubernetes with containerd 1.7 (config version 2), on a lab instance of

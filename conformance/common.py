@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 
 from gpukit import inventory as inv
+from gpukit.contracts.device_ids import strip_replica
 
-from .fill import Seen, strip_replica
+from .fill import Seen
 from .host import NvmlSeen
 
 

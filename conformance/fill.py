@@ -18,7 +18,6 @@ from .kube import PodState, dns_name, pod_manifest
 if TYPE_CHECKING:
     from .suite import Suite
 
-REPLICA_SEPARATOR = "::"
 VOLUME_MOUNTS_ROOT = "/var/run/nvidia-container-devices"
 OBSERVE = (
     'for f in /dev/nvidia*; do [ -e "$f" ] && echo "DEV ${f#/dev/}"; done; '
@@ -28,10 +27,6 @@ OBSERVE = (
 )
 # Holds its devices until deleted; exits at once on SIGTERM (a shell as PID 1 would not).
 HOLD = 'trap "exit 0" TERM; sleep 1000000 & wait'
-
-
-def strip_replica(device_id: str) -> str:
-    return device_id.split(REPLICA_SEPARATOR, 1)[0]
 
 
 @dataclass

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpukit import mig_profiles
+from gpukit.contracts import mig_profiles
 
 PROBE_SOURCE = Path(__file__).with_name("nvml_probe.py")
 

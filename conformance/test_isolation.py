@@ -12,7 +12,8 @@ import pytest
 
 from gpukit.conformance.checks import Check
 from gpukit.conformance.common import allocated_units, visible_uuids
-from gpukit.conformance.fill import NodeFill, Seen, strip_replica
+from gpukit.conformance.fill import NodeFill, Seen
+from gpukit.contracts.device_ids import strip_replica
 
 pytestmark = pytest.mark.isolation
 

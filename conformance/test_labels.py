@@ -11,8 +11,8 @@ from gpukit import inventory as inv
 from gpukit.conformance.checks import Check
 from gpukit.conformance.common import need_decl
 from gpukit.conformance.kube import capacity
-from gpukit.plugin import label_names as ln
-from gpukit.provision import sharing_rollout
+from gpukit.contracts import config_versions
+from gpukit.contracts import label_names as ln
 
 pytestmark = pytest.mark.labels
 
@@ -59,7 +59,7 @@ def test_declared_node_labels(gpukit_suite: Any, node: str, check: Check) -> Non
     # In a rolling upgrade's batch (playbooks/upgrade.yml), the node selects the declared
     # config's new content under its versioned name: that is the declared config.
     name = decl.plugin_config_name
-    if name and name in decl.plugin_configs and sharing_rollout.label_selects(
+    if name and name in decl.plugin_configs and config_versions.label_selects(
             have.get(inv.DEVICE_PLUGIN_CONFIG_LABEL), name, decl.plugin_configs[name]):
         have[inv.DEVICE_PLUGIN_CONFIG_LABEL] = name
     check.subset("label", expected, have)

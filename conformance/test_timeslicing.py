@@ -12,8 +12,9 @@ import pytest
 from gpukit import inventory as inv
 from gpukit.conformance.checks import Check
 from gpukit.conformance.common import allocated_units, need_decl, need_expected
-from gpukit.conformance.fill import HOLD, strip_replica
+from gpukit.conformance.fill import HOLD
 from gpukit.conformance.kube import allocatable, pod_manifest
+from gpukit.contracts.device_ids import ReplicaId, strip_replica
 
 pytestmark = pytest.mark.timeslicing
 
@@ -36,14 +37,14 @@ def test_replica_counts(gpukit_suite: Any, node: str, resource: str, check: Chec
         check.record("PodResources GetAllocatableResources", "an answer", error, False, resource)
         check.verify()
     ids = view.allocatable.get(resource, [])
-    bad = sorted(i for i in ids if "::" not in i or not i.rpartition("::")[2].isdigit())
+    replicas = {i: ReplicaId.parse(i) for i in ids}
+    bad = sorted(i for i, r in replicas.items() if r is None)
     check.equal("device IDs not of the form <device>::<n>", [], bad, resource)
     per_device = Counter(strip_replica(i) for i in ids)
     check.equal("replicas per device", sorted(u.replicas for u in _units(decl, resource)),
                 sorted(per_device.values()), resource)
     for device, n in sorted(per_device.items()):
-        numbers = sorted(int(i.rpartition("::")[2]) for i in ids
-                         if strip_replica(i) == device and i.rpartition("::")[2].isdigit())
+        numbers = sorted(r.replica for r in replicas.values() if r and r.device == device)
         check.equal(f"replica numbers of {device}", list(range(n)), numbers, resource)
     check.verify()
 

@@ -14,8 +14,8 @@ import pytest
 
 from gpukit.conformance.checks import Check
 from gpukit.conformance.common import lab_mode, need_decl
-from gpukit.conformance.fill import strip_replica
 from gpukit.conformance.kube import pod_manifest
+from gpukit.contracts.device_ids import strip_replica
 
 pytestmark = [pytest.mark.workload, pytest.mark.exclusive]
 

@@ -13,7 +13,8 @@ the merged variables into typed, validated declarations and says what a node mus
     inventory.expected_labels(node)      # {"nvidia.com/gpu.product": "Tesla-T4-SHARED", ...}
 
 The expectations are computed here from the declaration alone (the device plugin config is parsed
-with `gpukit.plugin.config.parse_config`, the MIG geometry comes from `gpukit.mig_profiles`); they
+with `gpukit.contracts.plugin_config.parse_config`, the MIG geometry comes from
+`gpukit.contracts.mig_profiles`); they
 deliberately do not call the plugin's resource or label builders, because the conformance suite
 checks what those produce.
 
@@ -30,8 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpukit import label_syntax, mig_profiles
-from gpukit.plugin.config import Config, ConfigError, parse_config, require_content
+from gpukit.contracts import label_syntax, mig_profiles
+from gpukit.contracts.device_ids import mig_resource_name
+from gpukit.contracts.plugin_config import Config, ConfigError, parse_config, require_content
 from gpukit.provision.driver import DriverSpec, DriverSpecError
 
 GPU_GROUP = "gpu_nodes"
@@ -684,7 +686,7 @@ def _mig_group(v: _Vars, where: str, entry: Any, gpu: GpuDecl | None,
         elif table is None:
             product = gpu.product if gpu else "this GPU"
             v.fail(f"{where}.mig-devices", dict(raw_migs), f"asks for MIG devices, but {product} "
-                   "is not MIG capable (no MIG table in gpukit/data/mig_profiles.yaml)")
+                   "is not MIG capable (no MIG table in gpukit/contracts/mig_profiles.yaml)")
         else:
             for profile, n in raw_migs.items():
                 try:
@@ -700,7 +702,7 @@ def _mig_group(v: _Vars, where: str, entry: Any, gpu: GpuDecl | None,
             if mig_devices and place_gpu_instances(table, _expand(mig_devices)) is None:
                 v.fail(f"{where}.mig-devices", dict(raw_migs), f"does not fit on one {table.key} "
                        "(no valid placement of these GPU instances: check slice counts and "
-                       "placements in gpukit/data/mig_profiles.yaml)")
+                       "placements in gpukit/contracts/mig_profiles.yaml)")
     if enabled and table is None and gpu is not None and raw_migs in (None, {}):
         v.fail(f"{where}.mig-enabled", True, f"but {gpu.product} is not MIG capable")
     return MigGroup(devices=devices, mig_enabled=bool(enabled), mig_devices=mig_devices,
@@ -821,11 +823,6 @@ class ExpectedUnit:
     replicas: int = 1  # > 1: time-sliced into this many device IDs
 
 
-def mig_resource(profile: str) -> str:
-    """`1g.5gb+me` -> `nvidia.com/mig-1g.5gb.me` (resource names cannot hold `+`)."""
-    return f"nvidia.com/mig-{profile.replace('+', '.')}"
-
-
 def _qualify(name: str) -> str:
     return name if "/" in name else f"nvidia.com/{name}"
 
@@ -865,7 +862,7 @@ def _base_units(decl: NodeDecl) -> list[ExpectedUnit]:
             out.append(ExpectedUnit(GPU_RESOURCE, GPU_RESOURCE, g.index))
             continue
         for p in g.profiles:
-            out.append(ExpectedUnit(mig_resource(p), mig_resource(p), g.index, p))
+            out.append(ExpectedUnit(mig_resource_name(p), mig_resource_name(p), g.index, p))
     return out
 
 
@@ -1017,7 +1014,7 @@ def expected_labels(decl: NodeDecl) -> dict[str, str]:
         counts = Counter(u.mig_profile for u in units if u.mig_profile)
         for profile, n in sorted(counts.items()):
             assert profile is not None
-            labels.update(_mig_labels(decl, mig_resource(profile), profile, n))
+            labels.update(_mig_labels(decl, mig_resource_name(profile), profile, n))
     return labels
 
 

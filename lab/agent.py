@@ -14,11 +14,11 @@ from typing import Any
 
 import yaml
 
+from gpukit.agent_manifests import AgentDeployment, HostMount, manifests
 from gpukit.lab import images
 from gpukit.lab.cluster import kubernetes_bindir
 from gpukit.lab.config import LabSpec
 from gpukit.lab.controlplane import LabError, paths
-from gpukit.plugin.deploy import AgentDeployment, HostMount, manifests
 
 NVML_LIB = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
 NVML_STATE = "/var/lib/gpukit-lab/nvml"

@@ -16,7 +16,7 @@ from typing import Any
 
 from kubernetes import client, watch
 
-from gpukit.plugin.label_names import DEVICE_PLUGIN_CONFIG as CONFIG_LABEL
+from gpukit.contracts.label_names import DEVICE_PLUGIN_CONFIG as CONFIG_LABEL
 from gpukit.provision.upgrade import DRIVER_LABEL, STATE_LABEL
 
 

@@ -19,7 +19,8 @@ import uuid as uuidlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .config import Config
+from gpukit.contracts.plugin_config import Config
+
 from .resources import PluginDevice, Resource, units_of
 
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"

@@ -20,8 +20,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from gpukit import __version__
+from gpukit.contracts.plugin_config import ConfigError
 
-from .config import ConfigError
 from .config_source import ConfigSource, Override, coerce, env_overrides
 from .manager import InitError, ManagerOptions, PluginManager, PynvmlBackend
 from .metrics import PluginMetrics

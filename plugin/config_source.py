@@ -15,8 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import Config, ConfigError, load_document, parse_config, set_path
-from .label_names import DEVICE_PLUGIN_CONFIG
+from gpukit.contracts.label_names import DEVICE_PLUGIN_CONFIG
+from gpukit.contracts.plugin_config import (
+    Config,
+    ConfigError,
+    load_document,
+    parse_config,
+    set_path,
+)
 
 # NVIDIA k8s-device-plugin environment variables, then gpukit's own, mapped to config paths.
 ENV_TO_PATH: dict[str, str] = {

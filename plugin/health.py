@@ -29,7 +29,8 @@ from typing import Any
 
 import pynvml
 
-from .config import HealthSettings
+from gpukit.contracts.plugin_config import HealthSettings
+
 from .nvml import LOST_CODES, MIG_ID_UNSET
 from .resources import Unit
 

@@ -20,10 +20,11 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from . import label_names as ln
-from .config import Config
+from gpukit.contracts import label_names as ln
+from gpukit.contracts.device_ids import mig_resource_name
+from gpukit.contracts.plugin_config import Config
+
 from .inventory import Gpu, Inventory, MigDevice, arch_family
-from .resources import mig_resource_name
 
 SYSFS_ROOT_ENV = "GPUKIT_SYSFS_ROOT"
 DEFAULT_SYSFS_ROOT = "/sys"

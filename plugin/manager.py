@@ -29,11 +29,12 @@ from typing import Protocol
 
 import grpc
 
+from gpukit.contracts import label_names as ln
+from gpukit.contracts.plugin_config import Config, ConfigError
+
 from . import cdi, last_good, nvml
-from . import label_names as ln
 from .allocate import CONTROL_NODES, Allocator, host_path
 from .api import KUBELET_SOCKET_NAME
-from .config import Config, ConfigError
 from .config_source import ConfigSource, LoadedConfig
 from .health import HealthMonitor, HealthTracker, effective_ignored_xids
 from .inventory import Inventory

@@ -21,7 +21,7 @@ from wsgiref.types import StartResponse, WSGIEnvironment
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
 
-from .config import parse_host_port
+from gpukit.contracts.plugin_config import parse_host_port
 
 log = logging.getLogger(__name__)
 Readiness = Callable[[], tuple[bool, str]]  # (ready, why)

@@ -17,11 +17,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import Config, ReplicatedResource
-from .inventory import Gpu, Inventory, MigDevice
-from .label_names import GPU_RESOURCE
+from gpukit.contracts.device_ids import mig_resource_name, replica_id
+from gpukit.contracts.label_names import GPU_RESOURCE
+from gpukit.contracts.plugin_config import Config, ReplicatedResource
 
-REPLICA_SEPARATOR = "::"
+from .inventory import Gpu, Inventory, MigDevice
+
 _CAP_MINOR = re.compile(r"DeviceFileMinor:\s*(\d+)")
 
 
@@ -77,18 +78,6 @@ class ResourceSet:
 
     def units(self) -> dict[str, Unit]:
         return {d.unit.uuid: d.unit for r in self.resources.values() for d in r.devices}
-
-
-def replica_id(uuid: str, n: int) -> str:
-    return f"{uuid}{REPLICA_SEPARATOR}{n}"
-
-
-def strip_replica(device_id: str) -> str:
-    return device_id.split(REPLICA_SEPARATOR, 1)[0]
-
-
-def mig_resource_name(profile: str) -> str:
-    return f"nvidia.com/mig-{profile.replace('+', '.')}"
 
 
 def mig_cap_nodes(gpu_minor: int, gi: int, ci: int, proc_root: str = "/") -> tuple[str, ...]:

@@ -1,4 +1,4 @@
-"""The device plugin DaemonSet's objects from the role's variables (gpukit.plugin.deploy
+"""The device plugin DaemonSet's objects from the role's variables (gpukit.agent_manifests
 holds the manifests; this checks the variables and the named configs first)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpukit.plugin.config import ConfigError, parse_config, require_content
-from gpukit.plugin.deploy import AgentDeployment, HostMount, manifests
+from gpukit.agent_manifests import AgentDeployment, HostMount, manifests
+from gpukit.contracts.plugin_config import ConfigError, parse_config, require_content
 from gpukit.provision.upgrade import node_serves
 
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")

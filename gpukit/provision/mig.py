@@ -31,7 +31,7 @@ class MigRunError(RuntimeError):
 
 def parted_config(configs: Mapping[str, Any]) -> str:
     """The mig-parted file, validated by the MIG manager's schema when it is installed."""
-    from gpukit.plugin.mig import schema
+    from gpukit.contracts import mig_parted as schema
 
     doc = {"version": "v1", "mig-configs": json.loads(json.dumps(configs))}
     schema.parse(doc)  # raises MigConfigError naming the config and field

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpukit import label_syntax
+from gpukit.contracts import label_syntax
 
 DEVICE_PLUGIN_CONFIG = "nvidia.com/device-plugin.config"
 MIG_CONFIG = "nvidia.com/mig.config"

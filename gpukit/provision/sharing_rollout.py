@@ -22,64 +22,23 @@ keys it did not render and labels every node with its plain config name.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
-from gpukit.plugin import deploy
+from gpukit import agent_manifests as deploy
+from gpukit.contracts.config_versions import (
+    base_of,
+    canonical,
+    is_version_of,
+    versioned_name,
+)
 
 CONFIG_MAP = f"{deploy.APP}-configs"
-DIGEST_LENGTH = 8
-# A label value and a ConfigMap key: at most 63 characters.
-MAX_NAME = 63
 _MAX_DIFFS = 4
-
-
-def canonical(content: Any) -> str:
-    """One text for equal contents, whatever the key order."""
-    return json.dumps(content, sort_keys=True, separators=(",", ":"), default=str)
-
-
-def digest(content: Any) -> str:
-    return hashlib.sha256(canonical(content).encode()).hexdigest()[:DIGEST_LENGTH]
-
-
-def _stem(name: str) -> str:
-    """`name` cut so that `<stem>-<digest>` fits a label value, alphanumeric at its end."""
-    stem = name[: MAX_NAME - DIGEST_LENGTH - 1]
-    return re.sub(r"[^A-Za-z0-9]+$", "", stem) or "config"
-
-
-def versioned_name(name: str, content: Any) -> str:
-    """`time-sliced` + content -> `time-sliced-1a2b3c4d` (a valid ConfigMap key and label)."""
-    return f"{_stem(name)}-{digest(content)}"
-
-
-def is_version_of(value: str | None, name: str) -> bool:
-    """`value` is a versioned name of config `name` (of any content)."""
-    if not value or value == name:
-        return False
-    pattern = re.escape(_stem(name)) + "-[0-9a-f]{" + str(DIGEST_LENGTH) + "}"
-    return re.fullmatch(pattern, value) is not None
-
-
-def label_selects(value: str | None, name: str, content: Any) -> bool:
-    """A node labelled `value` serves config `name` with `content`: the plain name, or the
-    versioned name of exactly that content (a node in a rollout's batch)."""
-    return value == name or value == versioned_name(name, content)
-
-
-def base_of(value: str, names: Sequence[str]) -> str | None:
-    """The declared config `value` is a versioned name of, if any (the longest match)."""
-    found = [n for n in names if is_version_of(value, n)]
-    return max(found, key=len) if found else None
-
-
 def normalise(content: Any) -> Any:
     """Content as the ConfigMap carries it (YAML round trip: plain types only)."""
     return yaml.safe_load(render(content))

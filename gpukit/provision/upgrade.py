@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpukit.plugin import label_names
+from gpukit.contracts import label_names
 
 # Written by the node agent from NVML: the driver the node runs.
 DRIVER_LABEL = label_names.CUDA_DRIVER_FULL

@@ -1,4 +1,4 @@
-"""Turn gpukit/data/mig_profiles.yaml into the C header the mock NVML compiles in.
+"""Turn gpukit/contracts/mig_profiles.yaml into the C header the mock NVML compiles in.
 
 Usage: python gen_mig_tables.py OUT.h   (run by lab/nvml/Makefile with the repo on PYTHONPATH)
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gpukit import mig_profiles
+from gpukit.contracts import mig_profiles
 
 
 def _engines(e: mig_profiles.Engines) -> str:
@@ -95,7 +95,7 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: gen_mig_tables.py OUT.h", file=sys.stderr)
         return 2
-    text = render(mig_profiles.tables(), "gpukit/data/mig_profiles.yaml")
+    text = render(mig_profiles.tables(), "gpukit/contracts/mig_profiles.yaml")
     out = Path(argv[1])
     tmp = out.with_suffix(out.suffix + ".tmp")
     tmp.write_text(text)

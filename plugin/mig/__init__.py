@@ -2,7 +2,7 @@
 
 Modules, one concept each:
 
-* ``schema``    mig-parted ``version: v1`` configs (and the inventory's ``gpukit_mig_configs``)
+* (configs: ``gpukit.contracts.mig_parted``, mig-parted ``version: v1``, shared with provisioning)
 * ``state``     what a node's GPUs look like (plain data)
 * ``device``    the GPU backend protocol, its pynvml implementation, the table-driver check
 * ``placement`` packing GPU instances into the placement tables (search with backtracking)
@@ -15,7 +15,8 @@ Modules, one concept each:
 
 Library use::
 
-    from gpukit.plugin.mig import schema, planner, applier, device, hooks
+    from gpukit.contracts import mig_parted as schema
+    from gpukit.plugin.mig import planner, applier, device, hooks
 
     configs = schema.load_file("mig.yaml")
     with device.open_nvml() as gpus:
@@ -23,10 +24,11 @@ Library use::
         applier.apply(configs, "all-3g.20gb", gpus, hooks.command_reset(hooks.NVIDIA_SMI_RESET))
 """
 
+from gpukit.contracts.mig_parted import MigConfigError, MigConfigs, load_file, load_text, parse
+
 from .applier import ApplyError, ApplyResult, ProcessesRunning, VerifyError, apply, verify
 from .export import export_config
 from .planner import Action, ActionKind, GpuPlan, LayoutError, Plan, plan
-from .schema import MigConfigError, MigConfigs, load_file, load_text, parse
 
 __all__ = [
     "Action", "ActionKind", "ApplyError", "ApplyResult", "GpuPlan", "LayoutError",

@@ -14,12 +14,12 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from gpukit import mig_profiles
+from gpukit.contracts import mig_profiles
+from gpukit.contracts.mig_parted import MigConfigEntry, MigConfigs
 
 from .device import MigBackend
 from .hooks import NoPause, NullReporter, PluginPause, ResetFn, StateReporter
 from .planner import Action, ActionKind, GpuPlan, Plan, plan
-from .schema import MigConfigEntry, MigConfigs
 from .state import GpuState
 
 log = logging.getLogger(__name__)

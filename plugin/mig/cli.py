@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 
 from gpukit import __version__
+from gpukit.contracts.mig_parted import MigConfigError, MigConfigs, load_file, load_json_arg
 from gpukit.plugin import nvml
 
 from . import hooks
@@ -37,7 +38,6 @@ from .export import export_config, export_warnings
 from .hooks import ResetError
 from .planner import LayoutError, plan
 from .report import apply_text, plan_text, problems_text
-from .schema import MigConfigError, MigConfigs, load_file, load_json_arg
 
 EXIT_OK, EXIT_ERROR, EXIT_INVALID, EXIT_MISMATCH = 0, 1, 2, 3
 log = logging.getLogger("gpukit.plugin.mig")

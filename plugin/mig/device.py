@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import pynvml
 
-from gpukit import mig_profiles
+from gpukit.contracts import mig_profiles
 from gpukit.plugin import nvml
 
 from .state import ComputeInstance, GpuInstance, GpuState, Process, TableMismatch

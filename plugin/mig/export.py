@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gpukit import mig_profiles
+from gpukit.contracts import mig_profiles
 
 from .state import GpuState
 

@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal, Protocol
 
-from gpukit.plugin import label_names
+from gpukit.contracts import label_names
 from gpukit.plugin.mig.pause import owner_record, write_pause
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from gpukit.mig_profiles import GpuInstanceProfile, MigGpu, Placement
+from gpukit.contracts.mig_profiles import GpuInstanceProfile, MigGpu, Placement
 
 
 class PlacementError(ValueError):

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from gpukit import mig_profiles
+from gpukit.contracts import mig_profiles
+from gpukit.contracts.mig_parted import MigConfigEntry, MigConfigError, MigConfigs
 
 from .placement import PlacementError, Slot, layout_text, pack
-from .schema import MigConfigEntry, MigConfigError, MigConfigs
 from .state import GpuInstance, GpuState, Process
 
 

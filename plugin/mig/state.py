@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gpukit import mig_profiles
+from gpukit.contracts import mig_profiles
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,11 @@ from typing import Any
 from kubernetes import watch
 
 from gpukit import inventory as inv
+from gpukit.agent_manifests import AgentDeployment
 from gpukit.lab import agent, kube, nodes
 from gpukit.lab import nvml as mock
 from gpukit.lab.config import LabSpec
 from gpukit.lab.controlplane import paths
-from gpukit.plugin.deploy import AgentDeployment
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -50,7 +50,7 @@ AGENT_ENV = {"GPUKIT_RECOVERY_SECONDS": "never"}
 _MIG_SCRIPT = r"""
 import ctypes, json, sys
 import pynvml as n
-from gpukit import mig_profiles
+from gpukit.contracts import mig_profiles
 from gpukit.lab.nvml.control import MockControl
 layout = json.loads(sys.argv[1])  # {index: [[profile, start], ...] or null}
 ctl = MockControl()

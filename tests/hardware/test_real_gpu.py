@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from plugin_testlib import FakeKubelet, dial
 
+from gpukit.contracts import label_names as ln
+from gpukit.contracts.plugin_config import parse_config
 from gpukit.lab.nvml import fidelity
-from gpukit.plugin import label_names as ln
 from gpukit.plugin import nvml
 from gpukit.plugin.api import deviceplugin_pb2 as pb
-from gpukit.plugin.config import parse_config
 from gpukit.plugin.config_source import ConfigSource, Override
 from gpukit.plugin.labels import compute_labels
 from gpukit.plugin.manager import ManagerOptions, PluginManager, PynvmlBackend

@@ -23,10 +23,10 @@ import pytest
 from kubernetes import client
 from labtools import MIG_CREATE, MIG_MODE, agent_http, node_pynvml, wait_for
 
+from gpukit.agent_manifests import AgentDeployment
 from gpukit.lab import agent, cluster, images, kube, nodes
 from gpukit.lab.config import LabSpec, NodeSpec, load_spec
 from gpukit.lab.controlplane import paths
-from gpukit.plugin.deploy import AgentDeployment
 
 pytestmark = pytest.mark.lab
 

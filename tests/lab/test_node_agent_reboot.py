@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+from gpukit.agent_manifests import AgentDeployment
 from gpukit.lab import agent, cgroups, cluster, kube
 from gpukit.lab.config import NodeSpec, load_spec
 from gpukit.lab.controlplane import paths
-from gpukit.plugin.deploy import AgentDeployment
 
 pytestmark = pytest.mark.lab
 

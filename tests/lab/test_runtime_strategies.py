@@ -33,13 +33,13 @@ import pytest
 from kubernetes import client
 from labtools import wait_for
 
+from gpukit.agent_manifests import AgentDeployment
 from gpukit.lab import agent, cluster, images, kube, nodes
 from gpukit.lab import driver_surface as ds
 from gpukit.lab.config import load_spec
 from gpukit.lab.controlplane import paths
 from gpukit.lab.packages import build_repo
 from gpukit.lab.packages.catalog import RUNTIME_LOG
-from gpukit.plugin.deploy import AgentDeployment
 from gpukit.provision import runtime, toolkit_config
 
 pytestmark = pytest.mark.lab

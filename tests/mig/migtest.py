@@ -12,10 +12,10 @@ from typing import Any
 
 import pynvml
 
+from gpukit.contracts import mig_parted as schema
 from gpukit.lab import nvml as mock
 from gpukit.lab.nvml.control import MockControl
 from gpukit.plugin import nvml
-from gpukit.plugin.mig import schema
 from gpukit.plugin.mig.device import PynvmlBackend
 from gpukit.plugin.mig.hooks import State
 from gpukit.plugin.mig.state import GpuState

@@ -8,8 +8,8 @@ from collections.abc import Callable
 import pytest
 from migtest import MockNode, RecordingPause, RecordingReporter, configs
 
+from gpukit.contracts import mig_parted as schema
 from gpukit.lab.nvml.control import MockNvmlError
-from gpukit.plugin.mig import schema
 from gpukit.plugin.mig.applier import ApplyError, ProcessesRunning, apply, verify
 from gpukit.plugin.mig.export import export_config, export_warnings
 from gpukit.plugin.mig.planner import LayoutError, plan

@@ -14,7 +14,7 @@ from types import FrameType
 
 import pytest
 
-from gpukit.plugin import label_names
+from gpukit.contracts import label_names
 from gpukit.plugin.mig.hooks import (
     FileReporter,
     NodeLabelReporter,

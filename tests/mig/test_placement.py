@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from gpukit import mig_profiles
-from gpukit.plugin.mig import schema
+from gpukit.contracts import mig_parted as schema
+from gpukit.contracts import mig_profiles
 from gpukit.plugin.mig.placement import PlacementError, Slot, pack
 from gpukit.plugin.mig.planner import LayoutError, plan
 from gpukit.plugin.mig.state import GpuInstance, GpuState

@@ -15,11 +15,11 @@ import grpc
 import pytest
 from migtest import MockNode
 
+from gpukit.contracts import mig_parted as schema
 from gpukit.plugin.api import deviceplugin_grpc
 from gpukit.plugin.api import deviceplugin_pb2 as pb
 from gpukit.plugin.config_source import ConfigSource, Override
 from gpukit.plugin.manager import ManagerOptions, PluginManager, PynvmlBackend
-from gpukit.plugin.mig import schema
 from gpukit.plugin.mig.applier import apply
 from gpukit.plugin.mig.hooks import PauseFile
 

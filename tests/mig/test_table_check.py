@@ -5,7 +5,7 @@ the profile, field and both values named (CLI: exit 2); multiprocessor and engin
 warn; a table profile the driver does not offer cannot be planned, by name, while the rest plans
 and applies.
 
-The mock is built from the shipped gpukit/data/mig_profiles.yaml; the Python side is given a
+The mock is built from the shipped gpukit/contracts/mig_profiles.yaml; the Python side is given a
 modified copy (``mig_profiles.load`` of a file, patched in for ``mig_profiles.tables``), so the
 two disagree exactly where a test says."""
 
@@ -23,8 +23,9 @@ import pytest
 import yaml
 from migtest import MockNode
 
-from gpukit import mig_profiles
-from gpukit.plugin.mig import cli, schema
+from gpukit.contracts import mig_parted as schema
+from gpukit.contracts import mig_profiles
+from gpukit.plugin.mig import cli
 from gpukit.plugin.mig.applier import apply
 from gpukit.plugin.mig.device import TableCheck, check_table, compare_profile
 from gpukit.plugin.mig.export import export_warnings

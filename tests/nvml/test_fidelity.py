@@ -1,7 +1,7 @@
 """The mock NVML held to a real driver: what an NVIDIA H100 80GB HBM3 on driver 580.159.04 (MIG
 disabled) answered to gpukit.lab.nvml.fidelity's read-only calls, recorded in
 data/h100-80gb-hbm3.driver-580.159.04.json, must be what the mock's h100-80gb-x8 node answers,
-by the rules recorded with each answer; and gpukit/data/mig_profiles.yaml's H100-80GB table must
+by the rules recorded with each answer; and gpukit/contracts/mig_profiles.yaml's H100-80GB table must
 say what that driver says, field by field, so the table itself is held to the driver, not only
 the mock built from it."""
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from gpukit import mig_profiles
+from gpukit.contracts import mig_profiles
 from gpukit.lab import nvml as mock
 from gpukit.lab.nvml import fidelity
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from nvmltest import nvml_error
 
-from gpukit import mig_profiles
+from gpukit.contracts import mig_profiles
 from gpukit.lab.nvml import REPO_ROOT, build
 from gpukit.lab.nvml import nvml_header as hdr
 from gpukit.lab.nvml.gen_mig_tables import render

@@ -1,5 +1,5 @@
 """MIG through pynvml: mode (pending until reset), GPU- and compute-instance profiles (checked
-against gpukit.mig_profiles, the planner's tables), placements, capacity, create/destroy/list,
+against gpukit.contracts.mig_profiles, the planner's tables), placements, capacity, create/destroy/list,
 MIG device handles, and the error codes real hardware gives.
 
 As with a real driver, nvmlDeviceGetGpuInstanceProfileInfo takes an NVML_GPU_INSTANCE_PROFILE_*
@@ -18,7 +18,7 @@ import pytest
 import yaml
 from nvmltest import ci_placement, enable_mig, gi_placement, nvml_error, run_json
 
-from gpukit import mig_profiles
+from gpukit.contracts import mig_profiles
 from gpukit.lab import nvml as mock
 from gpukit.lab.nvml.control import MockControl, MockNvmlError
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import grpc
 
+from gpukit.contracts.plugin_config import Config, parse_config
 from gpukit.plugin.api import deviceplugin_grpc
 from gpukit.plugin.api import deviceplugin_pb2 as pb
-from gpukit.plugin.config import Config, parse_config
 from gpukit.plugin.inventory import (
     TOPOLOGY_NODE,
     TOPOLOGY_SINGLE,

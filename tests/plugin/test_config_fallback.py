@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from plugin_testlib import T4, FakeBackend, FakeKubelet, FakeNode, make_gpu, make_inventory
 
-from gpukit.plugin import label_names as ln
-from gpukit.plugin.config import ConfigError
+from gpukit.contracts import label_names as ln
+from gpukit.contracts.plugin_config import ConfigError
 from gpukit.plugin.config_source import ConfigSource, Override
 from gpukit.plugin.manager import ManagerOptions, PluginManager
 

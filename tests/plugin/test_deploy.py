@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from gpukit.plugin import deploy
-from gpukit.plugin.deploy import AgentDeployment, HostMount
+from gpukit import agent_manifests as deploy
+from gpukit.agent_manifests import AgentDeployment, HostMount
 
 LIB = "/driver-root/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
 

@@ -6,7 +6,7 @@ import threading
 
 from plugin_testlib import cfg, gpu_uuid, make_gpu, make_inventory, mig_uuid
 
-from gpukit.plugin.config import HealthSettings
+from gpukit.contracts.plugin_config import HealthSettings
 from gpukit.plugin.health import (
     HealthMonitor,
     HealthTracker,

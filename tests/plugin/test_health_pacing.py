@@ -23,10 +23,10 @@ from typing import Any
 import pynvml
 import pytest
 
+from gpukit.contracts.plugin_config import parse_config
 from gpukit.lab import nvml as mock
 from gpukit.lab.nvml.control import MockControl
 from gpukit.plugin import nvml
-from gpukit.plugin.config import parse_config
 from gpukit.plugin.health import HealthMonitor, HealthTracker
 from gpukit.plugin.resources import Unit, build_resources
 

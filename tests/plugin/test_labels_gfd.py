@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from plugin_testlib import T4, cfg, make_gpu, make_inventory
 
-from gpukit.plugin import label_names as ln
+from gpukit.contracts import label_names as ln
 from gpukit.plugin.inventory import Gpu, Inventory
 from gpukit.plugin.labels import (
     SYSFS_ROOT_ENV,

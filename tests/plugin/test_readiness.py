@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from plugin_testlib import T4, FakeBackend, FakeKubelet, dial, make_gpu, make_inventory
 
-from gpukit.plugin import deploy
+from gpukit import agent_manifests as deploy
 from gpukit.plugin.api import deviceplugin_pb2 as pb
 from gpukit.plugin.config_source import ConfigSource, Override
 from gpukit.plugin.manager import ManagerOptions, PluginManager

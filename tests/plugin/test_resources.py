@@ -36,7 +36,7 @@ def test_mixed_strategy() -> None:
 
 
 def test_mixed_plus_profile_name() -> None:
-    from gpukit.plugin.resources import mig_resource_name
+    from gpukit.contracts.device_ids import mig_resource_name
 
     assert mig_resource_name("1g.5gb+me") == "nvidia.com/mig-1g.5gb.me"
 

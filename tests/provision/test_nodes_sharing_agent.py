@@ -206,7 +206,7 @@ def test_mig_parted_config_and_argv() -> None:
 
 
 def test_mig_parted_config_rejects_bad_layouts() -> None:
-    from gpukit.plugin.mig.schema import MigConfigError
+    from gpukit.contracts.mig_parted import MigConfigError
 
     with pytest.raises(MigConfigError):
         mig.parted_config({"bad": [{"devices": "all", "mig-enabled": "maybe"}]})

@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 import yaml
 
-from gpukit import label_syntax
-from gpukit.plugin import deploy
+from gpukit import agent_manifests as deploy
+from gpukit.contracts import config_versions as cv
+from gpukit.contracts import label_syntax
 from gpukit.provision import sharing_rollout as sr
 from gpukit.provision.sharing_rollout import NodeUse
 
@@ -35,30 +36,30 @@ def live(configs: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def test_versioned_name_is_stable_and_follows_the_content() -> None:
-    v8 = sr.versioned_name("time-sliced", ts(8))
+    v8 = cv.versioned_name("time-sliced", ts(8))
     assert v8.startswith("time-sliced-") and len(v8) == len("time-sliced-") + 8
     # Key order does not matter, content does.
     reordered = {"sharing": ts(8)["sharing"], "flags": ts(8)["flags"], "version": "v1"}
-    assert sr.versioned_name("time-sliced", reordered) == v8
-    assert sr.versioned_name("time-sliced", ts(4)) != v8
-    assert sr.is_version_of(v8, "time-sliced")
-    assert not sr.is_version_of("time-sliced", "time-sliced")
-    assert not sr.is_version_of("time-sliced-x", "time-sliced")
-    assert not sr.is_version_of(sr.versioned_name("default", ts(8)), "time-sliced")
+    assert cv.versioned_name("time-sliced", reordered) == v8
+    assert cv.versioned_name("time-sliced", ts(4)) != v8
+    assert cv.is_version_of(v8, "time-sliced")
+    assert not cv.is_version_of("time-sliced", "time-sliced")
+    assert not cv.is_version_of("time-sliced-x", "time-sliced")
+    assert not cv.is_version_of(cv.versioned_name("default", ts(8)), "time-sliced")
 
 
 def test_the_conformance_suite_accepts_the_versioned_name_of_the_declared_content() -> None:
-    assert sr.label_selects("time-sliced", "time-sliced", ts(8))
-    assert sr.label_selects(sr.versioned_name("time-sliced", ts(8)), "time-sliced", ts(8))
-    assert not sr.label_selects(sr.versioned_name("time-sliced", ts(4)), "time-sliced", ts(8))
-    assert not sr.label_selects(None, "time-sliced", ts(8))
+    assert cv.label_selects("time-sliced", "time-sliced", ts(8))
+    assert cv.label_selects(cv.versioned_name("time-sliced", ts(8)), "time-sliced", ts(8))
+    assert not cv.label_selects(cv.versioned_name("time-sliced", ts(4)), "time-sliced", ts(8))
+    assert not cv.label_selects(None, "time-sliced", ts(8))
 
 
 def test_versioned_name_of_a_long_name_is_a_valid_label_value_and_key() -> None:
     name = "a" * 60 + "-.b"
-    v = sr.versioned_name(name, ts(8))
+    v = cv.versioned_name(name, ts(8))
     assert len(v) <= 63 and label_syntax.value_ok(v), v
-    assert sr.is_version_of(v, name)
+    assert cv.is_version_of(v, name)
     assert sr.base_of(v, ["other", name]) == name
 
 
@@ -76,7 +77,7 @@ def test_a_node_on_the_old_content_differs_with_the_setting_named() -> None:
     assert p.changes == [
         "sharing config time-sliced: sharing.timeSlicing.resources[nvidia.com/gpu].replicas"
         " 4 -> 8"]
-    assert p.label == sr.versioned_name("time-sliced", ts(8))
+    assert p.label == cv.versioned_name("time-sliced", ts(8))
     assert p.plan_label == "time-sliced"
 
 
@@ -92,7 +93,7 @@ def test_a_node_without_a_declared_config_compares_the_default_config() -> None:
     new = {**OLD, "default": {**DEFAULT, "flags": {"migStrategy": "single"}}}
     p = sr.node_plan(live(OLD), new, None, "default", None)
     assert p.changes == ["sharing config default: flags.migStrategy none -> single"]
-    assert p.label == sr.versioned_name("default", new["default"])
+    assert p.label == cv.versioned_name("default", new["default"])
     assert p.plan_label is None
     assert sr.node_plan(live(OLD), new, None, None, None).changes == []
 
@@ -100,25 +101,25 @@ def test_a_node_without_a_declared_config_compares_the_default_config() -> None:
 def test_a_rolled_node_on_the_versioned_name_does_not_differ_and_keeps_its_label() -> None:
     published = sr.publish(live(OLD), NEW)
     assert published is not None
-    v = sr.versioned_name("time-sliced", ts(8))
+    v = cv.versioned_name("time-sliced", ts(8))
     p = sr.node_plan(published, NEW, "time-sliced", "default", v)
     assert p.changes == [] and p.label == v and p.plan_label == v
 
 
 def test_a_node_on_an_older_version_differs() -> None:
-    stopped = {**OLD, sr.versioned_name("time-sliced", ts(8)): ts(8)}
-    v8 = sr.versioned_name("time-sliced", ts(8))
+    stopped = {**OLD, cv.versioned_name("time-sliced", ts(8)): ts(8)}
+    v8 = cv.versioned_name("time-sliced", ts(8))
     new = {**OLD, "time-sliced": ts(16)}
     p = sr.node_plan(live(stopped), new, "time-sliced", "default", v8)
     assert p.changes == [
         "sharing config time-sliced: sharing.timeSlicing.resources[nvidia.com/gpu].replicas"
         " 8 -> 16"]
-    assert p.label == sr.versioned_name("time-sliced", ts(16))
+    assert p.label == cv.versioned_name("time-sliced", ts(16))
 
 
 def test_a_node_switching_configs_is_the_label_plan_s_business() -> None:
     p = sr.node_plan(live(OLD), NEW, "time-sliced", "default", "mig-mixed")
-    assert p.changes == [] and p.label == sr.versioned_name("time-sliced", ts(8))
+    assert p.changes == [] and p.label == cv.versioned_name("time-sliced", ts(8))
 
 
 def test_no_configmap_no_sharing_plan() -> None:
@@ -150,7 +151,7 @@ def test_many_differences_are_summarised() -> None:
 
 def test_publish_keeps_the_old_content_and_adds_the_versioned_key() -> None:
     data = sr.publish(live(OLD), NEW)
-    v = sr.versioned_name("time-sliced", ts(8))
+    v = cv.versioned_name("time-sliced", ts(8))
     assert data is not None and set(data) == {*OLD, v}
     assert data["time-sliced"] == ts(4) and data[v] == ts(8)
     assert sr.publish(data, NEW) is None  # published already: nothing to write
@@ -165,7 +166,7 @@ def test_publish_adds_a_new_config_under_its_own_name() -> None:
 
 # -- finish --------------------------------------------------------------------------------
 
-V8 = sr.versioned_name("time-sliced", ts(8))
+V8 = cv.versioned_name("time-sliced", ts(8))
 
 
 def nodes(t4_label: str | None) -> list[NodeUse]:
@@ -201,7 +202,7 @@ def test_finish_keeps_the_old_content_while_a_node_still_selects_it() -> None:
 def test_finish_counts_unlabelled_nodes_as_users_of_the_default_config() -> None:
     new = {**OLD, "default": {**DEFAULT, "flags": {"migStrategy": "single"}}}
     published = sr.publish(live(OLD), new)
-    vd = sr.versioned_name("default", new["default"])
+    vd = cv.versioned_name("default", new["default"])
     f = sr.finish(published, new, [NodeUse("a", None, "a", None)], "default", complete=True)
     assert f.stage is None and f.relabel == {}
     # Once rolled (labelled with the version), the label goes away again.

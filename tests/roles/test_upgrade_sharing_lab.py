@@ -33,6 +33,7 @@ from labplay import (
     run_playbook,
 )
 
+from gpukit.contracts import config_versions
 from gpukit.lab.config import LabSpec, cache_dir, load_spec
 from gpukit.lab.controlplane import paths
 from gpukit.lab.observe import CONFIG_LABEL, Timeline
@@ -141,7 +142,7 @@ def test_check_lists_the_sharing_change_and_changes_nothing(lab: Lab) -> None:
 @pytest.mark.timeout(1200)
 def test_the_rollout_moves_gpu_t4_alone_through_the_new_content(lab: Lab) -> None:
     new = lab.set_replicas(8)
-    versioned = sharing_rollout.versioned_name(CONFIG, new)
+    versioned = config_versions.versioned_name(CONFIG, new)
     with Timeline(lab.core) as seen:
         r = lab.upgrade()
         # The finish step's relabel is the last change: watch a little longer for a dip.
@@ -182,7 +183,7 @@ def test_the_rollout_moves_gpu_t4_alone_through_the_new_content(lab: Lab) -> Non
     # The end state: the plain name carries the new content, no versioned key is left.
     cfgs = lab.configs()
     assert replicas(cfgs[CONFIG]) == 8
-    assert not [k for k in cfgs if sharing_rollout.is_version_of(k, CONFIG)], sorted(cfgs)
+    assert not [k for k in cfgs if config_versions.is_version_of(k, CONFIG)], sorted(cfgs)
     assert lab.label(T4) == CONFIG and lab.gpus(T4) == 16
     node = lab.core.read_node(T4)
     assert not node.spec.unschedulable and node.metadata.labels[STATE_LABEL] == "done"

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
+from gpukit import agent_manifests as deploy
 from gpukit import manifests
-from gpukit.plugin import deploy
 from gpukit.provision import agent
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,7 +45,7 @@ def group_vars(inventory: Path, name: str) -> dict[str, Any]:
 
 
 def test_the_lab_inventory_gives_the_objects_its_variables_declare() -> None:
-    """Independently of gpukit.manifests: the objects gpukit.plugin.deploy draws from the
+    """Independently of gpukit.manifests: the objects gpukit.agent_manifests draws from the
     values the lab's group_vars files hold, with the role's defaults for the rest."""
     v = {**group_vars(LAB, "all"), **group_vars(LAB, "gpu_nodes")}
     want = deploy.manifests(deploy.AgentDeployment(

@@ -109,7 +109,7 @@ const mock_gi_profile *mig_gi_profile_by_driver_id(const mock_mig_table *t, unsi
 
 /* SMs of a compute instance: the GPU instance's all when it spans it (an H100's 7g.80gb has 132,
  * not 7 x 18), else its slices times the per-slice share (partial compute instances of a real
- * driver were not recorded; gpukit.mig_profiles computes the same). */
+ * driver were not recorded; gpukit.contracts.mig_profiles computes the same). */
 unsigned mig_ci_multiprocessors(const mock_gi_profile *g, const mock_ci_profile *c)
 {
     if (c->slices >= g->compute_slices)

@@ -47,7 +47,7 @@
 #define MOCK_DEFAULT_PROFILE "/etc/gpukit-lab/nvml/profile.yaml"
 #define MOCK_DEFAULT_STATE_DIR "/var/lib/gpukit-lab/nvml"
 
-/* ---- MIG tables (data generated from gpukit/data/mig_profiles.yaml) ---- */
+/* ---- MIG tables (data generated from gpukit/contracts/mig_profiles.yaml) ---- */
 typedef struct {
     unsigned copy, decoder, encoder, jpeg, ofa;
 } mock_engines;

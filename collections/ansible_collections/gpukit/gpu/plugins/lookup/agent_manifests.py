@@ -1,5 +1,5 @@
 # ruff: noqa: E402  (Ansible's layout: documentation strings before imports)
-"""gpukit.gpu.agent_manifests: the device plugin DaemonSet's objects (gpukit.plugin.deploy),
+"""gpukit.gpu.agent_manifests: the device plugin DaemonSet's objects (gpukit.agent_manifests),
 from the role's variables, checked by gpukit.provision.agent (`gpukit manifests` renders the
 same from an inventory, through gpukit.manifests)."""
 

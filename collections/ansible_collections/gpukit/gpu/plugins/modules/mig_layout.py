@@ -83,7 +83,7 @@ def main():
         supports_check_mode=True,
     )
     require_gpukit(module)
-    from gpukit.plugin.mig.schema import MigConfigError
+    from gpukit.contracts.mig_parted import MigConfigError
     from gpukit.provision import mig
 
     p = module.params

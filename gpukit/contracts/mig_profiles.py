@@ -1,13 +1,13 @@
 """MIG profile tables, typed.
 
-The tables live once, in ``gpukit/data/mig_profiles.yaml``. This module reads them into frozen
+The tables live once, in ``gpukit/contracts/mig_profiles.yaml``. This module reads them into frozen
 dataclasses for the device plugin's MIG planner, the labeler and the conformance suite; the mock
 NVML library compiles the same file into a C header at build time (``lab/nvml/gen_mig_tables.py``),
 so what the planner believes and what the (mock) GPU accepts cannot drift apart.
 
 Example::
 
-    from gpukit import mig_profiles
+    from gpukit.contracts import mig_profiles
 
     a100 = mig_profiles.for_product("NVIDIA A100-SXM4-40GB")
     p = a100.gpu_instance_profile("3g.20gb")
@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-DATA_FILE = Path(__file__).resolve().parent / "data" / "mig_profiles.yaml"
+DATA_FILE = Path(__file__).resolve().parent / "mig_profiles.yaml"
 
 # NVML_GPU_INSTANCE_PROFILE_COUNT / NVML_COMPUTE_INSTANCE_PROFILE_COUNT in nvml.h (API 12/13).
 GPU_INSTANCE_PROFILE_COUNT = 0x12

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpukit.plugin.config import (
+from gpukit.contracts.plugin_config import (
     DEFAULT_IGNORED_XIDS,
     ConfigError,
     load_document,

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from . import bounded_yaml
+from gpukit.contracts import bounded_yaml
 
 VERSION = "v1"
 RESOURCE_PREFIX = "nvidia.com"

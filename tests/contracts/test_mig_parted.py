@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpukit.plugin.mig import schema
-from gpukit.plugin.mig.schema import MigConfigError
+from gpukit.contracts import mig_parted as schema
+from gpukit.contracts.mig_parted import MigConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from gpukit import inventory as inv
-from gpukit import mig_profiles
+from gpukit.contracts import mig_profiles
 
 REPO = Path(__file__).resolve().parents[2]
 LAB = REPO / "inventories" / "lab"

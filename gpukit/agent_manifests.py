@@ -20,8 +20,8 @@ from typing import Any
 
 import yaml
 
-from .config import DEFAULT_CDI_DIR, DEFAULT_KUBELET_DIR, parse_host_port
-from .metrics import READY_PATH
+from gpukit.contracts.plugin_config import DEFAULT_CDI_DIR, DEFAULT_KUBELET_DIR, parse_host_port
+from gpukit.plugin.metrics import READY_PATH
 
 APP = "gpukit-node-agent"
 

@@ -1,4 +1,4 @@
-"""gpukit.mig_profiles: the MIG tables as typed data for the planner."""
+"""gpukit.contracts.mig_profiles: the MIG tables as typed data for the planner."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from gpukit import mig_profiles as mp
+from gpukit.contracts import mig_profiles as mp
 
 pytestmark = pytest.mark.nvml
 

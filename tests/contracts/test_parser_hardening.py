@@ -13,11 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpukit import inventory as inv
-from gpukit.plugin import bounded_yaml
+from gpukit.contracts import bounded_yaml
+from gpukit.contracts.mig_parted import MigConfigError
+from gpukit.contracts.mig_parted import load_text as load_mig_layout
+from gpukit.contracts.plugin_config import MAX_REPLICAS, ConfigError, parse_config, parse_document
 from gpukit.plugin.api import deviceplugin_pb2 as pb
-from gpukit.plugin.config import MAX_REPLICAS, ConfigError, parse_config, parse_document
-from gpukit.plugin.mig.schema import MigConfigError
-from gpukit.plugin.mig.schema import load_text as load_mig_layout
 
 
 def alias_bomb(levels: int = 9) -> str:
@@ -158,7 +158,7 @@ def test_any_host_variables_are_a_declaration_or_an_inventory_error(raw: dict[st
 
 
 def test_hostile_files_through_the_agents_file_reader(tmp_path: Path) -> None:
-    from gpukit.plugin.config import load_document
+    from gpukit.contracts.plugin_config import load_document
 
     f = tmp_path / "bomb"
     f.write_text(alias_bomb())

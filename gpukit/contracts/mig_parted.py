@@ -32,9 +32,7 @@ from typing import Any
 
 import yaml
 
-from gpukit import mig_profiles
-
-from .. import bounded_yaml
+from gpukit.contracts import bounded_yaml, mig_profiles
 
 ROOT = "mig-configs"
 ENTRY_KEYS = ("devices", "device-filter", "mig-enabled", "mig-devices")

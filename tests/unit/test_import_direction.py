@@ -1,0 +1,149 @@
+"""The dependency picture of ARCHITECTURE.md, held by the code: imports only go down.
+
+    contracts  <-  plugin (node agent)  <-  agent_manifests, provision, inventory  <-  cli
+    contracts  <-  conformance (reads declarations; restates the agent's rules itself)
+    lab: may use everything; nothing in the product imports it
+
+Every import of every module is read, those inside functions too, so a lazy import cannot
+slip past. The few crossings the design allows are listed below with their reason.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+# Source folder of each top-level part (the symlinks under gpukit/ point at the first three).
+ROOTS = {"gpukit.plugin": REPO / "plugin", "gpukit.lab": REPO / "lab",
+         "gpukit.conformance": REPO / "conformance", "gpukit": REPO / "gpukit"}
+
+# Which parts of gpukit each part may import (its own part always).
+ALLOWED: dict[str, set[str]] = {
+    "gpukit.contracts": set(),
+    # `gpukit` alone: the package root's __version__.
+    "gpukit.plugin": {"gpukit.contracts", "gpukit"},
+    # The suite's oracle reads the declaration model and speaks the kubelet's published
+    # PodResources API (stubs generated from plugin/api); never the agent's builders.
+    "gpukit.conformance": {"gpukit.contracts", "gpukit.inventory", "gpukit.plugin.api"},
+    "gpukit.agent_manifests": {"gpukit.contracts", "gpukit.plugin"},
+    "gpukit.inventory": {"gpukit.contracts", "gpukit.provision"},
+    "gpukit.provision": {"gpukit.contracts", "gpukit.plugin", "gpukit.agent_manifests",
+                         "gpukit.inventory", "gpukit"},
+    "gpukit.manifests": {"gpukit.contracts", "gpukit.inventory", "gpukit.provision"},
+    "gpukit.summary": {"gpukit"},
+}
+# Crossings allowed by name: (importing module, imported module) -> why.
+EXCEPTIONS = {
+    ("gpukit.conformance.suite", "gpukit.lab.config"):
+        "`--lab N` finds the lab's inventory (imported only when the option is given)",
+    ("gpukit.conformance.suite", "gpukit.lab.inventory"): "as above",
+    ("gpukit.conformance.suite", "gpukit.lab.pytest_provider"):
+        "`--lab N` brings the lab up (imported only when the option is given)",
+    ("gpukit.conformance.test_workload", "gpukit.lab.agent"):
+        "the workload check loads the lab's NVML only on a lab node",
+    ("gpukit.conformance.test_workload", "gpukit.lab.nvml"): "as above",
+}
+# Parts whose imports are not restricted: the command line and the lab sit on top.
+UNRESTRICTED = {"gpukit.cli", "gpukit.__main__", "gpukit.lab", "gpukit"}
+
+
+def _modules() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for package, root in ROOTS.items():
+        for path in root.rglob("*.py"):
+            rel = path.relative_to(root)
+            if package == "gpukit" and rel.parts[0] in {"plugin", "lab", "conformance"}:
+                continue  # the symlinks: read once, from their own folder
+            if any(p.startswith(".") or p in {"build", "gen"} for p in rel.parts):
+                continue
+            parts = [*package.split("."), *rel.with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+def _imports(module: str, path: Path, known: set[str] | None = None) -> set[str]:
+    """The gpukit modules `module` imports (with `known`: `from mod import name` as mod)."""
+    tree = ast.parse(path.read_text(), str(path))
+    is_package = path.name == "__init__.py"
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = module.split(".")[: len(module.split(".")) - node.level + is_package]
+                base = ".".join([*anchor, base] if base else anchor)
+            # `from pkg import mod` imports pkg.mod where mod is a module; `from mod import
+            # name` is judged as mod (crossings() strips what is not a module).
+            out.update(f"{base}.{a.name}" for a in node.names)
+    found = {i for i in out if i == "gpukit" or i.startswith("gpukit.")}
+    if known is None:
+        return found
+    return {i if i in known or i.rpartition(".")[0] not in known else i.rpartition(".")[0]
+            for i in found}
+
+
+def _part(module: str) -> str:
+    """The entry of ALLOWED/UNRESTRICTED a module belongs to (the longest prefix)."""
+    keys = sorted({*ALLOWED, *UNRESTRICTED} - {"gpukit"}, key=len, reverse=True)
+    for k in keys:
+        if module == k or module.startswith(k + "."):
+            return k
+    return "gpukit"
+
+
+def _within(target: str, parts: set[str]) -> bool:
+    if target == "gpukit":
+        return "gpukit" in parts
+    return any(target == p or target.startswith(p + ".") for p in parts - {"gpukit"}) or (
+        # `from gpukit import __version__`: an attribute of the root, not a part.
+        "gpukit" in parts and target.count(".") == 1 and target.split(".")[1].startswith("_"))
+
+
+def crossings() -> list[str]:
+    modules = _modules()
+    known = set(modules)
+    bad = []
+    for module, path in sorted(modules.items()):
+        part = _part(module)
+        if part in UNRESTRICTED:
+            continue
+        for target in sorted(_imports(module, path, known)):
+            if _within(target, {part}) or _within(target, ALLOWED[part]):
+                continue
+            if (module, target) in EXCEPTIONS:
+                continue
+            bad.append(f"{module} imports {target} ({part} may import only "
+                       f"{sorted(ALLOWED[part]) or 'nothing else of gpukit'})")
+    return bad
+
+
+def test_imports_go_down_only() -> None:
+    assert crossings() == []
+
+
+def test_every_module_belongs_to_a_part() -> None:
+    # A new top-level module must be placed in the picture, not default to "anything goes".
+    stray = [m for m in _modules() if _part(m) == "gpukit" and m != "gpukit"]
+    assert stray == []
+
+
+def test_the_check_sees_a_crossing(tmp_path: Path) -> None:
+    # The test would pass on an empty scan; prove it reads imports and judges them.
+    path = tmp_path / "bad.py"
+    path.write_text("def f():\n    from gpukit.plugin import nvml\n")
+    assert "gpukit.plugin.nvml" in _imports("gpukit.contracts.bad", path)
+    assert not _within("gpukit.plugin.nvml", ALLOWED["gpukit.contracts"])
+    assert _within("gpukit.contracts.label_names", ALLOWED["gpukit.plugin"])
+    assert not _within("gpukit.lab.agent", ALLOWED["gpukit.conformance"])
+
+
+def test_exceptions_are_still_needed() -> None:
+    # An allowed crossing that no longer happens is removed from the list, not kept "just in case".
+    modules = _modules()
+    used = {(m, t) for m, p in modules.items() for t in _imports(m, p, set(modules))}
+    assert sorted(k for k in EXCEPTIONS if k not in used) == []
