@@ -12,6 +12,7 @@ modules are collected: the plugin is installed for every pytest run of the envir
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import signal
 import threading
@@ -101,7 +102,7 @@ def _options(config: pytest.Config) -> Any:
         host_vars=_host_vars(config.getoption("--host-vars")),
         kubeconfig=config.getoption("--kubeconfig"),
         nodes=nodes,
-        lab=bool(config.getoption("--lab")),
+        lab=_lab(config),
         namespace=config.getoption("--conformance-namespace"),
         host_network=bool(config.getoption("--pod-host-network")),
         host_access=not config.getoption("--no-host"),
@@ -112,6 +113,15 @@ def _options(config: pytest.Config) -> Any:
         max_fill_pods=int(config.getoption("--max-fill-pods")),
         report_html=config.getoption("--report-html"),
     )
+
+
+def _lab(config: pytest.Config) -> bool:
+    lab = bool(config.getoption("--lab"))
+    if lab and importlib.util.find_spec("gpukit.lab") is None:  # the wheel leaves the lab out
+        raise pytest.UsageError("--lab: gpukit's lab is not installed: it runs from a checkout "
+                                "of gpukit's repository (pip install -e '.[dev]' there); give "
+                                "--inventory (and --kubeconfig) for another cluster")
+    return lab
 
 
 def _host_vars(text: str | None) -> dict[str, Any]:

@@ -11,14 +11,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from gpukit import __version__
-from gpukit.lab.config import LabConfigError, load_spec
-from gpukit.lab.controlplane import LabError
 
 app = typer.Typer(help="gpukit: GPU nodes for Kubernetes, declared once, proven live.")
 lab_app = typer.Typer(help="The hardware-free lab: a real cluster with simulated GPU nodes.")
@@ -43,6 +42,19 @@ def _main(version: bool = typer.Option(False, "--version", callback=_print_versi
 def _fail(err: Exception | str) -> None:
     typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)
+
+
+# gpukit's wheel leaves the lab out: it runs from a checkout of gpukit's repository.
+LAB_MISSING = ("gpukit's lab is not installed: it runs from a checkout of gpukit's repository "
+               "(pip install -e '.[dev]' there); the gpukit package holds the node agent, the "
+               "provisioning library and the conformance suite")
+
+
+@lab_app.callback()
+def _lab_present() -> None:
+    """The hardware-free lab: a real cluster with simulated GPU nodes."""
+    if importlib.util.find_spec("gpukit.lab") is None:
+        _fail(LAB_MISSING)
 
 
 # Commands that hand their arguments to an existing entry point as they are (its own --help,
@@ -172,6 +184,8 @@ def inventory_check(
 def lab_up(timeout: float = typer.Option(180, help="seconds to wait for all nodes Ready")) -> None:
     """Bring the lab up (or repair it); print the kubeconfig path."""
     from gpukit.lab import cluster
+    from gpukit.lab.config import LabConfigError, load_spec
+    from gpukit.lab.controlplane import LabError
 
     try:
         kubeconfig = cluster.up(load_spec(), timeout=timeout)
@@ -186,6 +200,8 @@ def lab_status(as_json: bool = typer.Option(False, "--json")) -> None:
     import json
 
     from gpukit.lab import cluster
+    from gpukit.lab.config import LabConfigError, load_spec
+    from gpukit.lab.controlplane import LabError
 
     try:
         st = cluster.status(load_spec())
@@ -215,6 +231,8 @@ def lab_down(
 ) -> None:
     """Stop everything the lab started and clean up after it."""
     from gpukit.lab import cluster
+    from gpukit.lab.config import LabConfigError, load_spec
+    from gpukit.lab.controlplane import LabError
 
     try:
         cluster.down(load_spec(), purge=purge)
@@ -226,6 +244,8 @@ def lab_down(
 def lab_smoke() -> None:
     """Run a GPU smoke check on every lab node."""
     from gpukit.lab import smoke
+    from gpukit.lab.config import LabConfigError, load_spec
+    from gpukit.lab.controlplane import LabError
 
     try:
         smoke.run(load_spec())

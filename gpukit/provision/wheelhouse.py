@@ -19,6 +19,7 @@ gives the same key and the role changes nothing on the nodes.
 from __future__ import annotations
 
 import base64
+import fnmatch
 import hashlib
 import io
 import json
@@ -76,12 +77,32 @@ def checkout_root() -> Path | None:
     return root if project.get("name") == "gpukit" else None
 
 
+def excluded_packages(repo: Path) -> tuple[str, ...]:
+    """The package patterns gpukit's wheel leaves out (pyproject.toml's packages.find exclude,
+    e.g. the lab, which runs from a checkout only)."""
+    try:
+        tool = tomllib.loads((repo / "pyproject.toml").read_text()).get("tool") or {}
+    except (OSError, tomllib.TOMLDecodeError):
+        return ()
+    find = tool.get("setuptools", {}).get("packages", {}).get("find", {})
+    return tuple(find.get("exclude") or ())
+
+
 def source_files(repo: Path) -> list[tuple[str, Path]]:
-    """(path in the package, file) of gpukit's sources, following the package's symlinks."""
+    """(path in the package, file) of gpukit's sources, following the package's symlinks; the
+    packages the wheel excludes are left out, so that a change there rebuilds nothing."""
     out: list[tuple[str, Path]] = []
     pkg = repo / "gpukit"
+    excluded = excluded_packages(repo)
+
+    def wanted(dirpath: str, name: str) -> bool:
+        if name == "__pycache__" or name.startswith("."):
+            return False
+        dotted = (Path(dirpath, name).relative_to(repo)).as_posix().replace("/", ".")
+        return not any(fnmatch.fnmatchcase(dotted, pattern) for pattern in excluded)
+
     for dirpath, dirnames, filenames in os.walk(pkg, followlinks=True):
-        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__" and not d.startswith("."))
+        dirnames[:] = sorted(d for d in dirnames if wanted(dirpath, d))
         for name in sorted(filenames):
             if name.startswith(".") or not name.endswith(SOURCE_SUFFIXES):
                 continue

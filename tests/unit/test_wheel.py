@@ -152,6 +152,28 @@ def test_the_wheel_carries_the_stubs_its_dependencies_can_run(wheel: Path,
         assert tuple(int(x) for x in oldest_allowed.split(".")) >= version, (name, floors)
 
 
+def test_the_wheel_leaves_the_lab_out(wheel: Path) -> None:
+    """The lab runs from a checkout: no gpukit.lab module, no mock NVML C source in the wheel,
+    while the package's data the product reads is there."""
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+    assert not [n for n in names if n.startswith("gpukit/lab/")], names
+    assert not [n for n in names if n.endswith((".c", ".h"))], names
+    assert {"gpukit/contracts/mig_profiles.yaml", "gpukit/plugin/api/podresources_v1.proto",
+            "gpukit/conformance/deploy/job.yaml", "gpukit/conformance/plugin.py"} <= set(names)
+
+
+def test_the_nodes_wheel_is_built_from_the_wheels_files(wheel: Path) -> None:
+    """The wheelhouse keys the nodes' wheel on exactly the files the wheel holds: a change to
+    the lab re-provisions no node."""
+    from gpukit.provision import wheelhouse
+
+    sources = {rel for rel, _ in wheelhouse.source_files(REPO) if "_pb2" not in rel}
+    with zipfile.ZipFile(wheel) as z:
+        names = {n for n in z.namelist() if ".dist-info/" not in n and n not in STUBS}
+    assert sources == names, (sorted(sources - names), sorted(names - sources))
+
+
 def test_the_installed_commands_run_without_the_checkout(base_env: Env, tmp_path: Path) -> None:
     env = base_env
     where = env.ok("python", "-c", "import gpukit, gpukit.plugin.api as a; a.deviceplugin_grpc;"
@@ -177,6 +199,13 @@ def test_the_installed_commands_run_without_the_checkout(base_env: Env, tmp_path
                  ["report", str(tmp_path / "junit.xml"), "-o", str(tmp_path / "r.html")]):
         r = env.run("gpukit", *argv)
         assert r.returncode == 2 and "pip install 'gpukit[conformance]'" in r.stderr, r.stderr
+    # The lab is not in the wheel: its commands say so (no traceback); its help still shows.
+    assert env.run("python", "-c", "import gpukit.lab").returncode == 1
+    for argv in (["lab", "status"], ["lab", "up"], ["lab", "down", "--purge"]):
+        r = env.run("gpukit", *argv)
+        assert r.returncode == 2 and "gpukit's lab is not installed" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr and "checkout" in r.stderr, r.stderr
+    assert "status" in env.ok("gpukit", "lab", "--help")
 
 
 @pytest.mark.nvml
@@ -230,6 +259,11 @@ def test_the_conformance_extra_runs_the_suite_without_dev_tools(conformance_env:
                        "gpukit.conformance", "--inventory", lab, "--collect-only", "-q")
     ids = [ln for ln in collected.splitlines() if "::" in ln]
     assert "test_devices_are_disjoint[gpu-a100-mig-1g.5gb]" in " ".join(ids), collected
+    # --lab needs the lab, which the wheel leaves out: a usage error that says so.
+    r = env.run("python", "-m", "pytest", "-p", "no:cacheprovider", "--pyargs",
+                "gpukit.conformance", "--lab", "--collect-only", "-q")
+    assert r.returncode == 4, (r.stdout[-2000:], r.stderr[-2000:])
+    assert "--lab: gpukit's lab is not installed" in r.stderr and "Traceback" not in r.stderr
     suite = env.ok("python", "-c", "import gpukit.conformance.plugin as p; print(p.SUITE_DIR)")
     assert suite.startswith(str(env.root)), suite
     assert "every declaration valid" in env.ok("gpukit", "inventory", "check", lab)
