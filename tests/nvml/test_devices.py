@@ -154,6 +154,7 @@ def test_topology_common_ancestor(nvml: Any) -> None:
     assert sorted(nvml.nvmlDeviceGetIndex(x) for x in on_cpu_70) == [4, 5, 6, 7]
 
 
+@pytest.mark.parametrize("profile_name", ["a100-sxm4-40gb-x16"])
 def test_nvlink_pairs(nvml: Any) -> None:
     h0 = nvml.nvmlDeviceGetHandleByIndex(0)
     bus1 = nvml.nvmlDeviceGetPciInfo(nvml.nvmlDeviceGetHandleByIndex(1)).busId
@@ -161,11 +162,22 @@ def test_nvlink_pairs(nvml: Any) -> None:
         assert nvml.nvmlDeviceGetNvLinkState(h0, link) == nvml.NVML_FEATURE_ENABLED
         assert nvml.nvmlDeviceGetNvLinkVersion(h0, link) == 3
         assert nvml.nvmlDeviceGetNvLinkRemotePciInfo(h0, link).busId == bus1
+        assert nvml.nvmlDeviceGetNvLinkRemoteDeviceType(h0, link) == (
+            nvml.NVML_NVLINK_DEVICE_TYPE_GPU)
     nvml_error(nvml, nvml.NVML_ERROR_INVALID_ARGUMENT, nvml.nvmlDeviceGetNvLinkState, h0, 12)
     h1, h2 = nvml.nvmlDeviceGetHandleByIndex(1), nvml.nvmlDeviceGetHandleByIndex(2)
     nvlink, ok = nvml.NVML_P2P_CAPS_INDEX_NVLINK, nvml.NVML_P2P_STATUS_OK
     assert nvml.nvmlDeviceGetP2PStatus(h0, h1, nvlink) == ok
     assert nvml.nvmlDeviceGetP2PStatus(h0, h2, nvlink) != ok
+
+
+@pytest.mark.parametrize("profile_name", ["a100-sxm4-40gb-x16"])
+def test_nvlink_to_a_lost_peer_goes_down(nvml: Any, ctl: MockControl) -> None:
+    ctl.lose(1)
+    h0 = nvml.nvmlDeviceGetHandleByIndex(0)
+    assert nvml.nvmlDeviceGetNvLinkState(h0, 0) == nvml.NVML_FEATURE_DISABLED
+    assert nvml.nvmlDeviceGetNvLinkState(nvml.nvmlDeviceGetHandleByIndex(2), 0) == (
+        nvml.NVML_FEATURE_ENABLED)
 
 
 @pytest.mark.parametrize("profile_name", ["a100-80gb-x4"])
@@ -248,7 +260,7 @@ def test_lost_gpu(nvml: Any, ctl: MockControl) -> None:
     assert nvml.nvmlDeviceGetCount() == 8  # still enumerated, as on a real node
     h0 = nvml.nvmlDeviceGetHandleByIndex(0)
     assert nvml.nvmlDeviceGetName(h0) == "NVIDIA A100-SXM4-40GB"
-    assert nvml.nvmlDeviceGetNvLinkState(h0, 0) == nvml.NVML_FEATURE_DISABLED  # its peer is gone
+    assert nvml.nvmlDeviceGetNvLinkState(h0, 0) == nvml.NVML_FEATURE_ENABLED  # to an NVSwitch
     with pytest.raises(MockNvmlError, match="GPU is lost"):
         ctl.reset(1)
     ctl.restore(1)

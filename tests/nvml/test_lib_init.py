@@ -146,7 +146,32 @@ def _variant(change: str) -> str:
         d["mig_enabled"] = True
     elif change == "arch":
         d["architecture"] = "fermi-ish"
+    elif change.startswith("switch_"):
+        _switch_variant(change, doc)
     return yaml.safe_dump(doc, sort_keys=False)
+
+
+def _switch_variant(change: str, doc: dict[str, Any]) -> None:
+    """The base wired through one NVSwitch, then broken as `change` says."""
+    switch: dict[str, Any] = {"pci_bus_id": "00000000:C4:00.0", "pci_device_id": 0x1AF110DE}
+    doc["nvswitches"] = [switch]
+    for g in doc["gpus"]:
+        g["nvlink_peers"] = []
+    doc["defaults"]["nvlink_switches"] = [0]
+    if change == "switch_index":
+        doc["gpus"][1]["nvlink_switches"] = [0, 1]
+    elif change == "switch_and_peers":
+        doc["gpus"][0]["nvlink_peers"] = [1]
+    elif change == "switch_bus_is_gpu":
+        switch["pci_bus_id"] = "0000:0F:00.0"
+    elif change == "switch_missing_id":
+        del switch["pci_device_id"]
+    elif change == "switch_unknown_field":
+        switch["uuid"] = "NVSwitch-0"
+    elif change == "switch_not_a_list":
+        doc["defaults"]["nvlink_switches"] = 0
+    elif change == "switch_without_links":
+        del doc["defaults"]["nvlink_links"]
 
 
 @pytest.mark.parametrize(
@@ -167,6 +192,14 @@ def _variant(change: str) -> str:
         ("cc", "defaults.compute_capability", "MAJOR.MINOR"),
         ("mig_without_table", "gpus[0]", "needs a mig_table"),
         ("arch", "defaults.architecture", "unknown architecture 'fermi-ish'"),
+        ("switch_index", "gpus[1]", "nvlink_switches: 1 is not an NVSwitch of this node"),
+        ("switch_and_peers", "gpus[0]", "nvlink_peers and nvlink_switches are exclusive"),
+        ("switch_bus_is_gpu", "nvswitches[0]", "pci_bus_id 00000000:0F:00.0 is also used by "
+                                               "gpus[1]"),
+        ("switch_missing_id", "nvswitches[0]", "needs both pci_bus_id and pci_device_id"),
+        ("switch_unknown_field", "nvswitches[0].uuid", "unknown field (NVSwitch fields"),
+        ("switch_not_a_list", "defaults.nvlink_switches", "expected a list of NVSwitch indexes"),
+        ("switch_without_links", "gpus[0]", "nvlink_switches needs nvlink_links > 0"),
     ],
 )
 def test_malformed_profile_names_file_and_field(

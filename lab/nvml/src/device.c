@@ -681,8 +681,28 @@ EXPORT nvmlReturn_t nvmlSystemGetTopologyGpuSet(unsigned int cpuNumber, unsigned
     LOCKED(gpuset_impl(cpuNumber, count, deviceArray));
 }
 
-/* ---- NVLink: links 0..nvlink_links-1, link i wired to nvlink_peers[i % n] ---- */
-static nvmlReturn_t link_get(nvmlDevice_t d, unsigned int link, devref *r, int *peer)
+/* ---- NVLink: links 0..nvlink_links-1; link i wired to nvlink_peers[i % n] (a GPU) or to
+ * nvlink_switches[i % n] (an NVSwitch of the baseboard, as on DGX A100/H100) ---- */
+enum { END_NONE, END_GPU, END_SWITCH };
+typedef struct {
+    int kind;
+    unsigned index; /* GPU index or NVSwitch index */
+} link_end;
+
+static link_end link_far_end(const mock_gpu *g, unsigned link)
+{
+    link_end e = {END_NONE, 0};
+    if (g->n_nvlink_peers) {
+        e.kind = END_GPU;
+        e.index = (unsigned)g->nvlink_peers[link % g->n_nvlink_peers];
+    } else if (g->n_nvlink_switches) {
+        e.kind = END_SWITCH;
+        e.index = (unsigned)g->nvlink_switches[link % g->n_nvlink_switches];
+    }
+    return e;
+}
+
+static nvmlReturn_t link_get(nvmlDevice_t d, unsigned int link, devref *r, link_end *end)
 {
     nvmlReturn_t rc = dev_get(d, r, 0);
     if (rc != NVML_SUCCESS)
@@ -691,7 +711,7 @@ static nvmlReturn_t link_get(nvmlDevice_t d, unsigned int link, devref *r, int *
         return NVML_ERROR_NOT_SUPPORTED;
     if (link >= r->p->nvlink_links)
         return NVML_ERROR_INVALID_ARGUMENT;
-    *peer = r->p->n_nvlink_peers ? r->p->nvlink_peers[link % r->p->n_nvlink_peers] : -1;
+    *end = link_far_end(r->p, link);
     return NVML_SUCCESS;
 }
 
@@ -700,12 +720,14 @@ static nvmlReturn_t link_state_impl(nvmlDevice_t d, unsigned int link, nvmlEnabl
     if (!active)
         return NVML_ERROR_INVALID_ARGUMENT;
     devref r;
-    int peer;
-    nvmlReturn_t rc = link_get(d, link, &r, &peer);
-    if (rc == NVML_SUCCESS)
-        *active = (peer >= 0 && !g_state.gpu[peer].lost) ? NVML_FEATURE_ENABLED
-                                                          : NVML_FEATURE_DISABLED;
-    return rc;
+    link_end e;
+    nvmlReturn_t rc = link_get(d, link, &r, &e);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    /* A link to a lost GPU goes down; a link to a switch stays up whatever other GPUs do. */
+    int up = e.kind == END_SWITCH || (e.kind == END_GPU && !g_state.gpu[e.index].lost);
+    *active = up ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    return NVML_SUCCESS;
 }
 EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link,
                                              nvmlEnableState_t *isActive)
@@ -718,8 +740,8 @@ static nvmlReturn_t link_version_impl(nvmlDevice_t d, unsigned int link, unsigne
     if (!version)
         return NVML_ERROR_INVALID_ARGUMENT;
     devref r;
-    int peer;
-    nvmlReturn_t rc = link_get(d, link, &r, &peer);
+    link_end e;
+    nvmlReturn_t rc = link_get(d, link, &r, &e);
     if (rc == NVML_SUCCESS)
         *version = r.p->nvlink_version;
     return rc;
@@ -736,10 +758,10 @@ static nvmlReturn_t link_cap_impl(nvmlDevice_t d, unsigned int link, nvmlNvLinkC
     if (!result || (unsigned)cap >= NVML_NVLINK_CAP_COUNT)
         return NVML_ERROR_INVALID_ARGUMENT;
     devref r;
-    int peer;
-    nvmlReturn_t rc = link_get(d, link, &r, &peer);
+    link_end e;
+    nvmlReturn_t rc = link_get(d, link, &r, &e);
     if (rc == NVML_SUCCESS)
-        *result = peer >= 0;
+        *result = e.kind != END_NONE;
     return rc;
 }
 EXPORT nvmlReturn_t nvmlDeviceGetNvLinkCapability(nvmlDevice_t device, unsigned int link,
@@ -749,18 +771,34 @@ EXPORT nvmlReturn_t nvmlDeviceGetNvLinkCapability(nvmlDevice_t device, unsigned 
     LOCKED(link_cap_impl(device, link, capability, capResult));
 }
 
+static void fill_switch_pci(const mock_nvswitch *sw, nvmlPciInfo_t *pci)
+{
+    memset(pci, 0, sizeof *pci);
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.0", sw->domain & 0xffff,
+             sw->bus, sw->device);
+    snprintf(pci->busId, sizeof pci->busId, "%s", sw->pci_bus_id);
+    pci->domain = sw->domain;
+    pci->bus = sw->bus;
+    pci->device = sw->device;
+    pci->pciDeviceId = sw->pci_device_id;
+    pci->pciSubSystemId = sw->pci_subsystem_id;
+}
+
 static nvmlReturn_t link_remote_impl(nvmlDevice_t d, unsigned int link, nvmlPciInfo_t *pci)
 {
     if (!pci)
         return NVML_ERROR_INVALID_ARGUMENT;
     devref r;
-    int peer;
-    nvmlReturn_t rc = link_get(d, link, &r, &peer);
+    link_end e;
+    nvmlReturn_t rc = link_get(d, link, &r, &e);
     if (rc != NVML_SUCCESS)
         return rc;
-    if (peer < 0)
+    if (e.kind == END_GPU)
+        fill_pci(&g_prof.gpu[e.index], pci);
+    else if (e.kind == END_SWITCH)
+        fill_switch_pci(&g_prof.nvswitch[e.index], pci);
+    else
         return NVML_ERROR_NOT_FOUND;
-    fill_pci(&g_prof.gpu[peer], pci);
     return NVML_SUCCESS;
 }
 EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link,
@@ -774,6 +812,41 @@ EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo(nvmlDevice_t device, unsign
     LOCKED(link_remote_impl(device, link, pci));
 }
 
+static nvmlReturn_t link_remote_type_impl(nvmlDevice_t d, unsigned int link,
+                                          nvmlIntNvLinkDeviceType_t *type)
+{
+    if (!type)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    devref r;
+    link_end e;
+    nvmlReturn_t rc = link_get(d, link, &r, &e);
+    if (rc == NVML_SUCCESS)
+        *type = e.kind == END_GPU      ? NVML_NVLINK_DEVICE_TYPE_GPU
+                : e.kind == END_SWITCH ? NVML_NVLINK_DEVICE_TYPE_SWITCH
+                                       : NVML_NVLINK_DEVICE_TYPE_UNKNOWN;
+    return rc;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t device, unsigned int link,
+                                                        nvmlIntNvLinkDeviceType_t *pNvLinkDeviceType)
+{
+    LOCKED(link_remote_type_impl(device, link, pNvLinkDeviceType));
+}
+
+/* GPUs talk over NVLink when a link joins them or both reach the same NVSwitch (the switches
+ * of one baseboard forward between any two of its GPUs). */
+static int nvlink_connected(const mock_gpu *a, unsigned b_index)
+{
+    const mock_gpu *b = &g_prof.gpu[b_index];
+    for (unsigned i = 0; i < a->n_nvlink_peers; i++)
+        if (a->nvlink_peers[i] == (int)b_index)
+            return 1;
+    for (unsigned i = 0; i < a->n_nvlink_switches; i++)
+        for (unsigned j = 0; j < b->n_nvlink_switches; j++)
+            if (a->nvlink_switches[i] == b->nvlink_switches[j])
+                return 1;
+    return 0;
+}
+
 static nvmlReturn_t p2p_impl(nvmlDevice_t d1, nvmlDevice_t d2, nvmlGpuP2PCapsIndex_t idx,
                              nvmlGpuP2PStatus_t *status)
 {
@@ -785,11 +858,11 @@ static nvmlReturn_t p2p_impl(nvmlDevice_t d1, nvmlDevice_t d2, nvmlGpuP2PCapsInd
         rc = dev_get(d2, &b, 0);
     if (rc != NVML_SUCCESS)
         return rc;
-    int linked = 0;
-    for (unsigned i = 0; i < a.p->n_nvlink_peers; i++)
-        linked |= a.p->nvlink_peers[i] == (int)b.gpu;
     if (idx == NVML_P2P_CAPS_INDEX_NVLINK)
-        *status = linked ? NVML_P2P_STATUS_OK : NVML_P2P_STATUS_NOT_SUPPORTED;
+        *status = a.gpu != b.gpu && a.p->nvlink_links && b.p->nvlink_links &&
+                          nvlink_connected(a.p, b.gpu)
+                      ? NVML_P2P_STATUS_OK
+                      : NVML_P2P_STATUS_NOT_SUPPORTED;
     else
         *status = NVML_P2P_STATUS_OK;
     return NVML_SUCCESS;

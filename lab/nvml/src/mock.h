@@ -29,6 +29,7 @@
 #define MOCK_MAX_CPUS 1024
 #define MOCK_CPU_WORDS (MOCK_MAX_CPUS / (8 * sizeof(unsigned long)))
 #define MOCK_MAX_NVLINK_PEERS 8
+#define MOCK_MAX_NVSWITCHES 16
 #define MOCK_NO_ID 0xFFFFFFFFu
 
 /* /dev/nvidia-caps minors, the driver's fixed table (/proc/driver/nvidia-caps/mig-minors):
@@ -108,6 +109,10 @@ typedef struct {
     int mig_immediate;         /* mode change applies without a reset */
     unsigned nvlink_version, nvlink_links, n_nvlink_peers;
     int nvlink_peers[MOCK_MAX_NVLINK_PEERS];
+    /* NVSwitch wiring (exclusive with nvlink_peers): link i goes to switch
+     * nvlink_switches[i % n_nvlink_switches], an index into mock_profile.nvswitch */
+    unsigned n_nvlink_switches;
+    int nvlink_switches[NVML_NVLINK_MAX_LINKS];
     unsigned power_usage_mw, power_limit_mw, temperature_c, util_gpu, util_mem;
     int persistence;
     unsigned pcie_gen, pcie_width;
@@ -117,6 +122,14 @@ typedef struct {
     int id;
     unsigned long cpus[MOCK_CPU_WORDS];
 } mock_numa;
+
+/* An NVSwitch of the node's baseboard: a PCI device (class bridge) at the far end of GPU links;
+ * NVML shows it only through nvmlDeviceGetNvLinkRemotePciInfo / ...RemoteDeviceType. */
+typedef struct {
+    char pci_bus_id[NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE];
+    unsigned domain, bus, device;
+    unsigned pci_device_id, pci_subsystem_id;
+} mock_nvswitch;
 
 typedef struct {
     char path[PATH_MAX];
@@ -129,6 +142,8 @@ typedef struct {
     mock_gpu gpu[MOCK_MAX_GPUS];
     unsigned nnuma;
     mock_numa numa[MOCK_MAX_NUMA];
+    unsigned nswitch;
+    mock_nvswitch nvswitch[MOCK_MAX_NVSWITCHES];
 } mock_profile;
 
 /* ---- persistent device state (state file in the state dir) ---- */

@@ -134,6 +134,50 @@ static int parse_cpus(yctx *c, const yaml_node_t *n, const char *field, unsigned
     return 0;
 }
 
+/* A PCI bus id, `DDDDDDDD:BB:DD.F` or `BB:DD.F`, stored as NVML writes it (function 0). */
+static int get_bus_id(yctx *c, const yaml_node_t *v, const char *f,
+                      char out[NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE], unsigned *domain,
+                      unsigned *bus_out, unsigned *device)
+{
+    char tmp[64];
+    if (get_str(c, v, f, tmp, sizeof tmp))
+        return -1;
+    unsigned dom = 0, bus, dev, fn = 0;
+    int ok = sscanf(tmp, "%x:%x:%x.%x", &dom, &bus, &dev, &fn) == 4;
+    if (!ok) {
+        dom = 0;
+        ok = sscanf(tmp, "%x:%x.%x", &bus, &dev, &fn) == 3;
+    }
+    if (!ok || bus > 0xff || dev > 0x1f || fn > 7)
+        return fail(c, v, f, "expected a PCI bus id such as 00000000:07:00.0, got '%s'", tmp);
+    *domain = dom;
+    *bus_out = bus;
+    *device = dev;
+    snprintf(out, NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE, "%08X:%02X:%02X.0", dom, bus, dev);
+    return 0;
+}
+
+/* A list of small indexes (nvlink_peers, nvlink_switches) into out[max]. */
+static int get_index_list(yctx *c, yaml_node_t *v, const char *f, const char *what,
+                          unsigned limit, unsigned max, int *out, unsigned *n)
+{
+    if (v->type != YAML_SEQUENCE_NODE)
+        return fail(c, v, f, "expected a list of %s indexes", what);
+    *n = 0;
+    for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top;
+         it++) {
+        char ff[300];
+        snprintf(ff, sizeof ff, "%s[%u]", f, *n);
+        if (*n >= max)
+            return fail(c, v, f, "at most %u entries", max);
+        unsigned u;
+        if (get_u32(c, yaml_document_get_node(&c->doc, *it), ff, limit, &u))
+            return -1;
+        out[(*n)++] = (int)u;
+    }
+    return 0;
+}
+
 /* ---- UUIDs and serials derived from the seed ---- */
 static uint64_t fnv1a(const char *s, uint64_t h)
 {
@@ -199,9 +243,9 @@ static const char *GPU_FIELDS =
     "name, uuid, serial, pci_bus_id, pci_device_id, pci_subsystem_id, memory_mib, "
     "memory_reserved_mib, compute_capability, architecture, brand, multiprocessors, numa_node, "
     "pcie_switch, minor_number, mig_table, mig_enabled, mig_mode_change, nvlink_version, "
-    "nvlink_links, nvlink_peers, power_usage_w, power_limit_w, temperature_c, utilization_gpu, "
-    "utilization_memory, persistence_mode, vbios_version, board_part_number, pcie_generation, "
-    "pcie_width";
+    "nvlink_links, nvlink_peers, nvlink_switches, power_usage_w, power_limit_w, temperature_c, "
+    "utilization_gpu, utilization_memory, persistence_mode, vbios_version, board_part_number, "
+    "pcie_generation, pcie_width";
 
 static int gpu_field(yctx *c, const char *key, yaml_node_t *v, const char *path, mock_gpu *g,
                      unsigned *seen)
@@ -228,22 +272,7 @@ static int gpu_field(yctx *c, const char *key, yaml_node_t *v, const char *path,
     }
     if (!strcmp(key, "pci_bus_id")) {
         *seen |= F_PCI_BUS_ID;
-        char tmp[64];
-        if (get_str(c, v, f, tmp, sizeof tmp))
-            return -1;
-        unsigned dom = 0, bus, dev, fn = 0;
-        int ok = sscanf(tmp, "%x:%x:%x.%x", &dom, &bus, &dev, &fn) == 4;
-        if (!ok) {
-            dom = 0;
-            ok = sscanf(tmp, "%x:%x.%x", &bus, &dev, &fn) == 3;
-        }
-        if (!ok || bus > 0xff || dev > 0x1f || fn > 7)
-            return fail(c, v, f, "expected a PCI bus id such as 00000000:07:00.0, got '%s'", tmp);
-        g->domain = dom;
-        g->bus = bus;
-        g->device = dev;
-        snprintf(g->pci_bus_id, sizeof g->pci_bus_id, "%08X:%02X:%02X.0", dom, bus, dev);
-        return 0;
+        return get_bus_id(c, v, f, g->pci_bus_id, &g->domain, &g->bus, &g->device);
     }
     if (!strcmp(key, "pci_device_id")) {
         *seen |= F_PCI_DEVICE_ID;
@@ -344,22 +373,12 @@ static int gpu_field(yctx *c, const char *key, yaml_node_t *v, const char *path,
         return get_u32(c, v, f, 10, &g->nvlink_version);
     if (!strcmp(key, "nvlink_links"))
         return get_u32(c, v, f, NVML_NVLINK_MAX_LINKS, &g->nvlink_links);
-    if (!strcmp(key, "nvlink_peers")) {
-        if (v->type != YAML_SEQUENCE_NODE)
-            return fail(c, v, f, "expected a list of GPU indexes");
-        g->n_nvlink_peers = 0;
-        for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top;
-             it++) {
-            char ff[300];
-            snprintf(ff, sizeof ff, "%s[%u]", f, g->n_nvlink_peers);
-            if (g->n_nvlink_peers >= MOCK_MAX_NVLINK_PEERS)
-                return fail(c, v, f, "at most %d peers", MOCK_MAX_NVLINK_PEERS);
-            if (get_u32(c, yaml_document_get_node(&c->doc, *it), ff, MOCK_MAX_GPUS - 1, &u))
-                return -1;
-            g->nvlink_peers[g->n_nvlink_peers++] = (int)u;
-        }
-        return 0;
-    }
+    if (!strcmp(key, "nvlink_peers"))
+        return get_index_list(c, v, f, "GPU", MOCK_MAX_GPUS - 1, MOCK_MAX_NVLINK_PEERS,
+                              g->nvlink_peers, &g->n_nvlink_peers);
+    if (!strcmp(key, "nvlink_switches"))
+        return get_index_list(c, v, f, "NVSwitch", MOCK_MAX_NVSWITCHES - 1, NVML_NVLINK_MAX_LINKS,
+                              g->nvlink_switches, &g->n_nvlink_switches);
     if (!strcmp(key, "power_usage_w")) {
         if (get_u32(c, v, f, 100000, &u))
             return -1;
@@ -449,6 +468,51 @@ static int numa_nodes(yctx *c, yaml_node_t *v, mock_profile *out)
     return 0;
 }
 
+static int nvswitches(yctx *c, yaml_node_t *v, mock_profile *out)
+{
+    if (v->type != YAML_SEQUENCE_NODE)
+        return fail(c, v, "nvswitches", "expected a list of {pci_bus_id, pci_device_id}");
+    for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top;
+         it++) {
+        char path[64];
+        snprintf(path, sizeof path, "nvswitches[%u]", out->nswitch);
+        yaml_node_t *m = yaml_document_get_node(&c->doc, *it);
+        if (out->nswitch >= MOCK_MAX_NVSWITCHES)
+            return fail(c, m, "nvswitches", "at most %d NVSwitches", MOCK_MAX_NVSWITCHES);
+        if (m->type != YAML_MAPPING_NODE)
+            return fail(c, m, path, "expected a mapping {pci_bus_id, pci_device_id}");
+        mock_nvswitch *sw = &out->nvswitch[out->nswitch];
+        int have_bus = 0, have_id = 0;
+        for (yaml_node_pair_t *p = m->data.mapping.pairs.start; p < m->data.mapping.pairs.top;
+             p++) {
+            const char *ks = scalar(yaml_document_get_node(&c->doc, p->key));
+            yaml_node_t *val = yaml_document_get_node(&c->doc, p->value);
+            char f[96];
+            snprintf(f, sizeof f, "%s.%s", path, ks ? ks : "?");
+            if (ks && !strcmp(ks, "pci_bus_id")) {
+                if (get_bus_id(c, val, f, sw->pci_bus_id, &sw->domain, &sw->bus, &sw->device))
+                    return -1;
+                have_bus = 1;
+            } else if (ks && !strcmp(ks, "pci_device_id")) {
+                if (get_u32(c, val, f, 0xffffffffu, &sw->pci_device_id))
+                    return -1;
+                have_id = 1;
+            } else if (ks && !strcmp(ks, "pci_subsystem_id")) {
+                if (get_u32(c, val, f, 0xffffffffu, &sw->pci_subsystem_id))
+                    return -1;
+            } else {
+                return fail(c, val, f,
+                            "unknown field (NVSwitch fields: pci_bus_id, pci_device_id, "
+                            "pci_subsystem_id)");
+            }
+        }
+        if (!have_bus || !have_id)
+            return fail(c, m, path, "needs both pci_bus_id and pci_device_id");
+        out->nswitch++;
+    }
+    return 0;
+}
+
 static int parse_cuda_version(yctx *c, yaml_node_t *v, int *out)
 {
     const char *s = scalar(v);
@@ -466,7 +530,8 @@ static int parse_cuda_version(yctx *c, yaml_node_t *v, int *out)
     return fail(c, v, "cuda_driver_version", "expected \"12.4\" or 12040, got '%s'", s ? s : "");
 }
 
-static int validate(yctx *c, mock_profile *out, yaml_node_t *gpus_node)
+static int validate(yctx *c, mock_profile *out, yaml_node_t *gpus_node,
+                    yaml_node_t *switches_node)
 {
     for (unsigned i = 0; i < out->ngpu; i++) {
         mock_gpu *g = &out->gpu[i];
@@ -489,6 +554,10 @@ static int validate(yctx *c, mock_profile *out, yaml_node_t *gpus_node)
         }
         if (g->mig_enabled && !g->mig)
             return fail(c, gpus_node, path, "mig_enabled needs a mig_table (the GPU is not MIG capable)");
+        if (g->n_nvlink_peers && g->n_nvlink_switches)
+            return fail(c, gpus_node, path,
+                        "nvlink_peers and nvlink_switches are exclusive (a GPU's links go to GPUs "
+                        "or to NVSwitches; set the other to [] to override defaults)");
         for (unsigned k = 0; k < g->n_nvlink_peers; k++) {
             int p = g->nvlink_peers[k];
             if (p == (int)i || (unsigned)p >= out->ngpu)
@@ -503,6 +572,27 @@ static int validate(yctx *c, mock_profile *out, yaml_node_t *gpus_node)
         }
         if (g->n_nvlink_peers && !g->nvlink_links)
             return fail(c, gpus_node, path, "nvlink_peers needs nvlink_links > 0");
+        if (g->n_nvlink_switches && !g->nvlink_links)
+            return fail(c, gpus_node, path, "nvlink_switches needs nvlink_links > 0");
+        for (unsigned k = 0; k < g->n_nvlink_switches; k++)
+            if ((unsigned)g->nvlink_switches[k] >= out->nswitch)
+                return fail(c, gpus_node, path,
+                            "nvlink_switches: %d is not an NVSwitch of this node (nvswitches lists "
+                            "%u)",
+                            g->nvlink_switches[k], out->nswitch);
+    }
+    for (unsigned s = 0; s < out->nswitch; s++) {
+        char path[32];
+        snprintf(path, sizeof path, "nvswitches[%u]", s);
+        const char *bus = out->nvswitch[s].pci_bus_id;
+        for (unsigned j = 0; j < s; j++)
+            if (!strcmp(bus, out->nvswitch[j].pci_bus_id))
+                return fail(c, switches_node, path, "pci_bus_id %s is also used by nvswitches[%u]",
+                            bus, j);
+        for (unsigned j = 0; j < out->ngpu; j++)
+            if (!strcmp(bus, out->gpu[j].pci_bus_id))
+                return fail(c, switches_node, path, "pci_bus_id %s is also used by gpus[%u]", bus,
+                            j);
     }
     return 0;
 }
@@ -523,7 +613,7 @@ static int parse_root(yctx *c, yaml_node_t *root, mock_profile *out)
     defaults.pcie_gen = 4;
     defaults.pcie_width = 16;
     unsigned dseen = 0;
-    yaml_node_t *gpus = NULL, *defaults_node = NULL;
+    yaml_node_t *gpus = NULL, *defaults_node = NULL, *switches_node = NULL;
     int have_driver = 0, have_cuda = 0, have_name = 0;
     char seed[128] = "";
 
@@ -561,6 +651,10 @@ static int parse_root(yctx *c, yaml_node_t *root, mock_profile *out)
         } else if (!strcmp(ks, "numa_nodes")) {
             if (numa_nodes(c, v, out))
                 return -1;
+        } else if (!strcmp(ks, "nvswitches")) {
+            switches_node = v;
+            if (nvswitches(c, v, out))
+                return -1;
         } else if (!strcmp(ks, "defaults")) {
             defaults_node = v;
         } else if (!strcmp(ks, "gpus")) {
@@ -568,8 +662,8 @@ static int parse_root(yctx *c, yaml_node_t *root, mock_profile *out)
         } else {
             return fail(c, k, ks,
                         "unknown field (top-level fields: name, description, machine, seed, "
-                        "driver_version, cuda_driver_version, nvml_version, numa_nodes, defaults, "
-                        "gpus)");
+                        "driver_version, cuda_driver_version, nvml_version, numa_nodes, nvswitches, "
+                        "defaults, gpus)");
         }
     }
     if (!have_name)
@@ -653,7 +747,7 @@ static int parse_root(yctx *c, yaml_node_t *root, mock_profile *out)
     if (!out->nvml_version[0])
         snprintf(out->nvml_version, sizeof out->nvml_version, "%d.%.64s", out->cuda_version / 1000,
                  out->driver_version);
-    return validate(c, out, gpus);
+    return validate(c, out, gpus, switches_node);
 }
 
 nvmlReturn_t profile_load(const char *path, mock_profile *out)
