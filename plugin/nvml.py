@@ -11,7 +11,9 @@ import ctypes
 import logging
 import re
 import threading
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import pynvml
@@ -248,11 +250,7 @@ def _describe_mig(parent_index: int, parent_uuid: str, position: int, mig: Any,
 
 def _links(gpus: list[Gpu], handles: dict[str, Any]) -> dict[frozenset[str], Link]:
     by_bus = {g.pci_bus_id: g.uuid for g in gpus if g.pci_bus_id}
-    nvlinks: dict[frozenset[str], int] = {}
-    for gpu in gpus:
-        for peer in _nvlink_peers(gpu, handles[gpu.uuid], by_bus):
-            key = frozenset((gpu.uuid, peer))
-            nvlinks[key] = nvlinks.get(key, 0) + 1
+    ends = {gpu.uuid: _nvlink_ends(gpu, handles[gpu.uuid], by_bus) for gpu in gpus}
     links: dict[frozenset[str], Link] = {}
     for i, a in enumerate(gpus):
         for b in gpus[i + 1:]:
@@ -261,28 +259,54 @@ def _links(gpus: list[Gpu], handles: dict[str, Any]) -> dict[frozenset[str], Lin
                 handles[a.uuid], handles[b.uuid], default=None,
                 subject=f"GPUs {a.index} and {b.index}",
             )
-            key = frozenset((a.uuid, b.uuid))
-            # Each link is seen from both ends; count it once.
-            links[key] = Link(nvlinks=nvlinks.get(key, 0) // 2,
-                              ancestor=int(level) if level is not None else None)
+            links[frozenset((a.uuid, b.uuid))] = Link(
+                nvlinks=_nvlinks_between(ends[a.uuid], ends[b.uuid], a.uuid, b.uuid),
+                ancestor=int(level) if level is not None else None)
     return links
 
 
-def _nvlink_peers(gpu: Gpu, handle: Any, by_bus: dict[str, str]) -> list[str]:
-    peers: list[str] = []
+@dataclass
+class _NvlinkEnds:
+    """Where a GPU's active NVLinks go: link counts by peer GPU (UUID) and by NVSwitch (bus id)."""
+
+    gpus: Counter[str] = field(default_factory=Counter)
+    switches: Counter[str] = field(default_factory=Counter)
+
+
+def _nvlinks_between(a: _NvlinkEnds, b: _NvlinkEnds, a_uuid: str, b_uuid: str) -> int:
+    """NVLinks joining two GPUs, as nvidia-smi topo -m counts them (NV12 for every pair of a
+    DGX A100, NV18 of a DGX H100): direct links (each seen from both ends, counted once), plus,
+    per NVSwitch both reach, the fewer of their links to it (a switch forwards between any two
+    of its GPUs at the narrower side's width)."""
+    direct = (a.gpus[b_uuid] + b.gpus[a_uuid]) // 2
+    shared = a.switches.keys() & b.switches.keys()
+    return direct + sum(min(a.switches[s], b.switches[s]) for s in shared)
+
+
+def _nvlink_ends(gpu: Gpu, handle: Any, by_bus: dict[str, str]) -> _NvlinkEnds:
+    ends = _NvlinkEnds()
     for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+        subject = f"GPU {gpu.index} link {link}"
         state = optional("nvmlDeviceGetNvLinkState", pynvml.nvmlDeviceGetNvLinkState, handle,
-                         link, default=None, subject=f"GPU {gpu.index} link {link}")
+                         link, default=None, subject=subject)
         if state is None:
             break  # no more links (or no NVLink at all)
         if state != pynvml.NVML_FEATURE_ENABLED:
             continue
         remote = optional("nvmlDeviceGetNvLinkRemotePciInfo",
                           pynvml.nvmlDeviceGetNvLinkRemotePciInfo, handle, link, default=None,
-                          subject=f"GPU {gpu.index} link {link}")
+                          subject=subject)
         if remote is None:
             continue
-        peer = by_bus.get(normalize_bus_id(_text(remote.busId)))
-        if peer and peer != gpu.uuid:
-            peers.append(peer)
-    return peers
+        bus = normalize_bus_id(_text(remote.busId))
+        # A driver without the call (older than NVSwitch support) leaves None: only links whose
+        # far end is a GPU of this node then count.
+        kind = optional("nvmlDeviceGetNvLinkRemoteDeviceType",
+                        pynvml.nvmlDeviceGetNvLinkRemoteDeviceType, handle, link, default=None,
+                        subject=subject)
+        peer = by_bus.get(bus)
+        if kind == pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH:
+            ends.switches[bus] += 1
+        elif peer and peer != gpu.uuid:
+            ends.gpus[peer] += 1
+    return ends

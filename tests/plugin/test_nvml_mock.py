@@ -92,9 +92,10 @@ def test_discovery_a100(mock_node: Callable[[str], Any]) -> None:
     assert g.mig_capable and not g.mig_enabled
     assert [x.numa_node for x in inv.gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
     assert inv.gpus[1].pci_bus_id == "0000:0f:00.0"
-    assert inv.link(inv.gpus[0].uuid, inv.gpus[1].uuid).nvlinks > 0
+    # Six NVSwitches, two links from every GPU to each: NV12 between any two GPUs.
+    assert inv.link(inv.gpus[0].uuid, inv.gpus[1].uuid).nvlinks == 12
     assert inv.link(inv.gpus[0].uuid, inv.gpus[1].uuid).ancestor == TOPOLOGY_SINGLE
-    assert inv.link(inv.gpus[0].uuid, inv.gpus[2].uuid).nvlinks == 0
+    assert inv.link(inv.gpus[0].uuid, inv.gpus[2].uuid).nvlinks == 12
     assert inv.driver_version == "550.90.07" and inv.cuda_version == (12, 4)
 
 
