@@ -46,8 +46,11 @@ def sources() -> Sources:
     lib = nvml.library_path()
     if lib is None:
         raise RepoError("the mock NVML library is not built: run `make nvml`")
+    from gpukit.lab.config import cache_dir
+
     here = Path(__file__).resolve().parent.parent
-    return Sources(nvml_lib=lib, nvidia_smi=here / "nvidia_smi.py", pynvml=Path(pynvml.__file__))
+    return Sources(nvml_lib=lib, nvidia_smi=here / "nvidia_smi.py", pynvml=Path(pynvml.__file__),
+                   build_dir=cache_dir() / "cuda")  # fmt: skip
 
 
 def build_repo(out: Path | None = None, force: bool = False) -> Path:

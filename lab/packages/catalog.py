@@ -5,13 +5,19 @@ branch pin, install, upgrade across branches, conflicts between flavours):
 
 * `nvidia-driver` (one version per branch): the meta package, depending on
   `nvidia-driver-<branch> (= the same version)`.
-* `nvidia-driver-<branch>` (`<driver version>-1`): the mock `libnvidia-ml.so.1` and
-  `nvidia-smi` (the lab's, over a vendored pynvml).
+* `nvidia-driver-<branch>` (`<driver version>-1`): the driver's user space where the real
+  driver installs it: `libnvidia-ml.so.<version>` (the mock NVML) and `libcuda.so.<version>`
+  (a stand-in built from lab/cuda/libcuda.c: cuInit, cuDriverGetVersion, cuDeviceGetCount
+  answer from the device nodes the process may open) with their `.so.1` soname links;
+  `nvidia-smi` (the lab's, over a vendored pynvml) and stand-ins of `nvidia-debugdump`,
+  `nvidia-cuda-mps-control` and `nvidia-cuda-mps-server` (they say they are stand-ins).
 * `nvidia-kernel-open-<branch>`, `nvidia-kernel-<branch>` (`<driver version>-1`): the
   "kernel module", open or proprietary: a unit that "loads" it at boot.
-* `nvidia-persistenced` (one version per branch): a persistence daemon stand-in and its unit.
+* `nvidia-persistenced` (one version per branch): a persistence daemon stand-in holding the
+  daemon's socket, /run/nvidia-persistenced/socket, and its unit.
 * `nvidia-container-toolkit` (`1.17.4-1`): `nvidia-container-runtime`, which edits a
-  container's OCI spec for its GPUs as NVIDIA's does and runs runc (gpukit.lab.runtime).
+  container's OCI spec for its GPUs as NVIDIA's does and runs runc, and `nvidia-cdi-hook`,
+  the hooks NVIDIA's CDI specs name (gpukit.lab.runtime).
 
 The loaded "kernel module" decides which driver version the GPUs report (through NVML):
 the unit it ships rewrites the node's mock NVML profile at boot. So after an upgrade the old
@@ -28,9 +34,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpukit.lab.packages.deb import File, Package, text
+from gpukit.lab.packages import cuda_lib
+from gpukit.lab.packages.deb import File, Package, symlink, text
 
-NVML_LIB_PATH = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+LIB_DIR = "/usr/lib/x86_64-linux-gnu"
+NVML_LIB_PATH = f"{LIB_DIR}/libnvidia-ml.so.1"
+LIBCUDA_PATH = f"{LIB_DIR}/libcuda.so.1"
 LAB_DIR = "/usr/lib/nvidia/lab"
 TOOLKIT_VERSION = "1.17.4-1"
 
@@ -112,9 +121,35 @@ exec /usr/bin/python3 {lab}/nvidia_smi.py "$@"
 PERSISTENCED = """\
 #!/bin/sh
 # Stand-in for nvidia-persistenced: a real one keeps the GPUs initialised while no client
-# holds them; this one only stays up, so its unit behaves like the real service.
-exec sleep infinity
+# holds them and answers on its socket (NVIDIA's CDI specs mount it into containers); this
+# one holds the socket and stays up, so its unit behaves like the real service.
+exec /usr/bin/python3 -I -c '
+import os, signal, socket
+path = "/run/nvidia-persistenced/socket"
+os.makedirs(os.path.dirname(path), exist_ok=True)
+if os.path.exists(path):
+    os.unlink(path)
+s = socket.socket(socket.AF_UNIX)
+s.bind(path)
+s.listen()
+signal.signal(signal.SIGTERM, lambda *_: (os.unlink(path), os._exit(0)))
+while True:
+    s.accept()[0].close()
+'
 """
+
+# The driver's other tools NVIDIA's CDI specs mount into containers; the lab's GPUs have no
+# coredumps and no MPS, so these only say what they are.
+STANDIN_TOOL = """\
+#!/bin/sh
+echo "$(basename "$0"): stand-in of the gpukit lab's NVIDIA driver (no {what})" >&2
+exit 1
+"""
+STANDIN_TOOLS = {
+    "nvidia-debugdump": "GPU coredumps",
+    "nvidia-cuda-mps-control": "multi-process service",
+    "nvidia-cuda-mps-server": "multi-process service",
+}
 
 PERSISTENCED_UNIT = """\
 [Unit]
@@ -139,6 +174,15 @@ RUNTIME = f"""\
 # nvidia-container-runtime (gpukit lab stand-in): edits the OCI spec for the GPUs a container
 # asks for, as NVIDIA's does, then runs runc. See {RUNTIME_DIR}/nvidia_container_runtime.py.
 exec /usr/bin/python3 -I {RUNTIME_DIR}/nvidia_container_runtime.py "$@"
+"""
+
+HOOK_SOURCE = RUNTIME_SOURCE.with_name("nvidia_cdi_hook.py")
+CDI_HOOK_PATH = "/usr/bin/nvidia-cdi-hook"
+CDI_HOOK = f"""\
+#!/bin/sh
+# nvidia-cdi-hook (gpukit lab stand-in): the OCI hooks NVIDIA's CDI specs name.
+# See {RUNTIME_DIR}/nvidia_cdi_hook.py.
+exec /usr/bin/python3 -I {RUNTIME_DIR}/nvidia_cdi_hook.py "$@"
 """
 
 RUNTIME_LOG = "/var/log/nvidia-container-runtime.log"
@@ -175,6 +219,14 @@ class Sources:
     nvml_lib: Path  # the mock libnvidia-ml.so.1
     nvidia_smi: Path  # gpukit/lab/nvidia_smi.py
     pynvml: Path  # pynvml.py (nvidia-ml-py, BSD), vendored for nvidia-smi
+    build_dir: Path | None = None  # where the stand-in libcuda is built (None: a temp dir)
+
+    def libcuda(self, branch: Branch) -> Path:
+        if self.build_dir is not None:
+            return cuda_lib.build(branch.cuda_version, self.build_dir)
+        import tempfile
+
+        return cuda_lib.build(branch.cuda_version, Path(tempfile.gettempdir()) / "gpukit-cuda")
 
 
 def driver_packages(branch: Branch, src: Sources) -> list[Package]:
@@ -216,11 +268,16 @@ def driver_packages(branch: Branch, src: Sources) -> list[Package]:
         version=v,
         description=(
             f"NVIDIA driver user space, branch {b}\n"
-            "libnvidia-ml.so.1 (the gpukit lab's mock NVML) and nvidia-smi."
+            "libnvidia-ml (the gpukit lab's mock NVML), a stand-in libcuda, nvidia-smi."
         ),
         files={
-            NVML_LIB_PATH: File(source=src.nvml_lib, mode=0o644),
+            f"{LIB_DIR}/libnvidia-ml.so.{branch.driver_version}": File(source=src.nvml_lib),
+            NVML_LIB_PATH: symlink(f"libnvidia-ml.so.{branch.driver_version}"),
+            f"{LIB_DIR}/libcuda.so.{branch.driver_version}": File(source=src.libcuda(branch)),
+            LIBCUDA_PATH: symlink(f"libcuda.so.{branch.driver_version}"),
             "/usr/bin/nvidia-smi": text(NVIDIA_SMI.format(lab=LAB_DIR), 0o755),
+            **{f"/usr/bin/{tool}": text(STANDIN_TOOL.format(what=what), 0o755)
+               for tool, what in STANDIN_TOOLS.items()},
             f"{LAB_DIR}/nvidia_smi.py": File(source=src.nvidia_smi),
             f"{LAB_DIR}/pynvml.py": File(source=src.pynvml),
             f"{LAB_DIR}/driver-version": text(branch.driver_version + "\n"),
@@ -265,11 +322,14 @@ def toolkit_packages() -> list[Package]:
             description=(
                 "NVIDIA container runtime\n"
                 "nvidia-container-runtime: adds the GPUs a container asks for (legacy or CDI\n"
-                "mode) to its OCI spec, then runs runc. CDI specs come from gpukit."
+                "mode) to its OCI spec, then runs runc; nvidia-cdi-hook, the hooks of CDI\n"
+                "specs. CDI specs come from gpukit."
             ),
             files={
                 "/usr/bin/nvidia-container-runtime": text(RUNTIME, 0o755),
                 f"{RUNTIME_DIR}/nvidia_container_runtime.py": File(source=RUNTIME_SOURCE),
+                CDI_HOOK_PATH: text(CDI_HOOK, 0o755),
+                f"{RUNTIME_DIR}/nvidia_cdi_hook.py": File(source=HOOK_SOURCE),
                 "/etc/nvidia-container-runtime/config.toml": text(RUNTIME_CONFIG, conffile=True),
             },
             depends=("python3 (>= 3.11)", "python3-yaml"),

@@ -36,14 +36,18 @@ class PackageError(RuntimeError):
 
 @dataclass(frozen=True)
 class File:
-    """A file in a package: literal content or a copy of a host file."""
+    """A file in a package: literal content, a copy of a host file, or a symbolic link (`link`:
+    its target, as the driver's soname links `libcuda.so.1 -> libcuda.so.<version>`)."""
 
     content: bytes | None = None
     source: Path | None = None
     mode: int = 0o644
     conffile: bool = False
+    link: str | None = None
 
     def data(self) -> bytes:
+        if self.link is not None:
+            return self.link.encode()
         if self.content is not None:
             return self.content
         if self.source is None:
@@ -53,6 +57,10 @@ class File:
 
 def text(s: str, mode: int = 0o644, conffile: bool = False) -> File:
     return File(content=s.encode(), mode=mode, conffile=conffile)
+
+
+def symlink(target: str) -> File:
+    return File(link=target, mode=0o777)
 
 
 @dataclass(frozen=True)
@@ -121,10 +129,13 @@ def build(pkg: Package, out_dir: Path, compression: str = "xz") -> Path:
                 raise PackageError(f"{pkg.name}: file path {path!r} must be absolute")
             target = root / path.lstrip("/")
             target.parent.mkdir(parents=True, exist_ok=True)
+            if f.link is not None:
+                target.symlink_to(f.link)
+                continue
             target.write_bytes(f.data())
             target.chmod(f.mode)
         (debian / "control").write_text(pkg.control())
-        conffiles = [p for p, f in sorted(pkg.files.items()) if f.conffile]
+        conffiles = [p for p, f in sorted(pkg.files.items()) if f.conffile and f.link is None]
         if conffiles:
             (debian / "conffiles").write_text("\n".join(conffiles) + "\n")
         for name in ("postinst", "prerm", "postrm"):
