@@ -5,6 +5,7 @@ and anywhere else: it only uses public NVML calls, so it works against the real 
     python -m gpukit.lab.nvidia_smi -L               list GPUs and MIG devices, like nvidia-smi -L
     python -m gpukit.lab.nvidia_smi --query-gpu=name,uuid,driver_version,memory.total,\
 mig.mode.current --format=csv,noheader [-i 0,1]
+    python -m gpukit.lab.nvidia_smi topo -m         GPU topology matrix, like nvidia-smi topo -m
 
 Exit status: 0, or the NVML error code of the failure (as nvidia-smi does).
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -348,6 +350,99 @@ def summary(indexes: list[int]) -> tuple[list[str], int]:
     return lines, status
 
 
+# ---- topo -m ----
+_PCIE_LEVEL = {
+    pynvml.NVML_TOPOLOGY_INTERNAL: "PIX", pynvml.NVML_TOPOLOGY_SINGLE: "PIX",
+    pynvml.NVML_TOPOLOGY_MULTIPLE: "PXB", pynvml.NVML_TOPOLOGY_HOSTBRIDGE: "PHB",
+    pynvml.NVML_TOPOLOGY_NODE: "NODE", pynvml.NVML_TOPOLOGY_SYSTEM: "SYS",
+}
+_TOPO_LEGEND = [
+    "",
+    "Legend:",
+    "",
+    "  X    = Self",
+    "  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes "
+    "(e.g., QPI/UPI)",
+    "  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges "
+    "within a NUMA node",
+    "  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)",
+    "  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host "
+    "Bridge)",
+    "  PIX  = Connection traversing at most a single PCIe bridge",
+    "  NV#  = Connection traversing a bonded set of # NVLinks",
+]
+
+
+@dataclass
+class _LinkEnds:
+    """A GPU's active NVLinks by far end: GPU bus ids, and NVSwitch bus ids."""
+
+    gpus: Counter[str]
+    switches: Counter[str]
+
+
+def _link_ends(h: Any) -> _LinkEnds:
+    ends = _LinkEnds(Counter(), Counter())
+    for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+        try:
+            if pynvml.nvmlDeviceGetNvLinkState(h, link) != pynvml.NVML_FEATURE_ENABLED:
+                continue
+        except pynvml.NVMLError:
+            break  # past the GPU's links, or no NVLink
+        bus = _try(pynvml.nvmlDeviceGetNvLinkRemotePciInfo, h, link)
+        if bus is None:
+            continue
+        kind = _try(pynvml.nvmlDeviceGetNvLinkRemoteDeviceType, h, link)
+        side = ends.switches if kind == pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH else ends.gpus
+        side[str(bus.busId)] += 1
+    return ends
+
+
+def _nvlinks(a: _LinkEnds, b: _LinkEnds, b_bus: str) -> int:
+    """Links from a to b: direct ones, plus per NVSwitch both reach the fewer of their links."""
+    shared = a.switches.keys() & b.switches.keys()
+    return a.gpus[b_bus] + sum(min(a.switches[s], b.switches[s]) for s in shared)
+
+
+def _cpu_list(mask: list[int]) -> str:
+    """CPU affinity words (64 CPUs each) -> "0-55,112-167"."""
+    cpus = [w * 64 + bit for w, word in enumerate(mask) for bit in range(64) if word >> bit & 1]
+    ranges: list[str] = []
+    for cpu in cpus:
+        if ranges and cpu == int(ranges[-1].split("-")[-1]) + 1:
+            ranges[-1] = f"{ranges[-1].split('-')[0]}-{cpu}"
+        else:
+            ranges.append(str(cpu))
+    return ",".join(ranges) or "N/A"
+
+
+def topology_matrix(indexes: list[int]) -> tuple[list[str], int]:
+    """``nvidia-smi topo -m``: NV# where GPUs have NVLinks (directly or through NVSwitches),
+    else the PCIe path; CPU and NUMA affinity. Tab-separated, as nvidia-smi prints it."""
+    try:
+        handles = [_handle(i) for i in indexes]
+    except _Lost as e:
+        return [str(e)], e.code
+    buses = [str(pynvml.nvmlDeviceGetPciInfo(h).busId) for h in handles]
+    ends = [_link_ends(h) for h in handles]
+    lines = ["\t" + "\t".join(f"GPU{i}" for i in indexes)
+             + "\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID"]
+    for r, (i, h) in enumerate(zip(indexes, handles, strict=True)):
+        cells = []
+        for c, other in enumerate(handles):
+            if c == r:
+                cells.append(" X ")
+                continue
+            n = _nvlinks(ends[r], ends[c], buses[c])
+            level = _try(pynvml.nvmlDeviceGetTopologyCommonAncestor, h, other)
+            cells.append(f"NV{n}" if n else _PCIE_LEVEL.get(level, "N/A"))
+        cpus = _cpu_list(list(_try(pynvml.nvmlDeviceGetCpuAffinity, h, 16, default=[])))
+        nodes = _try(pynvml.nvmlDeviceGetMemoryAffinity, h, 1, pynvml.NVML_AFFINITY_SCOPE_NODE)
+        numa = _cpu_list(list(nodes)) if nodes else "N/A"
+        lines.append(f"GPU{i}\t" + "\t".join(cells) + f"\t{cpus}\t{numa}\t\tN/A")
+    return lines + _TOPO_LEGEND, 0
+
+
 def _indexes(arg: str | None) -> list[int]:
     count = int(pynvml.nvmlDeviceGetCount())
     if not arg:
@@ -362,11 +457,19 @@ def _indexes(arg: str | None) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="nvidia-smi", description="read-only nvidia-smi over NVML")
-    ap.add_argument("-L", "--list-gpus", action="store_true", help="list GPUs and MIG devices")
+    argv = sys.argv[1:] if argv is None else argv
+    topo = bool(argv) and argv[0] == "topo"
+    ap = argparse.ArgumentParser(prog="nvidia-smi topo" if topo else "nvidia-smi",
+                                 description="read-only nvidia-smi over NVML")
+    if topo:
+        ap.add_argument("-m", "--matrix", action="store_true", required=True,
+                        help="GPU topology matrix")
+        argv = argv[1:]
+    else:
+        ap.add_argument("-L", "--list-gpus", action="store_true", help="list GPUs and MIG devices")
+        ap.add_argument("--query-gpu", help="comma-separated fields")
+        ap.add_argument("--format", default="csv", help="csv[,noheader][,nounits]")
     ap.add_argument("-i", "--id", help="comma-separated GPU indexes")
-    ap.add_argument("--query-gpu", help="comma-separated fields")
-    ap.add_argument("--format", default="csv", help="csv[,noheader][,nounits]")
     args = ap.parse_args(argv)
     try:
         pynvml.nvmlInit()
@@ -386,7 +489,9 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as bad:
             print(bad)
             return 6
-        if args.query_gpu:
+        if topo:
+            lines, status = topology_matrix(indexes)
+        elif args.query_gpu:
             lines, status = query_gpu(args.query_gpu.split(","), args.format, indexes)
         elif args.list_gpus:
             lines, status = list_gpus(indexes)

@@ -1,4 +1,4 @@
-"""gpukit.lab.nvidia_smi: nvidia-smi's -L, summary table and --query-gpu over pynvml."""
+"""gpukit.lab.nvidia_smi: nvidia-smi's -L, summary table, --query-gpu and topo -m over pynvml."""
 
 from __future__ import annotations
 
@@ -91,6 +91,43 @@ def test_summary_table(nvml: Any, ctl: MockControl, capsys: Any) -> None:
     assert re.search(r"\|\s+0\s+1\s+0\s+4242\s+C\s+trainer\s+300MiB \|", out)
     widths = {len(line) for line in out.splitlines()[1:] if line.startswith(("|", "+"))}
     assert widths == {91}, widths
+
+
+def _matrix(out: str) -> dict[str, list[str]]:
+    """topo -m rows by GPU: the cells of the GPU columns, then CPU and NUMA affinity."""
+    rows = out.split("\n\nLegend:")[0].splitlines()
+    head = rows[0].split("\t")
+    assert head[0] == "" and head[-3:] == ["CPU Affinity", "NUMA Affinity", "GPU NUMA ID"]
+    return {r.split("\t")[0]: r.split("\t")[1:] for r in rows[1:]}
+
+
+@pytest.mark.parametrize("profile_name", ["h100-80gb-x8"])
+def test_topo_matrix_nvswitch_node(nvml: Any, capsys: Any) -> None:
+    """DGX H100: every pair NV18 through the four NVSwitches, as the real nvidia-smi shows."""
+    code, out = smi(capsys, "topo", "-m")
+    assert code == 0
+    m = _matrix(out)
+    assert list(m) == [f"GPU{i}" for i in range(8)]
+    for i in range(8):
+        assert m[f"GPU{i}"][:8] == ["NV18" if j != i else " X " for j in range(8)]
+    assert m["GPU0"][8:] == ["0-55,112-167", "0", "", "N/A"]
+    assert m["GPU7"][8:10] == ["56-111,168-223", "1"]
+    assert "  NV#  = Connection traversing a bonded set of # NVLinks" in out
+
+
+@pytest.mark.parametrize("profile_name", ["a100-sxm4-40gb-x16"])
+def test_topo_matrix_pair_node(nvml: Any, capsys: Any) -> None:
+    """GPU-to-GPU pairs: NV12 within a pair, the PCIe path to every other GPU."""
+    _, out = smi(capsys, "topo", "-m")
+    m = _matrix(out)
+    assert m["GPU0"][:4] == [" X ", "NV12", "NODE", "NODE"]
+    assert m["GPU0"][8] == "SYS" and m["GPU9"][8] == "NV12"
+
+
+@pytest.mark.parametrize("profile_name", ["t4-x2"])
+def test_topo_matrix_without_nvlink(nvml: Any, capsys: Any) -> None:
+    _, out = smi(capsys, "topo", "-m")
+    assert _matrix(out)["GPU1"][:2] == ["NODE", " X "]
 
 
 def test_without_a_driver(mock_lib: Path, tmp_path: Path) -> None:
