@@ -425,8 +425,9 @@ def topology_matrix(indexes: list[int]) -> tuple[list[str], int]:
         return [str(e)], e.code
     buses = [str(pynvml.nvmlDeviceGetPciInfo(h).busId) for h in handles]
     ends = [_link_ends(h) for h in handles]
-    lines = ["\t" + "\t".join(f"GPU{i}" for i in indexes)
-             + "\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID"]
+    # The header is underlined with ANSI escapes, by the real one too, even into a pipe.
+    lines = ["\t\x1b[4m" + "\t".join(f"GPU{i}" for i in indexes)
+             + "\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m"]
     for r, (i, h) in enumerate(zip(indexes, handles, strict=True)):
         cells = []
         for c, other in enumerate(handles):

@@ -96,7 +96,8 @@ def test_summary_table(nvml: Any, ctl: MockControl, capsys: Any) -> None:
 def _matrix(out: str) -> dict[str, list[str]]:
     """topo -m rows by GPU: the cells of the GPU columns, then CPU and NUMA affinity."""
     rows = out.split("\n\nLegend:")[0].splitlines()
-    head = rows[0].split("\t")
+    assert rows[0].startswith("\t\x1b[4mGPU0\t") and rows[0].endswith("GPU NUMA ID\x1b[0m")
+    head = rows[0].replace("\x1b[4m", "").replace("\x1b[0m", "").split("\t")
     assert head[0] == "" and head[-3:] == ["CPU Affinity", "NUMA Affinity", "GPU NUMA ID"]
     return {r.split("\t")[0]: r.split("\t")[1:] for r in rows[1:]}
 
