@@ -31,9 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpukit.contracts import label_syntax, mig_profiles
+from gpukit.contracts import label_syntax, mig_parted, mig_profiles
 from gpukit.contracts.device_ids import mig_resource_name
+from gpukit.contracts.mig_parted import MigConfigEntry
 from gpukit.contracts.plugin_config import Config, ConfigError, parse_config, require_content
+from gpukit.mig import declared
+from gpukit.mig.declared import GpuMig
 from gpukit.provision.driver import DriverSpec, DriverSpecError
 
 GPU_GROUP = "gpu_nodes"
@@ -128,31 +131,6 @@ class Taint:
 
 
 @dataclass(frozen=True)
-class MigGroup:
-    """One entry of a mig-parted layout, with `devices` resolved to GPU indices."""
-
-    devices: tuple[int, ...]
-    mig_enabled: bool
-    mig_devices: Mapping[str, int] = field(default_factory=dict)  # canonical profile -> count
-    device_filter: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class MigLayout:
-    name: str
-    groups: tuple[MigGroup, ...]
-
-
-@dataclass(frozen=True)
-class GpuMig:
-    """What the declared layout means for one GPU."""
-
-    index: int
-    mig_enabled: bool
-    profiles: tuple[str, ...] = ()  # one entry per GPU instance, sorted
-
-
-@dataclass(frozen=True)
 class NodeDecl:
     """Everything the inventory declares about one GPU node."""
 
@@ -168,7 +146,7 @@ class NodeDecl:
     plugin_config: Config = field(default_factory=Config)
     plugin_configs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # as declared
     mig_config_name: str | None = None
-    mig_layout: MigLayout | None = None
+    mig_layout: tuple[MigConfigEntry, ...] | None = None  # the selected layout, parsed
     mig_gpus: tuple[GpuMig, ...] = ()
     labels: Mapping[str, str] = field(default_factory=dict)
     taints: tuple[Taint, ...] = ()
@@ -496,8 +474,7 @@ def node_from_vars(host: str, raw: Mapping[str, Any]) -> NodeDecl:
     runtime = v.string("gpukit_container_runtime", v.get("gpukit_container_runtime"),
                        default="containerd", choices=RUNTIMES) or "containerd"
     config_name, config, configs = _plugin_config(v)
-    mig_name, layout = _mig_layout(v, gpu)
-    mig_gpus = _mig_gpus(v, gpu, layout)
+    mig_name, layout, mig_gpus = _mig_layout(v, gpu)
     labels = _labels(v)
     taints = _taints(v)
     kubeconfig = v.string("gpukit_kubeconfig", v.get("gpukit_kubeconfig"))
@@ -602,153 +579,38 @@ def _plugin_config(v: _Vars) -> tuple[str | None, Config, dict[str, Mapping[str,
     return name, parsed.get(name, Config()), declared
 
 
-def canonical_profile(table: mig_profiles.MigGpu, name: str) -> str:
-    """`1g.5gb.me` -> `1g.5gb+me`; raises KeyError naming the known profiles."""
-    return table.gpu_instance_profile(name).name
+def _mig_var(text: str) -> str:
+    """The MIG schema's paths (`mig-configs.l[0].devices`) as the inventory variable's."""
+    return text.replace(f"{mig_parted.ROOT}.", "gpukit_mig_configs.")
 
 
-def _mig_layout(v: _Vars, gpu: GpuDecl | None) -> tuple[str | None, MigLayout | None]:
+def _mig_layout(v: _Vars, gpu: GpuDecl | None
+                ) -> tuple[str | None, tuple[MigConfigEntry, ...] | None, tuple[GpuMig, ...]]:
+    """The selected layout, read by the MIG manager's own parser (gpukit.contracts.mig_parted)
+    and laid on the declared GPUs by gpukit.mig (the planner's placement search)."""
     configs = v.mapping("gpukit_mig_configs", v.get("gpukit_mig_configs")) or {}
     name = v.string("gpukit_mig_config", v.get("gpukit_mig_config"))
+    no_mig = tuple(GpuMig(i, False) for i in range(gpu.count)) if gpu else ()
     if name is None:
-        return None, None
+        return None, None, no_mig
     if name not in configs:
         known = ", ".join(sorted(configs)) or "none declared in gpukit_mig_configs"
         v.fail("gpukit_mig_config", name, f"is not a named MIG layout (known: {known})")
-        return name, None
-    var = f"gpukit_mig_configs.{name}"
-    entries = configs[name]
-    if not isinstance(entries, list) or not entries:
-        v.fail(var, entries, "is not a non-empty list of {devices, mig-enabled, mig-devices}")
-        return name, None
-    table = gpu.mig_table if gpu else None
-    groups: list[MigGroup] = []
-    covered: dict[int, int] = {}
-    for i, entry in enumerate(entries):
-        where = f"{var}[{i}]"
-        group = _mig_group(v, where, entry, gpu, table)
-        if group is None:
-            continue
-        for d in group.devices:
-            if d in covered:
-                v.fail(f"{where}.devices", d, f"is already laid out by {var}[{covered[d]}]")
-            covered[d] = i
-        groups.append(group)
-    return name, MigLayout(name=name, groups=tuple(groups))
-
-
-def _mig_group(v: _Vars, where: str, entry: Any, gpu: GpuDecl | None,
-               table: mig_profiles.MigGpu | None) -> MigGroup | None:
-    if not isinstance(entry, Mapping):
-        v.fail(where, entry, "is not a mapping {devices, mig-enabled, mig-devices}")
-        return None
-    known = ("devices", "mig-enabled", "mig-devices", "device-filter")
-    for key in entry:
-        if key not in known:
-            v.fail(f"{where}.{key}", entry[key], f"is not a known field ({', '.join(known)})")
-    count = gpu.count if gpu else 0
-    raw_devices = entry.get("devices", _MISSING)
-    devices: tuple[int, ...] = ()
-    if raw_devices == "all":
-        devices = tuple(range(count))
-    elif isinstance(raw_devices, list) and raw_devices:
-        for d in raw_devices:
-            if isinstance(d, bool) or not isinstance(d, int) or d < 0:
-                v.fail(f"{where}.devices", d, "is not a GPU index")
-            elif gpu and d >= count:
-                v.fail(f"{where}.devices", d, f"is not a GPU of this node (gpukit_gpu.count is "
-                       f"{count}: indices 0-{count - 1})")
-            elif d in devices:
-                v.fail(f"{where}.devices", d, "is listed twice")
-            else:
-                devices += (d,)
-    else:
-        v.fail(f"{where}.devices", raw_devices, "is not 'all' or a non-empty list of GPU indices")
-    enabled = entry.get("mig-enabled", _MISSING)
-    if not isinstance(enabled, bool):
-        v.fail(f"{where}.mig-enabled", enabled, "is not true or false")
-        enabled = False
-    filt = entry.get("device-filter")
-    filters: tuple[str, ...] = ()
-    if isinstance(filt, str):
-        filters = (filt,)
-    elif isinstance(filt, list) and all(isinstance(f, str) for f in filt):
-        filters = tuple(filt)
-    elif filt is not None:
-        v.fail(f"{where}.device-filter", filt, "is not a PCI device id or a list of them")
-    raw_migs = entry.get("mig-devices")
-    mig_devices: dict[str, int] = {}
-    if raw_migs not in (None, {}):
-        if not enabled:
-            v.fail(f"{where}.mig-devices", raw_migs, "is set while mig-enabled is false")
-        elif not isinstance(raw_migs, Mapping):
-            v.fail(f"{where}.mig-devices", raw_migs, "is not a mapping {profile: count}")
-        elif table is None:
-            product = gpu.product if gpu else "this GPU"
-            v.fail(f"{where}.mig-devices", dict(raw_migs), f"asks for MIG devices, but {product} "
-                   "is not MIG capable (no MIG table in gpukit/contracts/mig_profiles.yaml)")
-        else:
-            for profile, n in raw_migs.items():
-                try:
-                    canon = canonical_profile(table, str(profile))
-                except KeyError:
-                    names = ", ".join(p.name for p in table.gpu_instance_profiles)
-                    v.fail(f"{where}.mig-devices", profile,
-                           f"is not a MIG profile of {table.key} (known: {names})")
-                    continue
-                checked = v.integer(f"{where}.mig-devices.{profile}", n, 0)
-                if checked:
-                    mig_devices[canon] = mig_devices.get(canon, 0) + checked
-            if mig_devices and place_gpu_instances(table, _expand(mig_devices)) is None:
-                v.fail(f"{where}.mig-devices", dict(raw_migs), f"does not fit on one {table.key} "
-                       "(no valid placement of these GPU instances: check slice counts and "
-                       "placements in gpukit/contracts/mig_profiles.yaml)")
-    if enabled and table is None and gpu is not None and raw_migs in (None, {}):
-        v.fail(f"{where}.mig-enabled", True, f"but {gpu.product} is not MIG capable")
-    return MigGroup(devices=devices, mig_enabled=bool(enabled), mig_devices=mig_devices,
-                    device_filter=filters)
-
-
-def _expand(counts: Mapping[str, int]) -> list[str]:
-    return sorted(p for p, n in counts.items() for _ in range(n))
-
-
-def place_gpu_instances(
-    table: mig_profiles.MigGpu, profiles: Sequence[str]
-) -> list[tuple[mig_profiles.GpuInstanceProfile, mig_profiles.Placement]] | None:
-    """A valid placement of these GPU instances on one GPU (largest first), or None.
-
-    Backtracking over the table's placements; `MigGpu.fits` is the judge (overlaps, counts,
-    compute slices, engines)."""
-    wanted = sorted((table.gpu_instance_profile(p) for p in profiles),
-                    key=lambda p: (-p.memory_slices, -p.compute_slices, p.name))
-    placed: list[tuple[mig_profiles.GpuInstanceProfile, mig_profiles.Placement]] = []
-
-    def search(i: int) -> bool:
-        if i == len(wanted):
-            return True
-        p = wanted[i]
-        for pl in p.placements:
-            candidate = [*placed, (p, pl)]
-            if table.fits(candidate):
-                placed.append((p, pl))
-                if search(i + 1):
-                    return True
-                placed.pop()
-        return False
-
-    return placed if search(0) else None
-
-
-def _mig_gpus(v: _Vars, gpu: GpuDecl | None, layout: MigLayout | None) -> tuple[GpuMig, ...]:
+        return name, None, no_mig
+    try:
+        entries = mig_parted.parse({name: configs[name]}).select(name)
+    except mig_parted.MigConfigError as exc:
+        for problem in exc.problems:
+            path, _, message = problem.partition(": ")
+            # The schema's messages already quote the offending value.
+            v.fail(_mig_var(path), _MISSING, _mig_var(message))
+        return name, None, no_mig
     if gpu is None:
-        return ()
-    per: dict[int, GpuMig] = {i: GpuMig(index=i, mig_enabled=False) for i in range(gpu.count)}
-    for group in layout.groups if layout else ():
-        for d in group.devices:
-            per[d] = GpuMig(index=d, mig_enabled=group.mig_enabled,
-                            profiles=tuple(_expand(group.mig_devices)))
-    return tuple(per[i] for i in sorted(per))
+        return name, entries, ()
+    gpus, problems = declared.layout_gpus(entries, gpu.product, gpu.count)
+    for p in problems:
+        v.fail(_mig_var(p.path), p.value, _mig_var(p.message))
+    return name, entries, gpus
 
 
 def _labels(v: _Vars) -> dict[str, str]:

@@ -1,7 +1,8 @@
 """A node's sharing declarations, checked together before anything is applied.
 
-The device plugin config a node selects must exist; a MIG layout must exist and its
-devices must be served (a MIG layout with `migStrategy: none` leaves MIG devices unused).
+The device plugin config a node selects must exist; a MIG layout must exist, be valid
+mig-parted v1 (gpukit.contracts.mig_parted, the MIG manager's schema) and its devices must
+be served (a MIG layout with `migStrategy: none` leaves MIG devices unused).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpukit.contracts import mig_parted
 from gpukit.provision.agent import AgentSpecError, check_configs
 
 
@@ -22,12 +24,6 @@ class SharingCheck:
     @property
     def ok(self) -> bool:
         return not self.problems
-
-
-def _mig_enabled(layout: Any) -> bool:
-    return isinstance(layout, list) and any(
-        isinstance(e, Mapping) and e.get("mig-enabled") for e in layout
-    )
 
 
 def check(
@@ -61,8 +57,14 @@ def check(
             f" ({', '.join(sorted(mig_configs or {})) or 'none declared'})"
         )
         return out
+    try:  # the MIG manager's own schema reads the layout
+        layout = mig_parted.parse({mig_config: mig_configs[mig_config]}).select(mig_config)
+    except mig_parted.MigConfigError as e:
+        out.problems.extend(f"gpukit_mig_configs{p.removeprefix(mig_parted.ROOT)}"
+                            for p in e.problems)
+        return out
     strategy = ((chosen.get("flags") or {}).get("migStrategy")) or "none"
-    if _mig_enabled(mig_configs[mig_config]) and strategy == "none":
+    if any(e.mig_enabled for e in layout) and strategy == "none":
         out.warnings.append(
             f"gpukit_mig_config {mig_config!r} enables MIG but device plugin config"
             f" {plugin_config!r} has migStrategy none: the MIG devices are not served"

@@ -1,12 +1,10 @@
 """The MIG manager (gpukit's mig-parted): plan, validate, apply and converge MIG layouts.
 
-Modules, one concept each:
+Modules, one concept each (planning without NVML lives in ``gpukit.mig``: state, placement,
+planner, shared with the inventory model and provisioning):
 
 * (configs: ``gpukit.contracts.mig_parted``, mig-parted ``version: v1``, shared with provisioning)
-* ``state``     what a node's GPUs look like (plain data)
 * ``device``    the GPU backend protocol, its pynvml implementation, the table-driver check
-* ``placement`` packing GPU instances into the placement tables (search with backtracking)
-* ``planner``   config + GPUs -> validated plan (targets and the minimal actions)
 * ``applier``   apply a plan: process check, pause, actions, reset, verify; converges on rerun
 * ``hooks``     GPU reset, plugin pause (file protocol) and ``mig.config.state`` reporting
 * ``pause``     the device plugin's side of the pause protocol
@@ -16,7 +14,8 @@ Modules, one concept each:
 Library use::
 
     from gpukit.contracts import mig_parted as schema
-    from gpukit.plugin.mig import planner, applier, device, hooks
+    from gpukit.mig import planner
+    from gpukit.plugin.mig import applier, device, hooks
 
     configs = schema.load_file("mig.yaml")
     with device.open_nvml() as gpus:
@@ -25,10 +24,10 @@ Library use::
 """
 
 from gpukit.contracts.mig_parted import MigConfigError, MigConfigs, load_file, load_text, parse
+from gpukit.mig.planner import Action, ActionKind, GpuPlan, LayoutError, Plan, plan
 
 from .applier import ApplyError, ApplyResult, ProcessesRunning, VerifyError, apply, verify
 from .export import export_config
-from .planner import Action, ActionKind, GpuPlan, LayoutError, Plan, plan
 
 __all__ = [
     "Action", "ActionKind", "ApplyError", "ApplyResult", "GpuPlan", "LayoutError",

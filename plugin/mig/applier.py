@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 
 from gpukit.contracts import mig_profiles
 from gpukit.contracts.mig_parted import MigConfigEntry, MigConfigs
+from gpukit.mig.planner import Action, ActionKind, GpuPlan, Plan, plan
+from gpukit.mig.state import GpuState
 
 from .device import MigBackend
 from .hooks import NoPause, NullReporter, PluginPause, ResetFn, StateReporter
-from .planner import Action, ActionKind, GpuPlan, Plan, plan
-from .state import GpuState
 
 log = logging.getLogger(__name__)
 

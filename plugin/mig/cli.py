@@ -29,6 +29,7 @@ import yaml
 
 from gpukit import __version__
 from gpukit.contracts.mig_parted import MigConfigError, MigConfigs, load_file, load_json_arg
+from gpukit.mig.planner import LayoutError, plan
 from gpukit.plugin import nvml
 
 from . import hooks
@@ -36,7 +37,6 @@ from .applier import ApplyError, ProcessesRunning, apply
 from .device import open_nvml
 from .export import export_config, export_warnings
 from .hooks import ResetError
-from .planner import LayoutError, plan
 from .report import apply_text, plan_text, problems_text
 
 EXIT_OK, EXIT_ERROR, EXIT_INVALID, EXIT_MISMATCH = 0, 1, 2, 3

@@ -28,9 +28,8 @@ from typing import Any, Protocol
 import pynvml
 
 from gpukit.contracts import mig_profiles
+from gpukit.mig.state import ComputeInstance, GpuInstance, GpuState, Process, TableMismatch
 from gpukit.plugin import nvml
-
-from .state import ComputeInstance, GpuInstance, GpuState, Process, TableMismatch
 
 NO_ID = 0xFFFFFFFF
 _ENGINE_SHARED = 0  # NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED

@@ -8,8 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpukit.contracts import mig_profiles
-
-from .state import GpuState
+from gpukit.mig.state import GpuState
 
 
 def _key(name: str, table: mig_profiles.MigGpu | None) -> tuple[int, int, bool, str]:

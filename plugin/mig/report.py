@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from gpukit.mig.planner import Plan, describe_current
+
 from .applier import ApplyResult
-from .planner import Plan, describe_current
 
 
 def plan_text(p: Plan) -> str:

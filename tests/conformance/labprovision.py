@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from gpukit.lab import agent, kube, nodes
 from gpukit.lab import nvml as mock
 from gpukit.lab.config import LabSpec
 from gpukit.lab.controlplane import paths
+from gpukit.mig.placement import pack
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -104,9 +106,9 @@ def mig_plan(decl: inv.NodeDecl, gpus: list[inv.GpuMig] | None = None
             plan[str(g.index)] = None
             continue
         assert table is not None
-        placed = inv.place_gpu_instances(table, g.profiles)
-        assert placed is not None, f"{decl.host}: GPU {g.index}: {g.profiles} do not fit"
-        plan[str(g.index)] = [(p.name, pl.start) for p, pl in placed]
+        # The MIG manager's placement search: the lab lays MIG out where the node would.
+        placed = pack(table, Counter(g.profiles))
+        plan[str(g.index)] = [(s.profile, s.start) for s in placed]
     return plan
 
 

@@ -11,7 +11,6 @@ import pytest
 import yaml
 
 from gpukit import inventory as inv
-from gpukit.contracts import mig_profiles
 
 REPO = Path(__file__).resolve().parents[2]
 LAB = REPO / "inventories" / "lab"
@@ -284,14 +283,19 @@ def _mig(layout: list[dict[str, Any]], **raw: Any) -> dict[str, Any]:
      "gpukit_mig_configs.l[0].devices: 8 is not a GPU of this node (gpukit_gpu.count is 8"),
     ([{"devices": [0], "mig-enabled": False}, {"devices": [0, 1], "mig-enabled": False}],
      "gpukit_mig_configs.l[1].devices: 0 is already laid out by gpukit_mig_configs.l[0]"),
-    ([{"devices": "some", "mig-enabled": False}], "devices: 'some' is not 'all' or a non-empty"),
-    ([{"devices": "all", "mig-enabled": "yes"}], "mig-enabled: 'yes' is not true or false"),
+    # The shape is the MIG manager's own schema (gpukit.contracts.mig_parted), its paths
+    # named as the inventory variable.
+    ([{"devices": "some", "mig-enabled": False}],
+     "host n1: gpukit_mig_configs.l[0].devices: expected 'all' or a list of GPU indices, "
+     'got "some"'),
+    ([{"devices": "all", "mig-enabled": "yes"}],
+     'gpukit_mig_configs.l[0].mig-enabled: expected true or false, got "yes"'),
     ([{"devices": "all", "mig-enabled": False, "mig-devices": {"1g.5gb": 1}}],
-     "is set while mig-enabled is false"),
+     "gpukit_mig_configs.l[0].mig-devices: MIG devices listed but mig-enabled is not true"),
     ([{"devices": "all", "mig-enabled": True, "mig-devices": {"1g.5gb": "x"}}],
-     "mig-devices.1g.5gb: 'x' is not an integer >= 0"),
-    ([{"devices": "all", "mig-enable": True}], "l[0].mig-enable: True is not a known field"),
-    ("all-on", "gpukit_mig_configs.l: 'all-on' is not a non-empty list"),
+     'gpukit_mig_configs.l[0].mig-devices.1g.5gb: expected a count (integer >= 0), got "x"'),
+    ([{"devices": "all", "mig-enable": True}], "l[0].mig-enable: unknown key (known: devices,"),
+    ("all-on", 'gpukit_mig_configs.l: expected a non-empty list of device entries, got "all-on"'),
 ])
 def test_bad_mig_layouts(layout: Any, needle: str) -> None:
     assert needle in _error(**_mig(layout))
@@ -306,15 +310,15 @@ def test_mig_on_a_gpu_without_mig() -> None:
     assert "gpukit_mig_config: 'nope' is not a named MIG layout" in _error(gpukit_mig_config="nope")
 
 
-def test_placement_search_finds_what_lowest_free_placement_misses() -> None:
-    table = mig_profiles.for_product(A100)
-    assert table is not None
-    placed = inv.place_gpu_instances(table, ["1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb"])
-    assert placed is not None
-    starts = {(p.name, pl.start) for p, pl in placed}
-    # 3g.20gb at slice 0 would leave a 1g.5gb only slice 7, where it cannot start.
-    assert ("3g.20gb", 4) in starts and table.fits(placed)
-    assert inv.place_gpu_instances(table, ["7g.40gb", "1g.5gb"]) is None
+def test_a_layout_that_fits_only_by_search_is_valid() -> None:
+    # Lowest-free placement puts 3g.20gb at slice 0 and then finds no start for a 1g.5gb; the
+    # planner's search (gpukit.mig.placement, the same for the inventory and the node) fits it.
+    layout = [{"devices": [0], "mig-enabled": True,
+               "mig-devices": {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1}}]
+    node = inv.node_from_vars("n1", _mig(layout))
+    assert node.mig_gpus[0].profiles == ("1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb")
+    too_many = [{"devices": [0], "mig-enabled": True, "mig-devices": {"7g.40gb": 1, "1g.5gb": 1}}]
+    assert "does not fit on one A100-SXM4-40GB" in _error(**_mig(too_many))
 
 
 # ---- expectations

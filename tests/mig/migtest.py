@@ -15,10 +15,10 @@ import pynvml
 from gpukit.contracts import mig_parted as schema
 from gpukit.lab import nvml as mock
 from gpukit.lab.nvml.control import MockControl
+from gpukit.mig.state import GpuState
 from gpukit.plugin import nvml
 from gpukit.plugin.mig.device import PynvmlBackend
 from gpukit.plugin.mig.hooks import State
-from gpukit.plugin.mig.state import GpuState
 
 CONFIGS = {
     "all-disabled": [{"devices": "all", "mig-enabled": False}],

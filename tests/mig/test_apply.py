@@ -10,9 +10,9 @@ from migtest import MockNode, RecordingPause, RecordingReporter, configs
 
 from gpukit.contracts import mig_parted as schema
 from gpukit.lab.nvml.control import MockNvmlError
+from gpukit.mig.planner import LayoutError, plan
 from gpukit.plugin.mig.applier import ApplyError, ProcessesRunning, apply, verify
 from gpukit.plugin.mig.export import export_config, export_warnings
-from gpukit.plugin.mig.planner import LayoutError, plan
 
 pytestmark = pytest.mark.nvml
 

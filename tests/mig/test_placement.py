@@ -9,9 +9,9 @@ import pytest
 
 from gpukit.contracts import mig_parted as schema
 from gpukit.contracts import mig_profiles
-from gpukit.plugin.mig.placement import PlacementError, Slot, pack
-from gpukit.plugin.mig.planner import LayoutError, plan
-from gpukit.plugin.mig.state import GpuInstance, GpuState
+from gpukit.mig.placement import PlacementError, Slot, pack
+from gpukit.mig.planner import LayoutError, plan
+from gpukit.mig.state import GpuInstance, GpuState
 
 A100 = mig_profiles.gpu("A100-SXM4-40GB")
 H100 = mig_profiles.gpu("H100-80GB")

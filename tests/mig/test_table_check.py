@@ -25,12 +25,12 @@ from migtest import MockNode
 
 from gpukit.contracts import mig_parted as schema
 from gpukit.contracts import mig_profiles
+from gpukit.mig.planner import LayoutError, plan
+from gpukit.mig.state import TableMismatch
 from gpukit.plugin.mig import cli
 from gpukit.plugin.mig.applier import apply
 from gpukit.plugin.mig.device import TableCheck, check_table, compare_profile
 from gpukit.plugin.mig.export import export_warnings
-from gpukit.plugin.mig.planner import LayoutError, plan
-from gpukit.plugin.mig.state import TableMismatch
 
 pytestmark = pytest.mark.nvml
 

@@ -117,6 +117,8 @@ def test_sharing_check() -> None:
     assert "gpukit_mig_config: 'all-7g' is not one of gpukit_mig_configs" in no_layout.problems[0]
     unserved = sharing.check(CONFIGS, "default", MIG, "mixed-a100")
     assert unserved.ok and "migStrategy none" in unserved.warnings[0]
+    broken = sharing.check(CONFIGS, "mig-mixed", {"l": [{"devices": "all"}]}, "l")
+    assert broken.problems == ["gpukit_mig_configs.l[0].mig-enabled: missing (true or false)"]
     bad = sharing.check(
         {
             "x": {

@@ -32,8 +32,8 @@ from labplay import BIN, REPO, PlayResult, run_playbook
 
 from gpukit import inventory
 from gpukit.contracts import mig_parted as schema
-from gpukit.plugin.mig import planner
-from gpukit.plugin.mig.state import GpuState
+from gpukit.mig import planner
+from gpukit.mig.state import GpuState
 from gpukit.provision import agent, driver, nodes, sharing
 from gpukit.provision import mig as provision_mig
 

@@ -1,6 +1,7 @@
 """The dependency picture of ARCHITECTURE.md, held by the code: imports only go down.
 
     contracts  <-  plugin (node agent)  <-  agent_manifests, provision, inventory  <-  cli
+    contracts  <-  mig (MIG planning, no NVML)  <-  plugin, provision, inventory
     contracts  <-  conformance (reads declarations; restates the agent's rules itself)
     lab: may use everything; nothing in the product imports it
 
@@ -21,15 +22,17 @@ ROOTS = {"gpukit.plugin": REPO / "plugin", "gpukit.lab": REPO / "lab",
 # Which parts of gpukit each part may import (its own part always).
 ALLOWED: dict[str, set[str]] = {
     "gpukit.contracts": set(),
+    # MIG planning without NVML (placement, planner, state, a declared layout).
+    "gpukit.mig": {"gpukit.contracts"},
     # `gpukit` alone: the package root's __version__.
-    "gpukit.plugin": {"gpukit.contracts", "gpukit"},
+    "gpukit.plugin": {"gpukit.contracts", "gpukit.mig", "gpukit"},
     # The suite's oracle reads the declaration model and speaks the kubelet's published
     # PodResources API (stubs generated from plugin/api); never the agent's builders.
     "gpukit.conformance": {"gpukit.contracts", "gpukit.inventory", "gpukit.plugin.api"},
     "gpukit.agent_manifests": {"gpukit.contracts", "gpukit.plugin"},
-    "gpukit.inventory": {"gpukit.contracts", "gpukit.provision"},
-    "gpukit.provision": {"gpukit.contracts", "gpukit.plugin", "gpukit.agent_manifests",
-                         "gpukit.inventory", "gpukit"},
+    "gpukit.inventory": {"gpukit.contracts", "gpukit.mig", "gpukit.provision"},
+    "gpukit.provision": {"gpukit.contracts", "gpukit.mig", "gpukit.plugin",
+                         "gpukit.agent_manifests", "gpukit.inventory", "gpukit"},
     "gpukit.manifests": {"gpukit.contracts", "gpukit.inventory", "gpukit.provision"},
     "gpukit.summary": {"gpukit"},
 }
