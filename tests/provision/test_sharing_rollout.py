@@ -246,15 +246,16 @@ def test_mounted_compares_content(text: str) -> None:
 
 
 def _filters() -> Any:
-    import importlib.util
+    """The collection's sharing filters, imported as Ansible imports them (ansible_collections
+    is a namespace package: the checkout's collections/ joins it)."""
+    import importlib
+    import sys
     from pathlib import Path
 
-    path = (Path(__file__).resolve().parents[2] / "collections/ansible_collections/gpukit/gpu"
-            "/plugins/filter/gpukit.py")  # fmt: skip
-    spec = importlib.util.spec_from_file_location("gpukit_filters_under_test", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    collections = str(Path(__file__).resolve().parents[2] / "collections")
+    if collections not in sys.path:
+        sys.path.append(collections)
+    module = importlib.import_module("ansible_collections.gpukit.gpu.plugins.filter.sharing")
     return module.FilterModule().filters()
 
 

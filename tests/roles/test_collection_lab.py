@@ -162,8 +162,8 @@ def test_the_built_collection_carries_roles_plugins_and_runtime(project: Project
     assert set(ROLES) >= {"gpukit_node", "nvidia_driver", "container_toolkit", "gpu_sharing",
                           "node_labels", "device_plugin", "rolling_upgrade"}  # fmt: skip
     for plugin in ("modules/wheelhouse.py", "modules/driver_plan.py", "action/inventory_check.py",
-                   "filter/gpukit.py", "lookup/agent_manifests.py", "callback/play_record.py",
-                   "module_utils/gpukit_common.py"):  # fmt: skip
+                   "filter/driver.py", "lookup/agent_manifests.py", "callback/play_record.py",
+                   "module_utils/gpukit_common.py", "plugin_utils/gpukit_filters.py"):  # fmt: skip
         assert f"plugins/{plugin}" in names, plugin
     assert {"meta/runtime.yml", "playbooks/preflight.yml", "README.md"} <= names
     listed = _run([str(BIN / "ansible-galaxy"), "collection", "list", "gpukit.gpu", "--format",

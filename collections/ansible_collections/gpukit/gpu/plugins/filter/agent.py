@@ -1,0 +1,28 @@
+"""gpukit.gpu filters for the node agent that role device_plugin deploys (gpukit.provision.agent).
+Documentation: <filter>.yml beside this file (ansible-doc -t filter gpukit.gpu.<filter>)."""
+
+from __future__ import annotations
+
+from ansible_collections.gpukit.gpu.plugins.plugin_utils.gpukit_filters import (
+    filter_map,
+    gpukit_filter,
+    library,
+)
+
+agent = library("gpukit.provision.agent")
+play_inputs = library("gpukit.provision.play_inputs")
+
+
+@gpukit_filter
+def merge_plugin_configs(hosts, hostvars, fact):
+    return play_inputs.merged_plugin_configs(hosts, hostvars, fact)
+
+
+@gpukit_filter
+def device_plugin_node_serves(node, expected, selector):
+    return agent.node_serves_declared(node or {}, expected or {}, selector or {})
+
+
+class FilterModule:
+    def filters(self):
+        return filter_map(merge_plugin_configs, device_plugin_node_serves)

@@ -1,0 +1,23 @@
+"""gpukit.gpu filters for the container runtime's hardening (gpukit.provision.toolkit_config).
+Documentation: <filter>.yml beside this file (ansible-doc -t filter gpukit.gpu.<filter>)."""
+
+from __future__ import annotations
+
+from ansible_collections.gpukit.gpu.plugins.plugin_utils.gpukit_filters import (
+    filter_map,
+    gpukit_filter,
+    library,
+)
+
+toolkit_config = library("gpukit.provision.toolkit_config")
+
+
+@gpukit_filter
+def runtime_hardening_problems(configs, accept_envvar_unprivileged=False, host=""):
+    return toolkit_config.hardening_problems(configs or {}, bool(accept_envvar_unprivileged),
+                                             str(host))
+
+
+class FilterModule:
+    def filters(self):
+        return filter_map(runtime_hardening_problems)

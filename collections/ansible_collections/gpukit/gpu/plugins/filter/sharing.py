@@ -1,0 +1,50 @@
+"""gpukit.gpu filters for GPU sharing: a node's sharing declarations (gpukit.provision.sharing)
+and rolling a device plugin config's new content out (gpukit.provision.sharing_rollout, fed
+by gpukit.provision.play_inputs). Documentation: <filter>.yml beside this file."""
+
+from __future__ import annotations
+
+from ansible_collections.gpukit.gpu.plugins.plugin_utils.gpukit_filters import (
+    filter_map,
+    gpukit_filter,
+    library,
+)
+
+sharing = library("gpukit.provision.sharing")
+play_inputs = library("gpukit.provision.play_inputs")
+
+
+@gpukit_filter
+def sharing_check(plugin_configs, plugin_config=None, mig_configs=None, mig_config=None):
+    c = sharing.check(plugin_configs or {}, plugin_config or None, mig_configs or {},
+                      mig_config or None)
+    return {"ok": c.ok, "problems": c.problems, "warnings": c.warnings,
+            "time_slicing_replicas": c.time_slicing_replicas}
+
+
+@gpukit_filter
+def sharing_node_plan(config_map, configs, declared=None, default=None, current_label=None):
+    return play_inputs.sharing_node_plan(config_map, configs, declared, default, current_label)
+
+
+@gpukit_filter
+def sharing_publish(config_map, configs, namespace):
+    return play_inputs.sharing_publish(config_map, configs, namespace)
+
+
+@gpukit_filter
+def sharing_finish(config_map, configs, node_objects, hostvars, hosts, default, complete,
+                   namespace):
+    return play_inputs.sharing_finish(config_map, configs, node_objects, hostvars, hosts,
+                                      default, complete, namespace)
+
+
+@gpukit_filter
+def sharing_mounted(slurped, content):
+    return play_inputs.sharing_mounted(slurped, content)
+
+
+class FilterModule:
+    def filters(self):
+        return filter_map(sharing_check, sharing_node_plan, sharing_publish, sharing_finish,
+                          sharing_mounted)
