@@ -10,7 +10,13 @@ module: cdi_spec
 short_description: Write the node's CDI spec for its NVIDIA GPUs and MIG devices
 description:
   - Discovers the GPUs and MIG devices through NVML and writes a CDI spec (kind
-    C(nvidia.com/gpu)) naming each by index and UUID, plus C(all).
+    C(nvidia.com/gpu)) naming each by index (C(<gpu>), C(<gpu>:<mig>)) and UUID, plus C(all).
+  - Spec-wide edits as C(nvidia-ctk cdi generate) writes them, found under O(driver_root):
+    the control nodes, C(NVIDIA_VISIBLE_DEVICES=void) and C(NVIDIA_CTK_LIBCUDA_DIR), the
+    driver's C(*.so.<driver version>) libraries, binaries, IPC sockets and GSP firmware as
+    read-only binds, and the C(nvidia-cdi-hook) hooks (create-symlinks, enable-cuda-compat,
+    update-ldcache, disable-device-node-modification) when C(/usr/bin/nvidia-cdi-hook) is
+    installed; without it the libraries' soname links are bound instead.
   - gpukit's replacement for C(nvidia-ctk cdi generate).
 version_added: "0.1.0"
 author: gpukit
@@ -22,6 +28,10 @@ options:
   library:
     description: NVML library to load (default the system's).
     type: str
+  driver_root:
+    description: Where the driver's files are installed (a driver container's root).
+    type: path
+    default: /
 notes:
   - Supports check mode and diff mode.
 """
@@ -52,6 +62,7 @@ def main():
         argument_spec={
             "path": {"type": "path", "default": "/etc/cdi/nvidia.yaml"},
             "library": {"type": "str"},
+            "driver_root": {"type": "path", "default": "/"},
         },
         supports_check_mode=True,
     )
@@ -70,7 +81,7 @@ def main():
     except nvml.NvmlError as e:
         module.fail_json(msg=f"NVML cannot list the GPUs for the CDI spec: {e}")
     path = module.params["path"]
-    edit = cdi.plan(inv, read_text(path), path)
+    edit = cdi.plan(inv, read_text(path), path, driver_root=module.params["driver_root"])
     if edit.changed and not module.check_mode:
         write_text(module, path, edit.after)
     result = {
