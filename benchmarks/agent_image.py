@@ -7,15 +7,19 @@ debootstrap is timed) from a copy of the checkout's build context: cold (nothing
 storage: the base is imported, dependencies come from PyPI), warm with nothing changed (the
 content key matches: no buildah call), and warm after a change to one of gpukit's files
 (buildah's layer cache keeps the base and dependency layers). Prints each time and the
-image's uncompressed size (buildah's and the archive's) with its ratio to the 150 MB target.
+image's uncompressed size (buildah's and the archive's) with its ratio to the 150 MB target,
+and what its parts hold: gpukit (the agent's packages only), the dependencies, the rest.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import json
 import os
 import shutil
 import subprocess
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -37,6 +41,32 @@ def copy_context(dst: Path) -> None:
             out.symlink_to(os.readlink(src))
         else:
             shutil.copy2(src, out)
+
+
+def parts(archive: Path) -> dict[str, tuple[int, int]]:
+    """Files and bytes of the image's parts: gpukit's packages (by package), its
+    dependencies, the Python root."""
+    files: dict[str, int] = {}
+    with tarfile.open(archive) as tar:
+        manifest = tar.extractfile("manifest.json")
+        assert manifest is not None
+        for name in json.loads(manifest.read())[0]["Layers"]:
+            layer_file = tar.extractfile(name)
+            assert layer_file is not None
+            with tarfile.open(fileobj=layer_file) as layer:
+                files |= {m.name.removeprefix("./"): m.size for m in layer if m.isfile()}
+    out: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
+    for path, size in files.items():
+        segments = path.split("/")
+        if path.startswith("opt/gpukit/app/gpukit/"):
+            key = "gpukit/" + (segments[4] if len(segments) > 5 else "*.py")
+        elif path.startswith("opt/gpukit/lib/"):
+            key = "dependencies (opt/gpukit/lib)"
+        else:
+            key = "python root and the rest"
+        out[key][0] += 1
+        out[key][1] += size
+    return {k: (n, b) for k, (n, b) in sorted(out.items())}
 
 
 def timed(out: Path, repo: Path, cache: Path) -> float:
@@ -67,6 +97,7 @@ def main() -> None:
         changed.write_text(changed.read_text() + "# a change\n")
         code_change = timed(out, repo, cache)
         size = images.layers_size(out / "node-agent.tar")
+        held = parts(out / "node-agent.tar")
         archive = (out / "node-agent.tar").stat().st_size
         found = buildah.image(images.AGENT)
         buildah_says = str(found["size"]) if found else "?"
@@ -83,6 +114,8 @@ def main() -> None:
         f" archive file {archive / 1e6:.1f} MB); target {TARGET_BYTES / 1e6:.0f} MB,"
         f" ratio {size / TARGET_BYTES:.2f}"
     )
+    for part, (n, b) in held.items():
+        print(f"    {part:32} {n:5} files {b / 1e6:8.2f} MB")
     if args.keep:
         print(f"  kept: {work}")
 

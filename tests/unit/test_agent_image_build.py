@@ -1,29 +1,46 @@
 """The node agent's image build, short of building it (the lab test builds it once,
 tests/lab/test_agent_image.py): the build context the lab keys the image on is the one
-buildah reads, and the runtime root (deploy/python_root.py) runs python3."""
+buildah reads and holds the agent alone, gpukit's part of the image is the agent's (no lab,
+no conformance suite, no controller library), its dependencies are the ones the agent
+imports, and the runtime root (deploy/python_root.py) runs python3."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import shutil
 import subprocess
+import sys
+import sysconfig
+import tomllib
+from importlib import metadata
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from packaging.utils import canonicalize_name
 
 from gpukit.lab import build_context, images
+from gpukit.plugin.api import generate
 
 REPO = Path(__file__).resolve().parents[2]
+# What gpukit's part of the image must not hold: the lab, the conformance suite, the
+# controller's library and command line.
+NOT_THE_AGENTS = ("gpukit/lab", "gpukit/conformance", "gpukit/provision", "gpukit/inventory.py",
+                  "gpukit/cli.py", "gpukit/agent_manifests.py")  # fmt: skip
 
 
-def python_root() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("python_root", REPO / "deploy/python_root.py")
+def _load(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def python_root() -> ModuleType:
+    return _load(REPO / "deploy/python_root.py")
 
 
 @pytest.mark.parametrize(
@@ -56,28 +73,123 @@ def test_both_ignore_files_say_the_same() -> None:
     assert (REPO / ".containerignore").read_text() == (REPO / ".dockerignore").read_text()
 
 
-def test_the_repository_context_is_the_wheel_sources_without_build_outputs() -> None:
+def test_the_repository_context_is_the_agents_sources_without_build_outputs() -> None:
     files = build_context.context_files(REPO)
     tops = {f.split("/")[0] for f in files}
-    assert tops == {
-        "pyproject.toml",
-        "setup.py",
-        "gpukit",
-        "plugin",
-        "lab",
-        "conformance",
-        "deploy",
-    }
+    assert tops == {"pyproject.toml", "setup.py", "gpukit", "plugin", "deploy"}
     assert {
-        "gpukit/lab",
+        "gpukit/__init__.py",
         "gpukit/plugin",
-        "lab/images.py",
+        "gpukit/contracts/mig_profiles.yaml",
         "plugin/cli.py",
         "deploy/python_root.py",
+        "deploy/agent_requirements.py",
         "plugin/api/deviceplugin_v1beta1.proto",
     } <= set(files)
+    assert not [f for f in files if f.startswith(NOT_THE_AGENTS)]
     assert not [f for f in files if "__pycache__" in f or f.endswith((".pyc", "_pb2.py"))]
-    assert not [f for f in files if f.startswith(("tests/", ".venv/", ".git/", "build/"))]
+    assert not [f for f in files if f.startswith(("lab/", "conformance/", "tests/", ".venv/",
+                                                  ".git/", "build/"))]  # fmt: skip
+
+
+def test_the_context_holds_every_part_of_gpukit_the_agent_may_import() -> None:
+    """The import-direction test bounds what gpukit.plugin imports; the context must hold all
+    of it, or the image's agent would fail on an import."""
+    allowed = _load(REPO / "tests/unit/test_import_direction.py").ALLOWED["gpukit.plugin"]
+    files = set(build_context.context_files(REPO))
+    assert "gpukit/__init__.py" in files
+    for part in sorted(allowed - {"gpukit"}):
+        folder = REPO / part.replace(".", "/")
+        module = folder.with_suffix(".py")
+        sources = [module] if module.is_file() else [
+            p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+        assert sources, part
+        missing = [s.relative_to(REPO).as_posix() for s in sources]
+        assert not [m for m in missing if m not in files], (part, missing)
+
+
+def _imported(paths: list[Path]) -> set[str]:
+    """Every module the files import that is neither gpukit's nor the standard library's."""
+    found = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module]
+            else:
+                continue
+            found |= {n for n in names if n.split(".")[0] not in {"gpukit", *sys.stdlib_module_names}}
+    return found
+
+
+def _distribution(module: str) -> str:
+    top = module.split(".")[0]
+    candidates = metadata.packages_distributions().get(top, [])
+    if len(candidates) > 1:  # a namespace (google): the one that holds the module
+        prefix = "/".join(module.split(".")[:2])
+        candidates = [c for c in candidates
+                      if any(str(f).startswith(prefix) for f in metadata.files(c) or ())]  # fmt: skip
+    assert len(candidates) == 1, (module, candidates)
+    return canonicalize_name(candidates[0])
+
+
+def test_the_agent_image_installs_the_dependencies_the_agent_imports(tmp_path: Path) -> None:
+    """[tool.gpukit] agent-dependencies is exactly the distributions the agent's sources (its
+    context's modules, lazy imports too) and its generated gRPC stubs import: no command-line
+    or controller dependency (typer, cryptography) in the image, none the agent needs left out."""
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    agent = _load(REPO / "deploy/agent_requirements.py")
+    requirements = agent.agent_requirements(pyproject)
+    listed = {canonicalize_name(n) for n in pyproject["tool"]["gpukit"]["agent-dependencies"]}
+    assert {canonicalize_name(agent._name(r)) for r in requirements} == listed
+    # The package's modules; the stubs' generator runs in the wheel's build (setup.py, with
+    # grpcio-tools: build requirements).
+    sources = [REPO / f for f in build_context.context_files(REPO)
+               if f.startswith(("gpukit/", "plugin/")) and f.endswith(".py")
+               and f != "plugin/api/generate.py"]  # fmt: skip
+    stubs = generate.generate(tmp_path / "api")
+    assert {_distribution(m) for m in _imported(sources + stubs)} == listed
+    assert not {"typer", "cryptography", "tomlkit"} & listed
+    # A name that is not a declared dependency is refused, by name.
+    broken = {**pyproject, "tool": {"gpukit": {"agent-dependencies": ["grpcio", "nonesuch"]}}}
+    with pytest.raises(agent.RequirementsError, match="'nonesuch' is not one of"):
+        agent.agent_requirements(broken)
+
+
+def test_the_images_gpukit_is_the_agent_without_the_lab(tmp_path: Path) -> None:
+    """The app stage, short of buildah: gpukit's wheel built from the build context and
+    installed with --target, as the Containerfile does. Its tree holds the agent, not the lab,
+    the conformance suite or the controller's library, and the agent imports from it."""
+    ctx = tmp_path / "ctx"
+    for rel in build_context.context_files(REPO):
+        src, dst = REPO / rel, ctx / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_symlink():
+            dst.symlink_to(os.readlink(src))
+        else:
+            shutil.copy2(src, dst)
+    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "w"),
+                    str(ctx)], check=True, capture_output=True, timeout=300)  # fmt: skip
+    app = tmp_path / "app"
+    (wheel,) = (tmp_path / "w").glob("gpukit-*.whl")
+    subprocess.run([*pip, "install", "--no-deps", "--no-compile", "--target", str(app),
+                    str(wheel)], check=True, capture_output=True, timeout=300)  # fmt: skip
+    files = {p.relative_to(app).as_posix() for p in app.rglob("*") if p.is_file()}
+    assert {"gpukit/__init__.py", "gpukit/plugin/cli.py", "gpukit/contracts/mig_profiles.yaml",
+            "gpukit/plugin/api/deviceplugin_v1beta1_pb2.py"} <= files  # fmt: skip
+    assert not [f for f in files if f.startswith(NOT_THE_AGENTS)], sorted(files)
+    assert not [f for f in files if f.endswith((".c", ".h"))]
+    # The agent's modules import from that tree alone (-S: no editable install of the
+    # checkout; the dependencies from this environment's site-packages).
+    site = sysconfig.get_paths()["purelib"]
+    code = ("import gpukit, gpukit.plugin.cli, gpukit.plugin.api as a; a.deviceplugin_grpc;"
+            " a.podresources_grpc; print(gpukit.__file__)")
+    r = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
+                       env={"PYTHONPATH": f"{app}:{site}", "PYTHONDONTWRITEBYTECODE": "1"},
+                       cwd=tmp_path, timeout=120)  # fmt: skip
+    assert r.returncode == 0 and r.stdout.strip() == str(app / "gpukit/__init__.py"), r.stderr
 
 
 def test_the_content_key_follows_the_context_only(tmp_path: Path) -> None:
@@ -103,15 +215,18 @@ def test_buildah_sees_the_same_context(tmp_path: Path) -> None:
     """The lab's key covers exactly what buildah copies: a context with files on both sides
     of every rule, copied by `COPY . /ctx` onto an empty image (no base, nothing run)."""
     ctx = tmp_path / "ctx"
-    names = ["pyproject.toml", "Makefile", "README.md", "gpukit/__init__.py",
-             "gpukit/__pycache__/a.cpython-311.pyc", "plugin/api/x.proto", "plugin/api/x_pb2.py",
-             "plugin/api/x_pb2_grpc.py", "plugin/api/gen.py", "lab/deep/er/f.py", "lab/f.pyc",
-             "conformance/.pytest_cache/v", "deploy/python_root.py", "tests/t.py", ".venv/bin/p",
+    names = ["pyproject.toml", "Makefile", "README.md", "gpukit/__init__.py", "gpukit/cli.py",
+             "gpukit/__pycache__/a.cpython-311.pyc", "gpukit/contracts/c.py",
+             "gpukit/contracts/__pycache__/c.cpython-311.pyc", "gpukit/provision/p.py",
+             "plugin/api/x.proto", "plugin/api/x_pb2.py", "plugin/api/x_pb2_grpc.py",
+             "plugin/api/gen.py", "plugin/.pytest_cache/v", "lab/deep/er/f.py", "lab/f.pyc",
+             "conformance/c.py", "deploy/python_root.py", "tests/t.py", ".venv/bin/p",
              ".git/HEAD", "build/x"]  # fmt: skip
     for rel in names:
         (ctx / rel).parent.mkdir(parents=True, exist_ok=True)
         (ctx / rel).write_text(rel)
     (ctx / "gpukit/plugin").symlink_to("../plugin")
+    (ctx / "gpukit/lab").symlink_to("../lab")
     shutil.copy(REPO / ".containerignore", ctx)
     (tmp_path / "Containerfile").write_text("FROM scratch\nCOPY . /ctx/\n")
     store = ["buildah", "--root", str(tmp_path / "root"), "--runroot", str(tmp_path / "run"),
@@ -131,7 +246,9 @@ def test_buildah_sees_the_same_context(tmp_path: Path) -> None:
         subprocess.run([*store, "rm", ctr], capture_output=True)
         subprocess.run([*store, "rmi", "--all", "--force"], capture_output=True)
     assert seen == build_context.context_files(ctx)
-    assert "gpukit/plugin" in seen and "plugin/api/x_pb2.py" not in seen
+    assert {"gpukit/plugin", "gpukit/__init__.py", "gpukit/contracts/c.py"} <= set(seen)
+    assert not {"plugin/api/x_pb2.py", "gpukit/lab", "gpukit/cli.py", "lab/deep/er/f.py",
+                "conformance/c.py", "gpukit/provision/p.py"} & set(seen)  # fmt: skip
 
 
 STATUS = """\
