@@ -98,14 +98,16 @@ def test_the_context_holds_every_part_of_gpukit_the_agent_may_import() -> None:
     allowed = _load(REPO / "tests/unit/test_import_direction.py").ALLOWED["gpukit.plugin"]
     files = set(build_context.context_files(REPO))
     assert "gpukit/__init__.py" in files
+    held = 0
     for part in sorted(allowed - {"gpukit"}):
         folder = REPO / part.replace(".", "/")
         module = folder.with_suffix(".py")
         sources = [module] if module.is_file() else [
             p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
-        assert sources, part
-        missing = [s.relative_to(REPO).as_posix() for s in sources]
-        assert not [m for m in missing if m not in files], (part, missing)
+        wanted = [s.relative_to(REPO).as_posix() for s in sources]
+        assert not [w for w in wanted if w not in files], (part, wanted)
+        held += len(wanted)
+    assert held, allowed  # a part allowed but not (yet) in the tree has nothing to hold
 
 
 def _imported(paths: list[Path]) -> set[str]:
