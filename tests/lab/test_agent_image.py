@@ -106,6 +106,14 @@ def test_agent_runs_from_the_containerfile_image(running_agent: None) -> None:
         "opt/gpukit/lib/kubernetes/__init__.py",
     } <= files
     assert not {"usr/bin/dash", "usr/bin/bash", "usr/bin/dpkg", "usr/bin/apt-get"} & files
+    # gpukit's part is the agent's: no lab (nor its C sources), conformance suite or controller
+    # library; of the dependencies, none the agent does not import.
+    app = [f.removeprefix("opt/gpukit/app/") for f in files if f.startswith("opt/gpukit/app/")]
+    assert "gpukit/plugin/cli.py" in app
+    assert not [f for f in app if f.startswith(("gpukit/lab", "gpukit/conformance",
+                                               "gpukit/provision", "gpukit/cli.py"))], app
+    assert not [f for f in app if f.endswith((".c", ".h"))], app
+    assert not {"opt/gpukit/lib/typer", "opt/gpukit/lib/cryptography"} & files
     assert not [f for f in files if "/pip/" in f or f.endswith("/pip")]
     assert sum(sizes) <= SIZE_TARGET, f"image is {sum(sizes) / 1e6:.1f} MB, over 150 MB"
     assert int(record["size"]) == pytest.approx(sum(sizes), rel=0.02)
