@@ -13,7 +13,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .kube import PodState, dns_name, pod_manifest
+from gpukit.k8s.names import dns_name
+
+from .kube import PodState, pod_manifest
 
 if TYPE_CHECKING:
     from .suite import Suite
@@ -115,7 +117,7 @@ def run(suite: Suite, node: str) -> NodeFill:
     ns = suite.namespace
     opts = suite.options
     node_obj = kube.node(node)
-    from .kube import allocatable
+    from gpukit.k8s.nodes import allocatable
 
     counts = {r: n for r, n in allocatable(node_obj).items() if n > 0}
     fill = NodeFill(node=node, counts=counts)

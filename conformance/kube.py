@@ -7,9 +7,7 @@ blindly. Objects are the kubernetes client's models; manifests are plain dicts.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import logging
-import re
 import threading
 import time
 import uuid
@@ -17,43 +15,31 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubernetes import client, config, watch
+from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 from kubernetes.stream import stream
+
+from gpukit.contracts import label_names as ln
+from gpukit.k8s import connect
+from gpukit.k8s.names import dns_name
 
 log = logging.getLogger(__name__)
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "gpukit-conformance"
-RUN_LABEL = "gpukit.io/conformance-run"
-ROLE_LABEL = "gpukit.io/role"
-NODE_LABEL = "gpukit.io/node"
-EXPIRES = "gpukit.io/expires"
+RUN_LABEL = ln.CONFORMANCE_RUN
+ROLE_LABEL = ln.CONFORMANCE_ROLE
+NODE_LABEL = ln.CONFORMANCE_NODE
+EXPIRES = ln.CONFORMANCE_EXPIRES
 WORKLOAD_SA = "gpukit-conformance-workload"
 
 _BAD_STATES = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerError",
                "CreateContainerConfigError", "CrashLoopBackOff", "RunContainerError")
 
 
-def dns_name(*parts: str, limit: int = 63) -> str:
-    """A DNS-1123 label from parts: lower-case, '-' for anything else, hashed when too long."""
-    text = "-".join(re.sub(r"[^a-z0-9]+", "-", p.lower()).strip("-") for p in parts if p)
-    if len(text) <= limit:
-        return text
-    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
-    return f"{text[: limit - 9].rstrip('-')}-{digest}"
-
-
 def load_api_client(kubeconfig: str | None) -> Any:
     """An ApiClient from a kubeconfig, else $KUBECONFIG/~/.kube/config, else in-cluster."""
-    if kubeconfig:
-        return config.new_client_from_config(config_file=kubeconfig)
-    try:
-        return config.new_client_from_config()
-    except config.ConfigException:
-        cfg = client.Configuration()
-        config.load_incluster_config(client_configuration=cfg)
-        return client.ApiClient(cfg)
+    return connect.api_client(kubeconfig)
 
 
 @dataclass
@@ -375,29 +361,3 @@ def pod_manifest(
                                               **(labels or {})}},
         "spec": spec,
     }
-
-
-def allocatable(node: Any, prefix: str = "nvidia.com/") -> dict[str, int]:
-    return _quantities(node.status.allocatable if node and node.status else None, prefix)
-
-
-def capacity(node: Any, prefix: str = "nvidia.com/") -> dict[str, int]:
-    return _quantities(node.status.capacity if node and node.status else None, prefix)
-
-
-def _quantities(values: Mapping[str, Any] | None, prefix: str) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for key, value in (values or {}).items():
-        if key.startswith(prefix):
-            try:
-                out[key] = int(str(value))
-            except ValueError:
-                out[key] = -1
-    return dict(sorted(out.items()))
-
-
-def node_ready(node: Any) -> tuple[bool, str]:
-    for cond in (node.status.conditions or []) if node and node.status else []:
-        if cond.type == "Ready":
-            return cond.status == "True", f"{cond.reason or ''} {cond.message or ''}".strip()
-    return False, "no Ready condition"

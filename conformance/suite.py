@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from gpukit import inventory as inv
+from gpukit.k8s.names import dns_name
+from gpukit.k8s.nodes import allocatable
 
 from . import fill as fill_mod
 from .host import NvmlSeen, connect, run_probe
-from .kube import Kube, allocatable, dns_name, load_api_client, pod_manifest
+from .kube import Kube, load_api_client, pod_manifest
 
 log = logging.getLogger(__name__)
 

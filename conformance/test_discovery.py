@@ -8,7 +8,8 @@ import pytest
 
 from gpukit.conformance.checks import Check
 from gpukit.conformance.common import need_expected
-from gpukit.conformance.kube import allocatable, capacity, node_ready
+from gpukit.k8s.nodes import allocatable, capacity
+from gpukit.k8s.nodes import ready as node_ready
 
 pytestmark = pytest.mark.discovery
 

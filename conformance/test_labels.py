@@ -10,9 +10,9 @@ import pytest
 from gpukit import inventory as inv
 from gpukit.conformance.checks import Check
 from gpukit.conformance.common import need_decl
-from gpukit.conformance.kube import capacity
 from gpukit.contracts import config_versions
 from gpukit.contracts import label_names as ln
+from gpukit.k8s.nodes import capacity
 
 pytestmark = pytest.mark.labels
 

@@ -11,8 +11,8 @@ import pytest
 from gpukit import inventory as inv
 from gpukit.conformance.checks import Check
 from gpukit.conformance.common import allocated_units, need_decl, need_expected, need_probe
-from gpukit.conformance.kube import allocatable
 from gpukit.contracts.device_ids import strip_replica
+from gpukit.k8s.nodes import allocatable
 
 pytestmark = pytest.mark.mig
 

@@ -8,15 +8,12 @@ real driver's. The deployment mounts the library's directory and /dev (driver ro
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from gpukit.agent_manifests import AgentDeployment, HostMount, manifests
+from gpukit.agent_manifests import APP, AgentDeployment, HostMount, manifests
+from gpukit.k8s import connect, objects, waits
 from gpukit.lab import images
-from gpukit.lab.cluster import kubernetes_bindir
 from gpukit.lab.config import LabSpec
 from gpukit.lab.controlplane import LabError, paths
 
@@ -52,32 +49,36 @@ def lab_deployment(
     )
 
 
-def kubectl(lab: LabSpec, *args: str, stdin: str | None = None) -> str:
-    r = subprocess.run(
-        [str(kubernetes_bindir(lab) / "kubectl"),
-         f"--kubeconfig={paths().admin_kubeconfig}", *args],
-        input=stdin, capture_output=True, text=True,
-    )  # fmt: skip
-    if r.returncode != 0:
-        raise LabError(f"kubectl {' '.join(args)}: {r.stderr.strip()}")
-    return r.stdout
+def _client() -> Any:
+    return connect.api_client(paths().admin_kubeconfig)
 
 
 def apply(lab: LabSpec, deployment: AgentDeployment) -> None:
-    docs = yaml.safe_dump_all(manifests(deployment), sort_keys=False)
-    kubectl(lab, "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=docs)
+    objects.apply(_client(), manifests(deployment), field_manager="gpukit-lab")
 
 
 def wait_rolled_out(lab: LabSpec, deployment: AgentDeployment, timeout: int = 120) -> None:
-    kubectl(
-        lab, "-n", deployment.namespace, "rollout", "status", "daemonset/gpukit-node-agent",
-        f"--timeout={timeout}s",
-    )  # fmt: skip
+    waits.daemonset_rolled_out(_client(), deployment.namespace, APP, timeout)
 
 
-def remove(lab: LabSpec, deployment: AgentDeployment) -> None:
-    docs = yaml.safe_dump_all(manifests(deployment), sort_keys=False)
-    kubectl(lab, "delete", "--ignore-not-found", "--wait=true", "-f", "-", stdin=docs)
+def remove(lab: LabSpec, deployment: AgentDeployment, timeout: float = 120) -> None:
+    objects.delete(_client(), manifests(deployment), wait=timeout)
+
+
+def agent_pods(node: str, namespace: str = "gpukit-system") -> list[str]:
+    core = connect.core(paths().admin_kubeconfig)
+    pods = core.list_namespaced_pod(namespace, field_selector=f"spec.nodeName={node}").items
+    return [p.metadata.name for p in pods]
+
+
+def agent_log(node: str, namespace: str = "gpukit-system", tail: int | None = None,
+              timestamps: bool = False) -> str:
+    """The logs of the agent pods on `node`, one after another."""
+    core = connect.core(paths().admin_kubeconfig)
+    kw: dict[str, Any] = {"timestamps": timestamps}
+    if tail is not None:
+        kw["tail_lines"] = tail
+    return "".join(core.read_namespaced_pod_log(n, namespace, **kw) for n in agent_pods(node))
 
 
 def mock_library() -> Path:
@@ -101,17 +102,25 @@ def diagnose(lab: LabSpec, node: str, log_lines: int = 25) -> str:
         except Exception as exc:  # a diagnosis must not hide the failure it explains
             out.append(f"--- {what}: {exc}")
 
-    selector = f"--field-selector=spec.nodeName={node}"
-    run("agent pods", lambda: kubectl(lab, "-n", "gpukit-system", "get", "pods", "-o", "wide",
-                                      selector))  # fmt: skip
-    names = kubectl(lab, "-n", "gpukit-system", "get", "pods", selector, "-o",
-                    "jsonpath={.items[*].metadata.name}").split()  # fmt: skip
-    for name in names:
-        run(f"log of {name}", lambda n=name: kubectl(
-            lab, "-n", "gpukit-system", "logs", n, f"--tail={log_lines}", "--timestamps"))
-    run("node resources", lambda: kubectl(
-        lab, "get", "node", node, "-o",
-        "jsonpath=capacity {.status.capacity}{'\\n'}allocatable {.status.allocatable}"))
+    core = connect.core(paths().admin_kubeconfig)
+
+    def pods() -> str:
+        items = core.list_namespaced_pod("gpukit-system",
+                                         field_selector=f"spec.nodeName={node}").items
+        return "\n".join(f"{p.metadata.name} {p.status.phase} restarts="
+                         f"{sum(c.restart_count for c in p.status.container_statuses or [])}"
+                         for p in items) or "none"
+
+    run("agent pods", pods)
+    for name in agent_pods(node):
+        run(f"log of {name}", lambda n=name: core.read_namespaced_pod_log(
+            n, "gpukit-system", tail_lines=log_lines, timestamps=True))
+
+    def resources() -> str:
+        st = core.read_node(node).status
+        return f"capacity {st.capacity}\nallocatable {st.allocatable}"
+
+    run("node resources", resources)
 
     def kubelet_log() -> str:
         from gpukit.lab.cluster import node_exec

@@ -53,6 +53,19 @@ def kubernetes_bindir(lab: LabSpec) -> Path:
     return cache_dir() / "kubernetes" / lab.k8s_version / "bin"
 
 
+def kubectl(lab: LabSpec, *args: str, stdin: str | None = None) -> str:
+    """The lab's kubectl as its admin, for tests and for a person at the lab (exec, dry runs,
+    what a user would type); lab code itself reaches the API through gpukit.k8s."""
+    r = subprocess.run(
+        [str(kubernetes_bindir(lab) / "kubectl"), f"--kubeconfig={paths().admin_kubeconfig}",
+         *args],
+        input=stdin, capture_output=True, text=True,
+    )  # fmt: skip
+    if r.returncode != 0:
+        raise LabError(f"kubectl {' '.join(args)}: {r.stderr.strip()}")
+    return r.stdout
+
+
 def rootfs() -> Path:
     return cache_dir() / "rootfs" / "bookworm"
 

@@ -11,7 +11,8 @@ import uuid
 
 from kubernetes import client
 
-from gpukit.lab import images, kube, nodes
+from gpukit.k8s import connect, waits
+from gpukit.lab import images, nodes
 from gpukit.lab.config import LabSpec
 from gpukit.lab.controlplane import LabError, paths
 
@@ -42,14 +43,14 @@ def _pod(name: str, node: str) -> client.V1Pod:
 
 
 def run(lab: LabSpec, timeout: float = 60) -> dict[str, int]:
-    core = kube.api(paths().admin_kubeconfig)
+    core = connect.core(paths().admin_kubeconfig)
     seen: dict[str, int] = {}
     failures = []
     for n in lab.nodes:
         name = f"gpukit-smoke-{n.name}-{uuid.uuid4().hex[:6]}"
         core.create_namespaced_pod("default", _pod(name, n.name))
         try:
-            pod = kube.wait_pod_phase(core, "default", name, {"Succeeded", "Failed"}, timeout)
+            pod = waits.pod_phase(core, "default", name, {"Succeeded", "Failed"}, timeout)
             out = core.read_namespaced_pod_log(name, "default").strip()
         finally:
             core.delete_namespaced_pod(name, "default", grace_period_seconds=0)

@@ -149,7 +149,7 @@ def _main(argv: list[str] | None, prog: str) -> int:
         return 0
     node_client = None
     if args.node_name and (args.config_dir or args.node_labels):
-        from .kube import NodeClient
+        from .node_api import NodeClient
 
         try:
             node_client = NodeClient(args.kubeconfig)

@@ -38,10 +38,10 @@ from .api import KUBELET_SOCKET_NAME
 from .config_source import ConfigSource, LoadedConfig
 from .health import HealthMonitor, HealthTracker, effective_ignored_xids
 from .inventory import Inventory
-from .kube import NodeClient
 from .labels import compute_labels, label_changes, write_labels_file
 from .metrics import PluginMetrics
 from .mig.pause import PauseWatcher
+from .node_api import NodeClient
 from .resources import Resource, ResourceError, ResourceSet, Unit, build_resources
 from .server import DeviceView, PluginServer, ResourceState, inode, register
 

@@ -1,4 +1,5 @@
-"""Every node label name gpukit reads or writes, in one place (GFD-compatible `nvidia.com/*`).
+"""Every label, annotation and resource name gpukit reads or writes, in one place:
+GFD-compatible `nvidia.com/*` node labels, and gpukit's own `gpukit.io/*`.
 
 Imported by the plugin, the labeler, the Ansible modules and the conformance suite, so a name
 is spelled once. Per-resource labels are built with `resource_label(resource, suffix)`.
@@ -66,6 +67,7 @@ MIG_ATTRIBUTE_SUFFIXES = (
 )
 
 GPU_RESOURCE = "nvidia.com/gpu"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"  # + profile: see gpukit.contracts.device_ids
 # The full-GPU resource's sharing label (not node-wide: each resource has its own).
 SHARING_STRATEGY = "nvidia.com/gpu.sharing-strategy"
 
@@ -80,3 +82,19 @@ def is_gpukit_label(name: str) -> bool:
     return name.startswith(PREFIX + "/") and name not in (
         DEVICE_PLUGIN_CONFIG, MIG_CONFIG, MIG_CONFIG_STATE, GPU_PRESENT,
     )
+
+
+# Scheduling gate of the node agent's DaemonSet, as the GPU Operator names it.
+DEPLOY_DEVICE_PLUGIN = "nvidia.com/gpu.deploy.device-plugin"
+
+# gpukit's own names.
+GPUKIT_PREFIX = "gpukit.io"
+# A rolling upgrade's progress on a node (playbooks/upgrade.yml).
+UPGRADE = "gpukit.io/upgrade"
+UPGRADE_STATE = "gpukit.io/upgrade-state"
+UPGRADE_MESSAGE = "gpukit.io/upgrade-message"
+# The conformance suite's objects: its run, a pod's role and node, the namespace's expiry.
+CONFORMANCE_RUN = "gpukit.io/conformance-run"
+CONFORMANCE_ROLE = "gpukit.io/role"
+CONFORMANCE_NODE = "gpukit.io/node"
+CONFORMANCE_EXPIRES = "gpukit.io/expires"

@@ -90,7 +90,7 @@ class NullReporter:
 
 
 class NodeLabels(Protocol):
-    """What the reporter needs of :class:`gpukit.plugin.kube.NodeClient` (tests pass fakes)."""
+    """What the reporter needs of :class:`gpukit.plugin.node_api.NodeClient` (tests pass fakes)."""
 
     def labels(self, node_name: str) -> dict[str, str]: ...
 
@@ -104,7 +104,7 @@ class NodeLabelReporter:
                  kubeconfig: str | None = None) -> None:
         self.node_name = node_name
         if client is None:
-            from gpukit.plugin.kube import NodeClient
+            from gpukit.plugin.node_api import NodeClient
 
             client = NodeClient(kubeconfig)
         self.client = client

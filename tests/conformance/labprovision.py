@@ -21,7 +21,9 @@ from kubernetes import watch
 
 from gpukit import inventory as inv
 from gpukit.agent_manifests import AgentDeployment
-from gpukit.lab import agent, kube, nodes
+from gpukit.k8s import connect
+from gpukit.k8s.nodes import reported_after
+from gpukit.lab import agent, nodes
 from gpukit.lab import nvml as mock
 from gpukit.lab.config import LabSpec
 from gpukit.lab.controlplane import paths
@@ -89,7 +91,7 @@ print(json.dumps(changed))
 
 
 def core() -> Any:
-    return kube.api(paths().admin_kubeconfig)
+    return connect.core(paths().admin_kubeconfig)
 
 
 def gpu_env(lab: LabSpec, node: str) -> dict[str, str]:
@@ -164,7 +166,7 @@ def provision(lab: LabSpec, fleet: inv.GpuInventory, timeout: float = 120) -> No
         want = {k: v for k, v in inv.expected_resources(decl).items() if v > 0}
 
         def settled(o: Any, w: dict[str, int] = want) -> bool:
-            return kube.reported_after(o, since) and advertised(o) == w
+            return reported_after(o, since) and advertised(o) == w
 
         wait_node(decl.node_name, settled, f"allocatable {want} reported after {since}", timeout)
 

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from gpukit import inventory as inv
-from gpukit.lab import agent
+from gpukit.lab import agent, cluster
 from gpukit.lab.config import LabSpec, load_spec
 from gpukit.lab.inventory import for_instance
 
@@ -114,13 +114,13 @@ def test_job_manifests_are_accepted_by_the_apiserver(lab: Lab) -> None:
     docs = list(yaml.safe_load_all((lp.REPO / "conformance/deploy/job.yaml").read_text()))
     namespace, rest = docs[0], docs[1:]
     name = namespace["metadata"]["name"]
-    agent.kubectl(lab.spec, "apply", "-f", "-", stdin=yaml.safe_dump(namespace))
+    cluster.kubectl(lab.spec, "apply", "-f", "-", stdin=yaml.safe_dump(namespace))
     try:
-        out = agent.kubectl(lab.spec, "apply", "--dry-run=server", "-f", "-",
+        out = cluster.kubectl(lab.spec, "apply", "--dry-run=server", "-f", "-",
                             stdin=yaml.safe_dump_all(rest))
         assert out.count("(server dry run)") == len(rest), out
     finally:
-        agent.kubectl(lab.spec, "delete", "namespace", name, "--wait=false")
+        cluster.kubectl(lab.spec, "delete", "namespace", name, "--wait=false")
 
 
 def _expect_failures(run: Run, *needles: str) -> None:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from gpukit.lab import agent, cluster, images, kube, nodes
+from gpukit.k8s import connect
+from gpukit.lab import agent, cluster, images, nodes
 from gpukit.lab.config import NodeSpec, load_spec, state_dir
 from gpukit.lab.controlplane import paths
 
@@ -40,7 +41,7 @@ def node_image_id(node: NodeSpec) -> str:
 def agent_pods() -> dict[str, tuple[str, str]]:
     """node -> (pod name, image ID) of the running node-agent pods."""
     spec = load_spec()
-    listing = agent.kubectl(spec, "-n", "gpukit-system", "get", "pods", "-o", "json")
+    listing = cluster.kubectl(spec, "-n", "gpukit-system", "get", "pods", "-o", "json")
     pods = json.loads(listing)["items"]
     out = {}
     for p in pods:
@@ -52,7 +53,7 @@ def agent_pods() -> dict[str, tuple[str, str]]:
 
 def read_in_pod(pod: str, path: str) -> str:
     """A file's text, read by the pod's python3 (the image has no shell and no cat)."""
-    return agent.kubectl(load_spec(), "-n", "gpukit-system", "exec", pod, "--", "python3", "-c",
+    return cluster.kubectl(load_spec(), "-n", "gpukit-system", "exec", pod, "--", "python3", "-c",
                          f"print(open({path!r}).read(), end='')")  # fmt: skip
 
 
@@ -128,7 +129,7 @@ def test_agent_runs_from_the_containerfile_image(running_agent: None) -> None:
         assert read_in_pod(name, "/opt/gpukit/REVISION").strip() == record["revision"]
 
     # ... and registers each node's GPUs with its kubelet.
-    core = kube.api(paths().admin_kubeconfig)
+    core = connect.core(paths().admin_kubeconfig)
     for node in spec.nodes:
         want = len(nodes.gpu_uuids(node))
         deadline = time.monotonic() + 120

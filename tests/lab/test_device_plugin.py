@@ -24,7 +24,9 @@ from kubernetes import client
 from labtools import MIG_CREATE, MIG_MODE, agent_http, node_pynvml, wait_for
 
 from gpukit.agent_manifests import AgentDeployment
-from gpukit.lab import agent, cluster, images, kube, nodes
+from gpukit.k8s import connect, waits
+from gpukit.k8s.nodes import reported_after
+from gpukit.lab import agent, cluster, images, nodes
 from gpukit.lab.config import LabSpec, NodeSpec, load_spec
 from gpukit.lab.controlplane import paths
 
@@ -64,7 +66,7 @@ NS = "default"
 
 @pytest.fixture(scope="module")
 def core(lab_cluster: object) -> client.CoreV1Api:
-    return kube.api(paths().admin_kubeconfig)
+    return connect.core(paths().admin_kubeconfig)
 
 
 def node_of(spec: LabSpec, name: str) -> NodeSpec:
@@ -177,7 +179,7 @@ def start(
 
 
 def running(core: client.CoreV1Api, name: str, timeout: float = 60) -> Any:
-    return kube.wait_pod_phase(core, NS, name, {"Running", "Failed", "Succeeded"}, timeout)
+    return waits.pod_phase(core, NS, name, {"Running", "Failed", "Succeeded"}, timeout)
 
 
 def test_capacity_and_labels_follow_hardware_and_named_config(
@@ -336,7 +338,7 @@ def test_the_plugin_registers_again_when_the_kubelet_restarts(
     # then, and a pod admitted before the plugin's devices are back fails (by design).
     wait_for(
         "gpu-t4 replicas served again",
-        lambda: kube.reported_after(n := core.read_node("gpu-t4"), since)
+        lambda: reported_after(n := core.read_node("gpu-t4"), since)
         and resources_of(n).get("nvidia.com/gpu") == 8,
         timeout=60, explain=lambda: agent.diagnose(load_spec(), "gpu-t4"),
     )
@@ -443,7 +445,7 @@ def test_plugin_socket_and_pod_are_locked_down(
         secrets.setdefault(str(len(data)), []).append(hashlib.sha256(data).hexdigest())
     tries = [f"{prefix}/{f.relative_to(root)}" for f in creds for prefix in ("", "/driver-root")]
     tries += ["/driver-root/var/lib/kubelet/kubeconfig", "/driver-root/etc/shadow"]
-    out = agent.kubectl(
+    out = cluster.kubectl(
         load_spec(), "-n", deployed.namespace, "exec", pod.metadata.name, "--", "python3", "-c",
         LOCKED_DOWN_PROBE, json.dumps(secrets), json.dumps(sorted(AGENT_MOUNTS)), *tries,
     )  # fmt: skip
@@ -482,7 +484,7 @@ def _patch_from_agent(
             print("DENIED", e.status, e.body)
     """)
     spec = load_spec()
-    return agent.kubectl(
+    return cluster.kubectl(
         spec, "-n", d.namespace, "exec", _agent_pod(core, d, on), "--", "python3", "-c", code
     )
 

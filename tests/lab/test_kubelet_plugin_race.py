@@ -24,7 +24,8 @@ import grpc
 import pytest
 from kubernetes import client
 
-from gpukit.lab import agent, kube, nodes
+from gpukit.k8s import connect
+from gpukit.lab import agent, nodes
 from gpukit.lab.config import load_spec
 from gpukit.lab.controlplane import paths
 from gpukit.plugin.api import deviceplugin_grpc
@@ -91,7 +92,7 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float) -> float:
 
 def test_the_agent_registers_again_after_an_older_plugin_leaves(lab_cluster: object) -> None:
     spec = load_spec()
-    core = kube.api(paths().admin_kubeconfig)
+    core = connect.core(paths().admin_kubeconfig)
     plugin_dir = nodes.root(spec.node(NODE)) / "var/lib/kubelet/device-plugins"
     older = OlderPlugin(nodes.gpu_uuids(spec.node(NODE)))
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
@@ -136,7 +137,4 @@ def test_the_agent_registers_again_after_an_older_plugin_leaves(lab_cluster: obj
 
 
 def agent_log(spec: Any) -> str:
-    names = agent.kubectl(spec, "-n", "gpukit-system", "get", "pods",
-                          f"--field-selector=spec.nodeName={NODE}", "-o",
-                          "jsonpath={.items[*].metadata.name}").split()  # fmt: skip
-    return "".join(agent.kubectl(spec, "-n", "gpukit-system", "logs", n) for n in names)
+    return agent.agent_log(NODE)

@@ -18,7 +18,8 @@ import pytest
 from kubernetes import client
 
 from gpukit.agent_manifests import AgentDeployment
-from gpukit.lab import agent, cgroups, cluster, kube
+from gpukit.k8s import connect
+from gpukit.lab import agent, cgroups, cluster
 from gpukit.lab.config import NodeSpec, load_spec
 from gpukit.lab.controlplane import paths
 
@@ -102,7 +103,7 @@ def deployed(lab_cluster: object) -> Iterator[AgentDeployment]:
 def test_a_node_running_the_agent_reboots_promptly(deployed: AgentDeployment) -> None:
     spec = load_spec()
     node = spec.nodes[-1]
-    core = kube.api(paths().admin_kubeconfig)
+    core = connect.core(paths().admin_kubeconfig)
     assert node_ready(core, node.name)
     wait_for(f"the agent serving on {node.name}", lambda: agent_serving(core, node.name), 120,
              node.name)

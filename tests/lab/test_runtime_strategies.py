@@ -34,7 +34,8 @@ from kubernetes import client
 from labtools import wait_for
 
 from gpukit.agent_manifests import AgentDeployment
-from gpukit.lab import agent, cluster, images, kube, nodes
+from gpukit.k8s import connect, waits
+from gpukit.lab import agent, cluster, images, nodes
 from gpukit.lab import driver_surface as ds
 from gpukit.lab.config import load_spec
 from gpukit.lab.controlplane import paths
@@ -107,7 +108,7 @@ def set_toolkit(hardened: bool) -> None:
 
 @pytest.fixture(scope="module")
 def core(lab_cluster: object) -> client.CoreV1Api:
-    return kube.api(paths().admin_kubeconfig)
+    return connect.core(paths().admin_kubeconfig)
 
 
 @pytest.fixture(scope="module")
@@ -204,7 +205,7 @@ def start(core: client.CoreV1Api, pods: list[str], resource: str | None,
                 resources=client.V1ResourceRequirements(limits=limits))]))  # fmt: skip
     core.create_namespaced_pod(NS, pod)
     pods.append(name)
-    got = kube.wait_pod_phase(core, NS, name, {"Running", "Failed", "Succeeded"}, 120)
+    got = waits.pod_phase(core, NS, name, {"Running", "Failed", "Succeeded"}, 120)
     assert got.status.phase == "Running", got.status
 
     def logged() -> str | None:

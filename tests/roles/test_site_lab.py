@@ -29,7 +29,8 @@ import yaml
 from kubernetes import client, config
 from labplay import BIN, LAB_VARS, REPO, PlayResult, branch_version, run_playbook
 
-from gpukit.lab import cluster, images, kube, nodes
+from gpukit.k8s import waits
+from gpukit.lab import cluster, images, nodes
 from gpukit.lab.config import LabSpec, NodeSpec, cache_dir, load_spec
 from gpukit.lab.controlplane import paths
 from gpukit.lab.packages import containerd
@@ -323,7 +324,7 @@ def test_pods_run_under_the_nvidia_runtime_class(lab: Lab) -> None:
             lab.core.create_namespaced_pod("default", _sleeper(pod, name, runtime_class))
         ids = {}
         for pod in pods:
-            got = kube.wait_pod_phase(lab.core, "default", pod, {"Running"}, 90)
+            got = waits.pod_phase(lab.core, "default", pod, {"Running"}, 90)
             ids[pod] = got.status.container_statuses[0].container_id.removeprefix(
                 "containerd://")
         log = lab.sh(name, f"cat {RUNTIME_LOG} 2>/dev/null || true")

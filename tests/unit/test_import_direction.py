@@ -1,6 +1,7 @@
 """The dependency picture of ARCHITECTURE.md, held by the code: imports only go down.
 
-    contracts  <-  plugin (node agent)  <-  agent_manifests, provision, inventory  <-  cli
+    contracts  <-  k8s (API access)  <-  plugin (node agent)
+    plugin  <-  agent_manifests, provision, inventory  <-  cli
     contracts  <-  mig (MIG planning, no NVML)  <-  plugin, provision, inventory
     contracts  <-  conformance (reads declarations; restates the agent's rules itself)
     lab: may use everything; nothing in the product imports it
@@ -24,11 +25,14 @@ ALLOWED: dict[str, set[str]] = {
     "gpukit.contracts": set(),
     # MIG planning without NVML (placement, planner, state, a declared layout).
     "gpukit.mig": {"gpukit.contracts"},
+    # Kubernetes access (API client, apply, waits) for every program that talks to the API.
+    "gpukit.k8s": {"gpukit.contracts"},
     # `gpukit` alone: the package root's __version__.
-    "gpukit.plugin": {"gpukit.contracts", "gpukit.mig", "gpukit"},
+    "gpukit.plugin": {"gpukit.contracts", "gpukit.k8s", "gpukit.mig", "gpukit"},
     # The suite's oracle reads the declaration model and speaks the kubelet's published
     # PodResources API (stubs generated from plugin/api); never the agent's builders.
-    "gpukit.conformance": {"gpukit.contracts", "gpukit.inventory", "gpukit.plugin.api"},
+    "gpukit.conformance": {"gpukit.contracts", "gpukit.k8s", "gpukit.inventory",
+                           "gpukit.plugin.api"},
     "gpukit.agent_manifests": {"gpukit.contracts", "gpukit.plugin"},
     "gpukit.inventory": {"gpukit.contracts", "gpukit.mig", "gpukit.provision"},
     "gpukit.provision": {"gpukit.contracts", "gpukit.mig", "gpukit.plugin",

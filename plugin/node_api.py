@@ -2,8 +2,8 @@
 labels, and record Events on it.
 
 Uses the in-cluster ServiceAccount when running in a pod, else a kubeconfig (--kubeconfig or
-$KUBECONFIG). The kubernetes client is imported lazily: a plain host process without a node name
-never needs it.
+$KUBECONFIG), through gpukit.k8s like every gpukit program. The kubernetes client is imported
+lazily: a plain host process without a node name never needs it.
 """
 
 from __future__ import annotations
@@ -25,16 +25,9 @@ LabelsSeen = Callable[[dict[str, str]], None]
 
 class NodeClient:
     def __init__(self, kubeconfig: str | None = None) -> None:
-        from kubernetes import client, config
+        from gpukit.k8s import connect
 
-        if kubeconfig:
-            config.load_kube_config(config_file=kubeconfig)
-        else:
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config()
-        self._api: Any = client.CoreV1Api()
+        self._api: Any = connect.core(kubeconfig, in_cluster_first=True)
 
     def labels(self, node_name: str) -> dict[str, str]:
         node = self._api.read_node(node_name)
