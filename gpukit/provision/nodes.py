@@ -12,7 +12,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpukit.contracts import label_syntax
+from gpukit.inventory import node_meta
+from gpukit.inventory.model import TAINT_EFFECTS, Taint
+from gpukit.inventory.problems import Problem
 
 DEVICE_PLUGIN_CONFIG = "nvidia.com/device-plugin.config"
 MIG_CONFIG = "nvidia.com/mig.config"
@@ -20,65 +22,25 @@ MIG_CONFIG = "nvidia.com/mig.config"
 DEPLOY_DEVICE_PLUGIN = "nvidia.com/gpu.deploy.device-plugin"
 MANAGED_LABELS = "gpukit/managed-labels"
 MANAGED_TAINTS = "gpukit/managed-taints"
-EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+EFFECTS = TAINT_EFFECTS  # the inventory model's choices (one constant)
 
+__all__ = ["EFFECTS", "NodeSpecError", "Taint", "declared_labels", "parse_taints", "plan"]
 
 
 class NodeSpecError(ValueError):
     """A declared label or taint is invalid; the message names the variable and the entry."""
 
 
-def check_key(key: str, where: str) -> None:
-    problem = label_syntax.key_problem(key)
-    if problem:
-        raise NodeSpecError(f"{where}: {key!r}: {problem}")
-
-
-def check_value(value: str, where: str) -> None:
-    if not label_syntax.value_ok(value):
-        raise NodeSpecError(
-            f"{where}: {value!r} is not a label value (at most 63 characters of"
-            " [A-Za-z0-9-_.], alphanumeric at both ends)"
-        )
-
-
-@dataclass(frozen=True)
-class Taint:
-    key: str
-    effect: str
-    value: str = ""
-
-    @property
-    def ident(self) -> str:
-        return f"{self.key}:{self.effect}"
-
-    def as_dict(self) -> dict[str, str]:
-        d = {"key": self.key, "effect": self.effect}
-        if self.value:
-            d["value"] = self.value
-        return d
+def _raise(problems: Sequence[Problem]) -> None:
+    if problems:
+        raise NodeSpecError("; ".join(str(p) for p in problems))
 
 
 def parse_taints(raw: Sequence[Mapping[str, Any]] | None, where: str) -> list[Taint]:
-    out: list[Taint] = []
-    for i, t in enumerate(raw or []):
-        here = f"{where}[{i}]"
-        if not isinstance(t, Mapping) or "key" not in t or "effect" not in t:
-            raise NodeSpecError(f"{here}: a taint needs `key` and `effect` (and may have `value`)")
-        extra = set(t) - {"key", "value", "effect"}
-        if extra:
-            raise NodeSpecError(f"{here}: unknown field(s) {', '.join(sorted(extra))}")
-        key, effect, value = str(t["key"]), str(t["effect"]), str(t.get("value") or "")
-        check_key(key, f"{here}.key")
-        if effect not in EFFECTS:
-            raise NodeSpecError(f"{here}.effect: {effect!r} is not one of {', '.join(EFFECTS)}")
-        if value:
-            check_value(value, f"{here}.value")
-        taint = Taint(key, effect, value)
-        if any(o.ident == taint.ident for o in out):
-            raise NodeSpecError(f"{here}: {taint.ident} is declared twice")
-        out.append(taint)
-    return out
+    """The declared taints, by the inventory model's rules (gpukit.inventory.node_meta)."""
+    taints, problems = node_meta.parse_taints(raw, where)
+    _raise(problems)
+    return list(taints)
 
 
 def declared_labels(
@@ -88,18 +50,14 @@ def declared_labels(
     deploy_device_plugin: bool = True,
 ) -> dict[str, str]:
     """Every label the inventory declares for a node."""
-    labels: dict[str, str] = {}
-    for k, v in (extra or {}).items():
-        check_key(str(k), "gpukit_node_labels")
-        value = str(v).lower() if isinstance(v, bool) else str(v)
-        check_value(value, f"gpukit_node_labels[{k!r}]")
-        labels[str(k)] = value
-    if device_plugin_config:
-        check_value(device_plugin_config, "gpukit_device_plugin_config")
-        labels[DEVICE_PLUGIN_CONFIG] = device_plugin_config
-    if mig_config:
-        check_value(mig_config, "gpukit_mig_config")
-        labels[MIG_CONFIG] = mig_config
+    labels, problems = node_meta.parse_labels(extra or {})
+    for var, name, label in (("gpukit_device_plugin_config", device_plugin_config,
+                              DEVICE_PLUGIN_CONFIG), ("gpukit_mig_config", mig_config, MIG_CONFIG)):
+        if name:
+            if p := node_meta.value_problem(var, name, name):
+                problems.append(p)
+            labels[label] = name
+    _raise(problems)
     if deploy_device_plugin:
         labels[DEPLOY_DEVICE_PLUGIN] = "true"
     return labels

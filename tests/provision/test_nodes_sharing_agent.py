@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -42,23 +43,30 @@ def test_declared_labels() -> None:
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [
-        ({"bad key": "x"}, "gpukit_node_labels: 'bad key': the name must be"),
+        # The inventory model's rules (gpukit.inventory.node_meta): the preflight's.
+        ({"bad key": "x"}, "gpukit_node_labels: 'bad key' is not a valid label key "
+                           "([prefix/]name: the name must be"),
         ({"Example.COM/x": "y"}, "the prefix 'Example.COM' is not a DNS subdomain"),
-        ({"ok": "not ok!"}, "gpukit_node_labels['ok']: 'not ok!' is not a label value"),
+        ({"ok": "not ok!"}, "gpukit_node_labels.ok: 'not ok!' is not a valid label value"),
     ],
 )
 def test_bad_labels_name_the_variable(extra: dict[str, str], needle: str) -> None:
-    with pytest.raises(NodeSpecError, match=needle.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(NodeSpecError, match=re.escape(needle)):
         nodes.declared_labels(extra)
 
 
 @pytest.mark.parametrize(
     ("taints", "needle"),
     [
-        ([{"key": "a"}], r"gpukit_node_taints\[0\]: a taint needs `key` and `effect`"),
+        ([{"key": "a"}], r"gpukit_node_taints\[0\].effect: is not one of NoSchedule, "),
+        ([{"effect": "NoSchedule"}], r"gpukit_node_taints\[0\].key: is not a valid taint key"),
         ([{"key": "a", "effect": "Never"}], r"gpukit_node_taints\[0\].effect: 'Never'"),
-        ([{"key": "a", "effect": "NoSchedule", "x": 1}], "unknown field"),
-        ([{"key": "a", "effect": "NoSchedule"}] * 2, "a:NoSchedule is declared twice"),
+        ([{"key": "a", "effect": "NoSchedule", "x": 1}],
+         r"gpukit_node_taints\[0\].x: 1 is not a known field"),
+        ([{"key": "a", "effect": "NoSchedule", "value": "no way"}],
+         r"gpukit_node_taints\[0\].value: 'no way' is not a valid label value"),
+        ([{"key": "a", "effect": "NoSchedule"}] * 2,
+         r"gpukit_node_taints\[1\]: 'a:NoSchedule' is declared twice"),
     ],
 )
 def test_bad_taints_name_the_variable(taints: list[dict[str, Any]], needle: str) -> None:

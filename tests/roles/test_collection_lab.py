@@ -202,7 +202,7 @@ def test_a_play_in_another_project_uses_the_collections_roles(project: Project) 
         remade.write_bytes(member.read())
     # The wheel re-made from the installed package carries exactly the wheel's files.
     assert _wheel_files(remade) == _wheel_files(project.wheel)
-    source = _wheel_files(project.wheel)["gpukit/inventory.py"]
+    source = _wheel_files(project.wheel)["gpukit/inventory/__init__.py"]
     for host in hosts:
         assert {"Create the venv", "Install gpukit and its dependencies into the venv"} <= set(
             r.changed.get(host, [])), r.changed

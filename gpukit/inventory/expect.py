@@ -1,0 +1,252 @@
+"""What a node must serve, computed from its declaration alone (the device plugin config parsed
+with `gpukit.contracts.plugin_config`, the MIG geometry from `gpukit.contracts.mig_profiles`);
+deliberately not with the agent's resource or label builders, because the conformance suite
+checks what those produce."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpukit.contracts.device_ids import mig_resource_name
+
+from .model import GPU_RESOURCE, GpuMig, NodeDecl
+from .problems import InventoryError, Problem
+
+_INVALID_LABEL_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
+_INVALID_PRODUCT_CHARS = re.compile(r"[^A-Za-z0-9_. -]+")
+_UUID_REF = re.compile(r"^(GPU|MIG)-")
+
+
+@dataclass(frozen=True)
+class ExpectedUnit:
+    """One physical device (a whole GPU or a MIG device) as the node must advertise it."""
+
+    resource: str  # the advertised resource name (after time-slicing rename)
+    base_resource: str  # before time-slicing
+    gpu_index: int | None  # None: selected by UUID, not knowable from the inventory
+    mig_profile: str | None = None
+    replicas: int = 1  # > 1: time-sliced into this many device IDs
+
+
+def _qualify(name: str) -> str:
+    return name if "/" in name else f"nvidia.com/{name}"
+
+
+def _declaration_error(decl: NodeDecl, variable: str, value: object, message: str
+                       ) -> InventoryError:
+    return InventoryError([Problem(decl.host, variable, value, message)])
+
+
+def _base_units(decl: NodeDecl) -> list[ExpectedUnit]:
+    strategy = decl.mig_strategy
+    gpus = decl.mig_gpus or tuple(GpuMig(i, False) for i in range(decl.gpu.count))
+    whole = [ExpectedUnit(GPU_RESOURCE, GPU_RESOURCE, g.index) for g in gpus]
+    if strategy == "none" or not any(g.mig_enabled for g in gpus):
+        return whole
+    if strategy == "single":
+        disabled = [g.index for g in gpus if not g.mig_enabled]
+        empty = [g.index for g in gpus if g.mig_enabled and not g.profiles]
+        kinds = sorted({p for g in gpus for p in g.profiles})
+        problem = ""
+        if disabled:
+            problem = f"leaves MIG disabled on GPU(s) {disabled}"
+        elif empty:
+            problem = f"enables MIG without MIG devices on GPU(s) {empty}"
+        elif len(kinds) != 1:
+            problem = f"mixes MIG profiles {kinds}"
+        if problem:
+            raise _declaration_error(
+                decl, "gpukit_mig_config", decl.mig_config_name,
+                f"{problem}, but device plugin config {decl.plugin_config_name!r} uses "
+                "migStrategy single (every GPU in MIG mode with one profile; use mixed)")
+        return [ExpectedUnit(GPU_RESOURCE, GPU_RESOURCE, g.index, p)
+                for g in gpus for p in g.profiles]
+    out: list[ExpectedUnit] = []
+    for g in gpus:  # mixed
+        if not g.mig_enabled:
+            out.append(ExpectedUnit(GPU_RESOURCE, GPU_RESOURCE, g.index))
+            continue
+        for p in g.profiles:
+            out.append(ExpectedUnit(mig_resource_name(p), mig_resource_name(p), g.index, p))
+    return out
+
+
+def expected_units(decl: NodeDecl) -> list[ExpectedUnit]:
+    """Every device the node must serve, with its resource and time-slicing replicas."""
+    base = _base_units(decl)
+    ts = decl.plugin_config.time_slicing
+    taken: set[int] = set()  # positions in `base` already shared
+    out = list(base)
+    var = f"gpukit_device_plugin_configs.{decl.plugin_config_name}.sharing.timeSlicing"
+    for i, entry in enumerate(ts.resources):
+        name = _qualify(entry.name)
+        positions = [j for j, u in enumerate(base) if u.base_resource == name]
+        if not positions:
+            continue  # like NVIDIA's plugin: sharing for a resource the node does not have
+        where = f"{var}.resources[{i}].devices"
+        if entry.devices.all:
+            chosen = positions
+        elif entry.devices.count:
+            if entry.devices.count > len(positions):
+                raise _declaration_error(decl, where, entry.devices.count,
+                                         f"shares more {name} devices than the node has "
+                                         f"({len(positions)})")
+            chosen = positions[: entry.devices.count]
+        else:
+            chosen = []
+            for ref in entry.devices.refs:
+                pick = _pick(base, positions, chosen, ref)
+                if pick is None:
+                    raise _declaration_error(decl, where, ref,
+                                             f"is not a {name} device of this node")
+                chosen.append(pick)
+        rename = entry.rename or (f"{name}.shared" if ts.rename_by_default else name)
+        for j in chosen:
+            if j in taken:
+                raise _declaration_error(decl, where, list(entry.devices.refs),
+                                         "shares a device that another entry already shares")
+            taken.add(j)
+            u = base[j]
+            gpu_index = None if _UUID_REF.match(_ref_of(entry.devices.refs, j, chosen)) else (
+                u.gpu_index)
+            out[j] = ExpectedUnit(_qualify(rename), name, gpu_index, u.mig_profile,
+                                  entry.replicas)
+    return out
+
+
+def _ref_of(refs: Sequence[str], j: int, chosen: list[int]) -> str:
+    if not refs or j not in chosen:
+        return ""
+    pos = chosen.index(j)
+    return refs[pos] if pos < len(refs) else ""
+
+
+def _pick(base: list[ExpectedUnit], positions: list[int], chosen: list[int], ref: str
+          ) -> int | None:
+    free = [j for j in positions if j not in chosen]
+    if ref.isdigit():
+        return next((j for j in free if base[j].gpu_index == int(ref)
+                     and base[j].mig_profile is None), None)
+    if ":" in ref and not _UUID_REF.match(ref):
+        gpu_index = int(ref.split(":", 1)[0])
+        return next((j for j in free if base[j].gpu_index == gpu_index
+                     and base[j].mig_profile is not None), None)
+    return free[0] if free else None  # a UUID: which device is unknowable, the count is not
+
+
+def expected_resources(decl: NodeDecl) -> dict[str, int]:
+    """Resource name -> count the node's capacity and allocatable must show."""
+    out: dict[str, int] = {}
+    for u in expected_units(decl):
+        out[u.resource] = out.get(u.resource, 0) + u.replicas
+    return dict(sorted(out.items()))
+
+
+def shared_resources(decl: NodeDecl) -> dict[str, tuple[int, ...]]:
+    """Time-sliced resource -> replicas of each of its devices (for spread checks)."""
+    out: dict[str, list[int]] = {}
+    for u in expected_units(decl):
+        if u.replicas > 1:
+            out.setdefault(u.resource, []).append(u.replicas)
+    return {k: tuple(v) for k, v in sorted(out.items())}
+
+
+def replicas_per_gpu(decl: NodeDecl, resource: str) -> dict[int, int]:
+    """GPU index -> device IDs of `resource` that live on it (replicas summed)."""
+    out: dict[int, int] = {}
+    for u in expected_units(decl):
+        if u.resource == resource and u.gpu_index is not None:
+            out[u.gpu_index] = out.get(u.gpu_index, 0) + u.replicas
+    return dict(sorted(out.items()))
+
+
+def label_value(value: object) -> str:
+    """A label value as GFD writes it: invalid characters as '-', <= 63 chars."""
+    return _INVALID_LABEL_CHARS.sub("-", str(value))[:63].strip("-_.")
+
+
+def product_value(*parts: str, shared: bool = False) -> str:
+    """A product label as GFD writes it (lm/resource.go): each part's invalid characters
+    dropped, words joined by '-', then '-SHARED' when time-sliced without rename."""
+    words = ["-".join(_INVALID_PRODUCT_CHARS.sub("", p).split()) for p in parts if p]
+    return label_value("-".join(words + (["SHARED"] if shared else [])))
+
+
+def _sharing_of(decl: NodeDecl, resource: str) -> tuple[int, bool]:
+    entries = [e for e in decl.plugin_config.time_slicing.resources
+               if _qualify(e.name) == resource]
+    if not entries:
+        return 1, False
+    renamed = all(e.rename or decl.plugin_config.time_slicing.rename_by_default
+                  for e in entries)
+    return max(e.replicas for e in entries), renamed
+
+
+def expected_labels(decl: NodeDecl) -> dict[str, str]:
+    """GFD labels the node must carry (those the declaration determines), name -> value."""
+    gpu = decl.gpu
+    if gpu.count == 0:
+        return {}
+    strategy = decl.mig_strategy
+    units = _base_units(decl)  # raises for inconsistent declarations
+    table = gpu.mig_table
+    labels: dict[str, str] = {
+        "nvidia.com/mig.capable": "true" if table is not None else "false",
+    }
+    if decl.driver_branch:
+        labels["nvidia.com/cuda.driver-version.major"] = decl.driver_branch
+    if strategy != "none":
+        labels["nvidia.com/mig.strategy"] = strategy
+    mig_on = strategy != "none" and any(g.mig_enabled for g in decl.mig_gpus)
+    # GFD labels MIG-enabled GPUs as whole GPUs without sharing (replicas 0, strategy none,
+    # under every migStrategy); a GPU with MIG disabled overrides that with its own sharing.
+    gpus = decl.mig_gpus or tuple(GpuMig(i, False) for i in range(gpu.count))
+    replicas, renamed = (_sharing_of(decl, GPU_RESOURCE)
+                         if any(not g.mig_enabled for g in gpus) else (0, False))
+    if strategy == "single" and mig_on:
+        profile = units[0].mig_profile
+        assert profile is not None and table is not None
+        labels.update(_mig_labels(decl, GPU_RESOURCE, profile, len(units)))
+        return labels
+    labels["nvidia.com/gpu.count"] = str(gpu.count)
+    labels["nvidia.com/gpu.product"] = product_value(
+        gpu.product, shared=replicas > 1 and not renamed)
+    labels["nvidia.com/gpu.replicas"] = str(replicas)
+    labels["nvidia.com/gpu.sharing-strategy"] = _sharing_strategy(replicas)
+    if gpu.memory_mib:
+        labels["nvidia.com/gpu.memory"] = str(gpu.memory_mib)
+    if mig_on:
+        counts = Counter(u.mig_profile for u in units if u.mig_profile)
+        for profile, n in sorted(counts.items()):
+            assert profile is not None
+            labels.update(_mig_labels(decl, mig_resource_name(profile), profile, n))
+    return labels
+
+
+def _sharing_strategy(replicas: int) -> str:
+    """Per resource, as GFD: time-slicing only where that resource has several replicas."""
+    return "time-slicing" if replicas > 1 else "none"
+
+
+def _mig_labels(decl: NodeDecl, resource: str, profile: str, count: int) -> dict[str, str]:
+    table = decl.gpu.mig_table
+    assert table is not None
+    p = table.gpu_instance_profile(profile)
+    replicas, renamed = _sharing_of(decl, resource)
+    values = {
+        # GFD names the profile with '+' as '.' (1g.5gb+me -> 1g.5gb.me).
+        "product": product_value(decl.gpu.product, "MIG", p.name.replace("+", "."),
+                                 shared=replicas > 1 and not renamed),
+        "count": str(count),
+        "replicas": str(replicas),
+        "sharing-strategy": _sharing_strategy(replicas),
+        "memory": str(p.memory_mb),
+        "multiprocessors": str(p.multiprocessors),
+        "slices.gi": str(p.compute_slices),
+        "slices.ci": str(p.compute_slices),
+    }
+    return {f"{resource}.{k}": v for k, v in values.items()}
+
