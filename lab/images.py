@@ -2,7 +2,9 @@
 
 Each image is written as a docker-archive tar (manifest.json with RepoTags), the form
 `ctr images import` reads. The pause and shell images are tiny static test images made
-here; the node agent's is built from the checkout's Containerfile by buildah.
+here; the CUDA probe image a CUDA-like workload (lab/cuda/cuda_probe.c, linked against the
+C library it carries, no driver library: that comes from the runtime or CDI); the node
+agent's is built from the checkout's Containerfile by buildah.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from pathlib import Path
 SOURCES = Path(__file__).resolve().parent / "images"
 PAUSE = "localhost/gpukit-lab/pause:3.10"
 SHELL = "localhost/gpukit-lab/shell:1"
+CUDA_PROBE = "localhost/gpukit-lab/cuda-probe:1"
+CUDA_SOURCES = Path(__file__).resolve().parent / "cuda"
 
 
 @dataclass(frozen=True)
@@ -137,6 +141,38 @@ def build_shell(out_dir: Path) -> Path:
     entries += [FileEntry(f"bin/{a}", link="busybox") for a in BUSYBOX_APPLETS]
     layer = _layer(entries)
     return write_archive(out, SHELL, layer, {"Env": ["PATH=/bin"], "Cmd": ["/bin/sh"]})
+
+
+# The C library and loader the probe runs with, where Debian's loader looks for them; the
+# image has no /etc/ld.so.cache, so a libcuda.so.1 is found only where the runtime (or CDI and
+# its hooks) put one: the loader's cache they wrote, or its default directories.
+LOADER = "lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
+LIBC = "lib/x86_64-linux-gnu/libc.so.6"
+
+
+def build_cuda_probe(out_dir: Path) -> Path:
+    """The CUDA-like workload's image: /cuda-probe (dlopen libcuda.so.1, cuInit,
+    cuDeviceGetCount), glibc's loader and libc; rebuilt when the source changes."""
+    source = CUDA_SOURCES / "cuda_probe.c"
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    out = out_dir / "cuda-probe.tar"
+    stamp = out_dir / "cuda-probe.digest"
+    if out.exists() and stamp.exists() and stamp.read_text() == digest:
+        return out
+    out_dir.mkdir(parents=True, exist_ok=True)
+    binary = out_dir / "cuda-probe.bin"
+    subprocess.run(["gcc", "-O2", "-s", "-Wall", "-Werror", "-o", str(binary), str(source)],
+                   check=True)  # fmt: skip
+    entries = [
+        FileEntry("cuda-probe", binary),
+        FileEntry(LOADER, Path("/") / LOADER),
+        FileEntry(LIBC, Path("/") / LIBC),
+        FileEntry("lib64/ld-linux-x86-64.so.2", link=f"/{LOADER}"),
+    ]
+    layer = _layer(entries)
+    write_archive(out, CUDA_PROBE, layer, {"Entrypoint": ["/cuda-probe"]})
+    stamp.write_text(digest)
+    return out
 
 
 AGENT = "localhost/gpukit-lab/node-agent:dev"

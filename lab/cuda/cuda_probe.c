@@ -2,15 +2,18 @@
  * does (dlopen by soname, so through the dynamic loader's cache and default paths: what the
  * runtime or CDI mounted into the container), initialises it and prints what it found:
  *
- *   CUDA_LOAD=ok|<dlerror>   CUDA_INIT=<CUresult>   CUDA_DRIVER=<version>   CUDA_DEVICES=<n>
+ *   CUDA_NODES=<its nvidia device nodes, caps included>   CUDA_LOAD=ok|<dlerror>
+ *   CUDA_INIT=<CUresult>   CUDA_DRIVER=<version>   CUDA_DEVICES=<n>
  *
  * Exit status: 0 with at least one device, 2 when the library cannot be loaded, 3 when it
  * has no such entry point, 4 when cuInit fails. Then it stays up for SLEEP seconds (argv[1],
  * default 0) so a test can look at the container.
  */
+#include <dirent.h>
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 typedef int (*init_fn)(unsigned int);
@@ -22,7 +25,22 @@ static void linger(int argc, char **argv) {
         sleep((unsigned)atoi(argv[1]));
 }
 
+static void print_nodes(const char *dir, const char *prefix) {
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0 && e->d_type != DT_DIR)
+            printf(" %s/%s", dir, e->d_name);
+    closedir(d);
+}
+
 int main(int argc, char **argv) {
+    printf("CUDA_NODES=");
+    print_nodes("/dev", "nvidia");
+    print_nodes("/dev/nvidia-caps", "nvidia-cap");
+    printf("\n");
     void *lib = dlopen("libcuda.so.1", RTLD_NOW);
     if (!lib) {
         printf("CUDA_LOAD=%s\n", dlerror());
