@@ -27,7 +27,7 @@ from gpukit.plugin.api import generate
 REPO = Path(__file__).resolve().parents[2]
 # What gpukit's part of the image must not hold: the lab, the conformance suite, the
 # controller's library and command line.
-NOT_THE_AGENTS = ("gpukit/lab", "gpukit/conformance", "gpukit/provision", "gpukit/inventory.py",
+NOT_THE_AGENTS = ("gpukit/lab", "gpukit/conformance", "gpukit/provision", "gpukit/inventory",
                   "gpukit/cli.py", "gpukit/agent_manifests.py")  # fmt: skip
 
 
