@@ -25,13 +25,11 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
-
-import pynvml
 
 from gpukit.contracts.plugin_config import HealthSettings
 
-from .nvml import LOST_CODES, MIG_ID_UNSET
+from .nvml import MIG_ID_UNSET, NvmlError
+from .nvml.events import XidEvents, probe_gpu
 from .resources import Unit
 
 log = logging.getLogger(__name__)
@@ -155,19 +153,6 @@ def event_target(units: Iterable[Unit], gpu_uuid: str, gi: int, ci: int) -> str 
     return None
 
 
-def probe_gpu(uuid: str) -> str:
-    """"" if NVML answers for this GPU, else why not."""
-    try:
-        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
-        pynvml.nvmlDeviceGetMemoryInfo(handle)
-    except pynvml.NVMLError as exc:
-        if exc.value == pynvml.NVML_ERROR_NOT_SUPPORTED:
-            return ""
-        kind = "lost" if exc.value in LOST_CODES else "unreachable"
-        return f"GPU {kind}: {exc} (NVML error {exc.value})"
-    return ""
-
-
 XidCallback = Callable[[str, int, bool], None]  # (target uuid, xid, counted as critical)
 
 
@@ -255,7 +240,7 @@ class HealthMonitor:
         self._stop = threading.Event()
         self._probe_now = threading.Event()
         self._thread: threading.Thread | None = None
-        self._event_set: Any = None
+        self._events = XidEvents()
         self._registered: frozenset[str] = frozenset()
         self._last_view: dict[str, bool] = {}
 
@@ -278,39 +263,22 @@ class HealthMonitor:
     # -- event set ----------------------------------------------------------------------------
 
     def _free_event_set(self) -> None:
-        if self._event_set is not None:
-            try:
-                pynvml.nvmlEventSetFree(self._event_set)
-            except pynvml.NVMLError as exc:
-                log.debug("nvmlEventSetFree: %s", exc)
-            self._event_set = None
-            self._registered = frozenset()
+        self._events.free()
+        self._registered = frozenset()
 
     def _register(self, gpus: frozenset[str]) -> None:
         """(Re)create the event set for this set of GPUs. Event sets cannot unregister a GPU,
         so a changed GPU set gets a fresh one."""
         self._free_event_set()
+
+        def unwatchable(uuid: str, why: str) -> None:
+            log.warning("cannot watch GPU %s for XIDs: %s; marking it unhealthy", uuid, why)
+            self.tracker.on_probe(uuid, why)
+
         try:
-            self._event_set = pynvml.nvmlEventSetCreate()
-        except pynvml.NVMLError as exc:
+            self._events.watch(gpus, unwatchable)
+        except NvmlError as exc:
             log.warning("NVML events unavailable (%s); health relies on probes only", exc)
-            self._registered = gpus
-            return
-        for uuid in sorted(gpus):
-            try:
-                handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
-                supported = pynvml.nvmlDeviceGetSupportedEventTypes(handle)
-                mask = pynvml.nvmlEventTypeXidCriticalError & supported
-                if mask:
-                    pynvml.nvmlDeviceRegisterEvents(handle, mask, self._event_set)
-                else:
-                    log.warning("GPU %s does not report XID events; probing only", uuid)
-            except pynvml.NVMLError as exc:
-                if exc.value == pynvml.NVML_ERROR_NOT_SUPPORTED:
-                    log.warning("GPU %s is too old for XID events; probing only", uuid)
-                    continue
-                log.warning("cannot watch GPU %s for XIDs: %s; marking it unhealthy", uuid, exc)
-                self.tracker.on_probe(uuid, f"event registration failed: {exc}")
         self._registered = gpus
 
     # -- loop ---------------------------------------------------------------------------------
@@ -337,32 +305,24 @@ class HealthMonitor:
                 self._stop.wait(1.0)
 
     def _wait_for_event(self, units: Mapping[str, Unit], timeout: float) -> None:
-        if self._event_set is None:
+        if not self._events.active:
             self._stop.wait(timeout)
             return
         started = time.monotonic()
         try:
-            data = pynvml.nvmlEventSetWait_v2(self._event_set, int(timeout * 1000))
-        except pynvml.NVMLError as exc:
-            if exc.value != pynvml.NVML_ERROR_TIMEOUT:
-                log.warning("waiting for NVML events failed: %s", exc)
-                self._stop.wait(timeout)
-            else:
-                self._pace(started, timeout)
+            ev = self._events.wait(timeout)
+        except NvmlError as exc:
+            log.warning("waiting for NVML events failed: %s", exc)
+            self._stop.wait(timeout)
             return
-        if not data.eventType & pynvml.nvmlEventTypeXidCriticalError:
+        if ev.kind != "xid":
             self._pace(started, timeout)
             return
-        xid = int(data.eventData)
-        try:
-            gpu_uuid = pynvml.nvmlDeviceGetUUID(data.device)
-        except pynvml.NVMLError as exc:
-            self.xid_log.event("?", xid, logging.WARNING,
-                               f"XID {xid} from a GPU NVML cannot name ({exc})")
+        if not ev.gpu_uuid:
+            self.xid_log.event("?", ev.xid, logging.WARNING,
+                               f"XID {ev.xid} from a GPU NVML cannot name ({ev.unnamed})")
             return
-        gpu_uuid = gpu_uuid.decode() if isinstance(gpu_uuid, bytes) else str(gpu_uuid)
-        self.handle_xid(units, gpu_uuid, xid, int(data.gpuInstanceId),
-                        int(data.computeInstanceId))
+        self.handle_xid(units, ev.gpu_uuid, ev.xid, ev.gi, ev.ci)
 
     def _pace(self, started: float, timeout: float) -> None:
         """A wait that came back early with nothing to act on (a driver returning TIMEOUT

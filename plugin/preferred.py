@@ -7,7 +7,7 @@
   distance (same switch > several switches > host bridge > same NUMA node > across sockets),
   and same NUMA node when NVML gives no topology. Exhaustive for small searches, greedy beyond.
   On an NVSwitch node (DGX A100/H100) every pair has the same NVLinks through the switches
-  (NV12/NV18, see nvml._nvlinks_between), so PCIe distance and the socket decide.
+  (NV12/NV18, see nvml.discovery._nvlinks_between), so PCIe distance and the socket decide.
 - MIG devices: fill parents in order, so fewer GPUs are touched.
 
 The answer always contains `must_include` and never an unknown or unavailable ID; it is a

@@ -53,8 +53,6 @@ def _mode(value: int | None) -> str | None:
 def gather(library: str | None = None, sysfs_nouveau: Path = NOUVEAU_SYSFS) -> GpuFacts:
     """Ask NVML; any failure is reported in `error`, never raised (facts must not fail a play
     on a node whose driver is not loaded yet)."""
-    import pynvml
-
     from gpukit.plugin import nvml
 
     nouveau = sysfs_nouveau.exists()
@@ -71,11 +69,7 @@ def gather(library: str | None = None, sysfs_nouveau: Path = NOUVEAU_SYSFS) -> G
             current: int | None = None
             pending: int | None = None
             if g.mig_capable:
-                try:
-                    handle = pynvml.nvmlDeviceGetHandleByIndex(g.index)
-                    current, pending = pynvml.nvmlDeviceGetMigMode(handle)
-                except pynvml.NVMLError:
-                    current = pending = None
+                current, pending = nvml.mig_mode(g.index)
             gpus.append(
                 GpuFact(
                     index=g.index,

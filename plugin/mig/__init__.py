@@ -4,7 +4,8 @@ Modules, one concept each (planning without NVML lives in ``gpukit.mig``: state,
 planner, shared with the inventory model and provisioning):
 
 * (configs: ``gpukit.contracts.mig_parted``, mig-parted ``version: v1``, shared with provisioning)
-* ``device``    the GPU backend protocol, its pynvml implementation, the table-driver check
+* ``backend``   the GPU backend protocol (its pynvml implementation and the table-driver
+  check: gpukit.plugin.nvml.mig)
 * ``applier``   apply a plan: process check, pause, actions, reset, verify; converges on rerun
 * ``hooks``     GPU reset, plugin pause (file protocol) and ``mig.config.state`` reporting
 * ``pause``     the device plugin's side of the pause protocol
@@ -15,7 +16,8 @@ Library use::
 
     from gpukit.contracts import mig_parted as schema
     from gpukit.mig import planner
-    from gpukit.plugin.mig import applier, device, hooks
+    from gpukit.plugin.mig import applier, hooks
+    from gpukit.plugin.nvml import mig as device
 
     configs = schema.load_file("mig.yaml")
     with device.open_nvml() as gpus:

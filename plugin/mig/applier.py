@@ -19,7 +19,7 @@ from gpukit.contracts.mig_parted import MigConfigEntry, MigConfigs
 from gpukit.mig.planner import Action, ActionKind, GpuPlan, Plan, plan
 from gpukit.mig.state import GpuState
 
-from .device import MigBackend
+from .backend import MigBackend
 from .hooks import NoPause, NullReporter, PluginPause, ResetFn, StateReporter
 
 log = logging.getLogger(__name__)

@@ -32,9 +32,9 @@ from gpukit.contracts.mig_parted import MigConfigError, MigConfigs, load_file, l
 from gpukit.mig.planner import LayoutError, plan
 from gpukit.plugin import nvml
 
+from ..nvml.mig import open_nvml
 from . import hooks
 from .applier import ApplyError, ProcessesRunning, apply
-from .device import open_nvml
 from .export import export_config, export_warnings
 from .hooks import ResetError
 from .report import apply_text, plan_text, problems_text
@@ -118,9 +118,9 @@ def _reporters(args: argparse.Namespace) -> tuple[hooks.StateReporter, str | Non
 def _reset_fn(args: argparse.Namespace) -> hooks.ResetFn:
     if args.reset_command:
         return hooks.command_reset(shlex.split(args.reset_command))
-    import pynvml
+    from gpukit.plugin import nvml
 
-    if pynvml.nvmlLib is not None and hasattr(pynvml.nvmlLib, "gpukitMockResetGpu"):
+    if nvml.is_lab_mock():
         argv = list(hooks.LAB_RESET)
         if args.nvml_library:
             argv[3:3] = ["--lib", args.nvml_library]

@@ -17,8 +17,8 @@ from gpukit.lab import nvml as mock
 from gpukit.lab.nvml.control import MockControl
 from gpukit.mig.state import GpuState
 from gpukit.plugin import nvml
-from gpukit.plugin.mig.device import PynvmlBackend
 from gpukit.plugin.mig.hooks import State
+from gpukit.plugin.nvml.mig import PynvmlBackend
 
 CONFIGS = {
     "all-disabled": [{"devices": "all", "mig-enabled": False}],

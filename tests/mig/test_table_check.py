@@ -1,4 +1,4 @@
-"""The MIG table held to the driver before a GPU is planned (plugin/mig/device.py check_table),
+"""The MIG table held to the driver before a GPU is planned (plugin/nvml/mig.py check_table),
 against the mock NVML, in-process: the shipped tables agree with it; a table the driver
 contradicts (sliceCount, instanceCount, memorySizeMB, placements) is refused for that GPU with
 the profile, field and both values named (CLI: exit 2); multiprocessor and engine counts only
@@ -29,8 +29,8 @@ from gpukit.mig.planner import LayoutError, plan
 from gpukit.mig.state import TableMismatch
 from gpukit.plugin.mig import cli
 from gpukit.plugin.mig.applier import apply
-from gpukit.plugin.mig.device import TableCheck, check_table, compare_profile
 from gpukit.plugin.mig.export import export_warnings
+from gpukit.plugin.nvml.mig import TableCheck, check_table, compare_profile
 
 pytestmark = pytest.mark.nvml
 

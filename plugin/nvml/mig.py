@@ -1,5 +1,5 @@
-"""The GPU side of the MIG manager: a small protocol (read the node, change one thing) and its
-pynvml implementation, for the real libnvidia-ml.so.1 and the lab's mock alike.
+"""The GPU side of the MIG manager over pynvml (gpukit.plugin.mig.backend.MigBackend), for the
+real libnvidia-ml.so.1 and the lab's mock alike.
 
 The backend speaks the table's profile ids (``NVML_GPU_INSTANCE_PROFILE_*`` and
 ``NVML_COMPUTE_INSTANCE_PROFILE_*`` constants). Real drivers number the profiles they create
@@ -23,7 +23,7 @@ import ctypes
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import pynvml
 
@@ -34,29 +34,6 @@ from gpukit.plugin import nvml
 NO_ID = 0xFFFFFFFF
 _ENGINE_SHARED = 0  # NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
 log = logging.getLogger("gpukit.plugin.mig")
-
-
-class MigBackend(Protocol):
-    """Read the node's GPUs; make one change at a time. Implementations raise
-    ``gpukit.plugin.nvml.NvmlError`` (or any exception) on failure."""
-
-    def gpus(self) -> tuple[GpuState, ...]: ...
-
-    def gpu(self, index: int) -> GpuState: ...
-
-    def set_mig_mode(self, index: int, enabled: bool) -> None: ...
-
-    def create_gpu_instance(self, index: int, profile_id: int, start: int, size: int) -> int:
-        """Create at exactly this placement; returns the GPU instance id."""
-        ...
-
-    def create_compute_instance(self, index: int, gi_id: int, profile_id: int) -> int:
-        """Create a compute instance in a GPU instance; returns its id."""
-        ...
-
-    def destroy_compute_instance(self, index: int, gi_id: int, ci_id: int) -> None: ...
-
-    def destroy_gpu_instance(self, index: int, gi_id: int) -> None: ...
 
 
 def _text(value: Any) -> str:
