@@ -11,6 +11,7 @@ device nodes the container may open.
 
 - cdi-annotations / cdi-cri (the agent's spec): exactly its GPU's node and the control nodes,
   the library loaded, one device;
+- a MIG device (cdi-annotations): its parent's node and its two caps nodes, one device;
 - a pod without a GPU request: no nodes, the library cannot be loaded (exit 2);
 - the node-wide spec (gpukit.provision.cdi, NVIDIA's shape, nvidia-cdi-hook installed) binds
   only libcuda.so.<version>: the container loads libcuda.so.1 because the hooks ran ldconfig in
@@ -33,13 +34,13 @@ from gpukit.k8s import waits
 from gpukit.lab import images
 from gpukit.lab.config import state_dir
 from gpukit.lab.packages.catalog import BRANCHES
-from gpukit.plugin.inventory import Gpu, Inventory
+from gpukit.plugin.devices import Gpu, NodeDevices
 from gpukit.provision import cdi
 
 pytestmark = pytest.mark.lab
 
 # test_runtime_strategies' fixtures: the toolkit, the agent, the test pods.
-core, toolkit, deployed, pods = rs.core, rs.toolkit, rs.deployed, rs.pods
+core, toolkit, deployed, pods, mig_gpu0 = rs.core, rs.toolkit, rs.deployed, rs.pods, rs.mig_gpu0
 CONTROL, NODE, NS = rs.CONTROL, rs.NODE, rs.NS
 root, sh, set_toolkit, nvml_status = rs.root, rs.sh, rs.set_toolkit, rs.nvml_status
 
@@ -123,11 +124,11 @@ def test_a_pod_without_a_gpu_cannot_load_the_driver_library(
     assert code == 2 and "libcuda.so.1: cannot open shared object file" in report["CUDA_LOAD"]
 
 
-def node_inventory() -> Inventory:
+def node_inventory() -> NodeDevices:
     status = nvml_status()
     gpus = tuple(Gpu(index=g["index"], uuid=g["uuid"], minor=g["index"], name=g["name"],
                      memory_mb=0) for g in status["gpus"])  # fmt: skip
-    return Inventory(gpus=gpus, driver_version=status["driver_version"])
+    return NodeDevices(gpus=gpus, driver_version=status["driver_version"])
 
 
 def test_the_node_specs_hooks_make_libcuda_loadable_by_soname(
@@ -159,3 +160,18 @@ def test_the_node_specs_hooks_make_libcuda_loadable_by_soname(
     finally:
         set_toolkit(hardened=True)
         (node / NODE_SPEC).unlink()
+
+
+def test_a_cdi_mig_container_sees_one_device(
+    core: client.CoreV1Api, deployed: AgentDeployment, driver: None, probe_image: None,
+    mig_gpu0: None, pods: list[str],
+) -> None:
+    """GPU 0 split in two 3g.20gb MIG devices: the container given one sees its parent's node
+    and its GPU and compute instance caps nodes, and CUDA counts one device (not GPU 0)."""
+    set_toolkit(hardened=True)
+    rs.select(core, "mig-cdi-annotations", {"nvidia.com/mig-3g.20gb": 2, "nvidia.com/gpu": 7})
+    pod, code, report = run_probe(core, pods, "nvidia.com/mig-3g.20gb")
+    ids = rs.allocated(pod)
+    assert len(ids) == 1 and ids[0].startswith("MIG-"), ids
+    assert nodes_of(report) == {"/dev/nvidia0", *rs.mig_caps(ids[0]), *CONTROL}, report
+    assert (code, report["CUDA_LOAD"], report["CUDA_DEVICES"]) == (0, "ok", "1"), report
