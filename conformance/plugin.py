@@ -155,6 +155,7 @@ def get_suite(config: pytest.Config) -> Any:
 
 def _resources(suite: Any, node: str, kind: str) -> list[str]:
     from gpukit import inventory as inv
+    from gpukit.conformance import expect
 
     resources = sorted(suite.resources(node))
     if kind == "all":
@@ -163,7 +164,7 @@ def _resources(suite: Any, node: str, kind: str) -> list[str]:
     if decl is None:
         return [] if kind != "mig" else [r for r in resources if r.startswith("nvidia.com/mig-")]
     try:
-        units = inv.expected_units(decl)
+        units = expect.expected_units(decl)
     except inv.InventoryError:
         return []
     if kind == "mig":

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpukit import inventory as inv
+from gpukit.conformance import expect
 from gpukit.k8s.names import dns_name
 from gpukit.k8s.nodes import allocatable
 
@@ -155,7 +156,7 @@ class Suite:
         if decl is None:
             return None
         try:
-            return inv.expected_resources(decl)
+            return expect.expected_resources(decl)
         except inv.InventoryError as exc:
             self._expect_errors[node] = str(exc)
             return None
@@ -178,7 +179,7 @@ class Suite:
         if decl is None:
             return {}
         try:
-            return inv.shared_resources(decl)
+            return expect.shared_resources(decl)
         except inv.InventoryError:
             return {}
 

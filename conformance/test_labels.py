@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from gpukit import inventory as inv
+from gpukit.conformance import expect
 from gpukit.conformance.checks import Check
 from gpukit.conformance.common import need_decl
 from gpukit.contracts import config_versions
@@ -27,7 +28,7 @@ def test_gfd_labels(gpukit_suite: Any, node: str, check: Check) -> None:
     major and the per-MIG-profile labels."""
     decl = need_decl(gpukit_suite, node)
     try:
-        expected = inv.expected_labels(decl)
+        expected = expect.expected_labels(decl)
     except inv.InventoryError as exc:
         pytest.fail(f"node {node}: the inventory's declaration is inconsistent: {exc}",
                     pytrace=False)

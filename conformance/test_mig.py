@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from gpukit import inventory as inv
+from gpukit.conformance import expect
 from gpukit.conformance.checks import Check
 from gpukit.conformance.common import allocated_units, need_decl, need_expected, need_probe
 from gpukit.contracts.device_ids import strip_replica
@@ -49,7 +50,7 @@ def test_mig_resources_match_the_layout(gpukit_suite: Any, node: str, check: Che
     if decl.mig_strategy == "none":
         check.skip(f"device plugin config {decl.plugin_config_name!r} uses migStrategy none")
     expected = need_expected(gpukit_suite, node)
-    units = inv.expected_units(decl)
+    units = expect.expected_units(decl)
     mig_resources = sorted({u.resource for u in units if u.mig_profile})
     observed = allocatable(gpukit_suite.kube.node(node))
     for resource in mig_resources:
@@ -69,7 +70,7 @@ def test_mig_devices_belong_to_declared_parents(gpukit_suite: Any, node: str, re
     decl = need_decl(gpukit_suite, node)
     probe = need_probe(gpukit_suite, node)
     f = gpukit_suite.fill(node)
-    units = [u for u in inv.expected_units(decl) if u.resource == resource]
+    units = [u for u in expect.expected_units(decl) if u.resource == resource]
     want_per_gpu = Counter(u.gpu_index for u in units for _ in range(u.replicas))
     profile = units[0].mig_profile if units else None
     got_per_gpu: Counter[int | None] = Counter()
@@ -102,7 +103,7 @@ def test_single_strategy_labels(gpukit_suite: Any, node: str, check: Check) -> N
     profiles = {p for g in decl.mig_gpus for p in g.profiles}
     obj = gpukit_suite.kube.node(node)
     labels = dict(obj.metadata.labels or {}) if obj else {}
-    want = inv.label_value(f"{decl.gpu.product.replace(' ', '-')}-MIG-{min(profiles)}")
+    want = expect.label_value(f"{decl.gpu.product.replace(' ', '-')}-MIG-{min(profiles)}")
     check.true("nvidia.com/gpu.product", labels.get("nvidia.com/gpu.product", "").startswith(
         want), want, labels.get("nvidia.com/gpu.product"))
     check.verify()

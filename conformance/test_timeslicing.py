@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from gpukit import inventory as inv
+from gpukit.conformance import expect
 from gpukit.conformance.checks import Check
 from gpukit.conformance.common import allocated_units, need_decl, need_expected
 from gpukit.conformance.fill import HOLD
@@ -20,8 +21,8 @@ from gpukit.k8s.nodes import allocatable
 pytestmark = pytest.mark.timeslicing
 
 
-def _units(decl: inv.NodeDecl, resource: str) -> list[inv.ExpectedUnit]:
-    return [u for u in inv.expected_units(decl) if u.resource == resource]
+def _units(decl: inv.NodeDecl, resource: str) -> list[expect.ExpectedUnit]:
+    return [u for u in expect.expected_units(decl) if u.resource == resource]
 
 
 @pytest.mark.per_resource("shared")
@@ -59,8 +60,8 @@ def test_shared_resource_names(gpukit_suite: Any, node: str, check: Check) -> No
         check.skip(f"config {decl.plugin_config_name!r} declares no time-slicing")
     expected = need_expected(gpukit_suite, node)
     observed = allocatable(gpukit_suite.kube.node(node))
-    names = sorted({u.resource for u in inv.expected_units(decl)}
-                   | {u.base_resource for u in inv.expected_units(decl)})
+    names = sorted({u.resource for u in expect.expected_units(decl)}
+                   | {u.base_resource for u in expect.expected_units(decl)})
     for name in names:
         check.equal("allocatable", expected.get(name, 0), observed.get(name, 0), name)
     renamed = sorted(n for n in expected if n.endswith(".shared"))
@@ -88,7 +89,7 @@ def test_replicas_spread_over_gpus(gpukit_suite: Any, node: str, resource: str,
     check.equal("pods per physical device", sorted(u.replicas for u in units),
                 sorted(per_device.values()), resource)
     if probe is not None:
-        want = inv.replicas_per_gpu(decl, resource)
+        want = expect.replicas_per_gpu(decl, resource)
         got: Counter[int] = Counter()
         for device, n in per_device.items():
             parent = probe.parent(device)

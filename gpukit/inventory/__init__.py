@@ -8,26 +8,18 @@ the CLI and the conformance suite, and validates each host's declaration in one 
 * ``validate``  ``node_from_vars``: one host's merged variables -> NodeDecl, every problem
 * ``load``      ``load``: an Ansible inventory (Ansible's own precedence and templating)
 * ``check``     ``check``: the whole inventory and what it implies, for the preflight
-* ``expect``    what a node must then serve (resources, labels)
 
     from gpukit import inventory
 
     inv = inventory.load("inventories/lab")
     node = inv.node("gpu-t4")
-    inventory.expected_resources(node)   # {"nvidia.com/gpu": 8}
+    node.gpu, node.mig_gpus, node.plugin_config
+
+What a node must then serve is the conformance suite's oracle, gpukit.conformance.expect
+(`expected_resources` and `expected_labels` here hand over to it).
 """
 
-from .check import CheckResult, check
-from .expect import (
-    ExpectedUnit,
-    expected_labels,
-    expected_resources,
-    expected_units,
-    label_value,
-    product_value,
-    replicas_per_gpu,
-    shared_resources,
-)
+from .check import CheckResult, check, expected_labels, expected_resources
 from .load import DECLARED_VARIABLES, declared_vars, load, plain
 from .model import (
     DEVICE_PLUGIN_CONFIG_LABEL,
@@ -49,8 +41,7 @@ from .validate import node_from_vars
 __all__ = [
     "DECLARED_VARIABLES", "DEVICE_PLUGIN_CONFIG_LABEL", "GPU_GROUP", "GPU_RESOURCE",
     "KERNEL_MODULES", "MIG_CONFIG_LABEL", "RUNTIMES", "TAINT_EFFECTS", "CheckResult",
-    "ExpectedUnit", "GpuDecl", "GpuInventory", "GpuMig", "InventoryError", "NodeDecl", "Problem",
-    "Taint", "check", "declared_vars", "expected_labels", "expected_resources", "expected_units",
-    "label_value", "load", "node_from_vars", "plain", "product_value", "replicas_per_gpu",
-    "shared_resources",
+    "GpuDecl", "GpuInventory", "GpuMig", "InventoryError", "NodeDecl", "Problem", "Taint",
+    "check", "declared_vars", "expected_labels", "expected_resources", "load", "node_from_vars",
+    "plain",
 ]

@@ -1,5 +1,7 @@
 """The whole inventory checked on the controller, connecting to nothing: what the playbooks'
-preflight (the gpukit.gpu.inventory_check action) and `gpukit inventory check` run."""
+preflight (the gpukit.gpu.inventory_check action) runs. A declaration is valid when every host
+validates (validate.node_from_vars) and the suite's oracle (gpukit.conformance.expect) can say
+what each node must serve."""
 
 from __future__ import annotations
 
@@ -8,9 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .expect import expected_labels, expected_resources
 from .load import load
-from .model import GpuInventory
+from .model import GpuInventory, NodeDecl
 from .problems import InventoryError, Problem
 
 
@@ -32,6 +33,10 @@ def check(
     controller without connecting anywhere: `gpukit inventory check` and the playbooks'
     preflight (the gpukit.gpu.inventory_check action). Every problem at once; problems of the
     implied resources and labels show once the declarations themselves are valid."""
+    # What a node must serve is the suite's oracle's to say (one computation for the suite,
+    # the preflight and the roles' waits); it imports only this model and the contracts.
+    from gpukit.conformance.expect import expected_labels, expected_resources
+
     try:
         gpus = load(path, host_vars=host_vars)
     except InventoryError as exc:
@@ -46,3 +51,19 @@ def check(
             problems += exc.problems
     return CheckResult(gpus, resources, tuple(problems))
 
+
+
+def expected_resources(decl: NodeDecl) -> dict[str, int]:
+    """Resource -> count `decl`'s node must serve: gpukit.conformance.expect's, for callers
+    that know the model only (`gpukit inventory check`, the roles' expected_resources filter
+    through gpukit.provision.play_inputs)."""
+    from gpukit.conformance.expect import expected_resources as oracle
+
+    return oracle(decl)
+
+
+def expected_labels(decl: NodeDecl) -> dict[str, str]:
+    """The labels `decl`'s node must carry: gpukit.conformance.expect's (as above)."""
+    from gpukit.conformance.expect import expected_labels as oracle
+
+    return oracle(decl)

@@ -21,6 +21,7 @@ from kubernetes import watch
 
 from gpukit import inventory as inv
 from gpukit.agent_manifests import AgentDeployment
+from gpukit.conformance import expect
 from gpukit.k8s import connect
 from gpukit.k8s.nodes import reported_after
 from gpukit.lab import agent, nodes
@@ -163,7 +164,7 @@ def provision(lab: LabSpec, fleet: inv.GpuInventory, timeout: float = 120) -> No
     # status report: wait for a report made after the rollout, showing the declared resources.
     since = dt.datetime.now(dt.UTC).replace(microsecond=0)
     for decl in fleet.nodes:
-        want = {k: v for k, v in inv.expected_resources(decl).items() if v > 0}
+        want = {k: v for k, v in expect.expected_resources(decl).items() if v > 0}
 
         def settled(o: Any, w: dict[str, int] = want) -> bool:
             return reported_after(o, since) and advertised(o) == w

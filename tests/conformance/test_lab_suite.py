@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from gpukit import inventory as inv
+from gpukit.conformance import expect
 from gpukit.lab import agent, cluster
 from gpukit.lab.config import LabSpec, load_spec
 from gpukit.lab.inventory import for_instance
@@ -149,7 +150,7 @@ def relabelled(lab: Lab) -> Run:
         for decl in (t4, a100):
             lp.set_labels(decl.node_name, decl.selection_labels())
         for decl in (t4, a100):
-            lp.wait_resources(decl.node_name, inv.expected_resources(decl))
+            lp.wait_resources(decl.node_name, expect.expected_resources(decl))
 
 
 def test_wrong_replica_count_fails(relabelled: Run) -> None:
@@ -190,7 +191,7 @@ def relaid(lab: Lab) -> Run:
     finally:
         lp.set_labels(decl.node_name, decl.selection_labels())
         lp.apply_mig(lab.spec, decl.node_name, lp.mig_plan(decl))
-        lp.wait_resources(decl.node_name, inv.expected_resources(decl), timeout=60)
+        lp.wait_resources(decl.node_name, expect.expected_resources(decl), timeout=60)
 
 
 def test_mig_layout_that_differs_fails(relaid: Run) -> None:
@@ -222,7 +223,7 @@ def test_an_xid_that_takes_a_gpu_out_fails(lab: Lab, tmp_path: Path) -> None:
         assert "test_kubelet_sees_the_same_devices[gpu-t4]" in run.passed
     finally:
         lp.restart_agent_on(node)  # the lab agent keeps XID'd devices out until it restarts
-        lp.wait_resources(node, inv.expected_resources(lab.decl(node)))
+        lp.wait_resources(node, expect.expected_resources(lab.decl(node)))
 
 
 def test_a_pinned_driver_version_that_does_not_run_fails(lab: Lab, tmp_path: Path) -> None:
@@ -277,7 +278,7 @@ def test_single_strategy_node_passes(lab: Lab, tmp_path: Path) -> None:
         "gpukit_mig_config": "all-3g.20gb",
     }))
     single = inv.load(inventory).node(decl.node_name)
-    assert inv.expected_resources(single) == {"nvidia.com/gpu": 16}
+    assert expect.expected_resources(single) == {"nvidia.com/gpu": 16}
     lp.apply_mig(lab.spec, decl.node_name, lp.mig_plan(single))
     lp.set_labels(decl.node_name, single.selection_labels())
     try:
@@ -290,7 +291,7 @@ def test_single_strategy_node_passes(lab: Lab, tmp_path: Path) -> None:
     finally:
         lp.set_labels(decl.node_name, decl.selection_labels())
         lp.apply_mig(lab.spec, decl.node_name, lp.mig_plan(decl))
-        lp.wait_resources(decl.node_name, inv.expected_resources(decl), timeout=60)
+        lp.wait_resources(decl.node_name, expect.expected_resources(decl), timeout=60)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])

@@ -1,7 +1,20 @@
-"""What a node must serve, computed from its declaration alone (the device plugin config parsed
-with `gpukit.contracts.plugin_config`, the MIG geometry from `gpukit.contracts.mig_profiles`);
-deliberately not with the agent's resource or label builders, because the conformance suite
-checks what those produce."""
+"""The suite's oracle: what a node must serve, computed from its declaration alone.
+
+The device plugin config is the model's parse (`gpukit.contracts.plugin_config`), the MIG
+geometry comes from `gpukit.contracts.mig_profiles`; deliberately not the agent's resource or
+label builders (gpukit.plugin), because the suite checks what those produce:
+
+    from gpukit import inventory
+    from gpukit.conformance import expect
+
+    node = inventory.load("inventories/lab").node("gpu-t4")
+    expect.expected_resources(node)   # {"nvidia.com/gpu": 8}
+    expect.expected_labels(node)      # {"nvidia.com/gpu.product": "Tesla-T4-SHARED", ...}
+
+A declaration the agent could not serve as declared (migStrategy single over mixed profiles,
+time-slicing a device the node lacks) raises InventoryError naming host, variable and value.
+Imports only the declaration model and gpukit.contracts (tests/unit/test_import_direction.py).
+"""
 
 from __future__ import annotations
 
@@ -11,9 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpukit.contracts.device_ids import mig_resource_name
-
-from .model import GPU_RESOURCE, GpuMig, NodeDecl
-from .problems import InventoryError, Problem
+from gpukit.inventory import GPU_RESOURCE, GpuMig, InventoryError, NodeDecl, Problem
 
 _INVALID_LABEL_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
 _INVALID_PRODUCT_CHARS = re.compile(r"[^A-Za-z0-9_. -]+")
