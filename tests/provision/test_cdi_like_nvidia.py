@@ -22,11 +22,12 @@ from moduletest import run_module
 from gpukit.contracts.plugin_config import parse_config
 from gpukit.lab import driver_surface as ds
 from gpukit.lab import nvml as mock_nvml
-from gpukit.lab.packages import cuda_lib
+from gpukit.lab.packages import catalog, cuda_lib, deb
+from gpukit.lab.packages import sources as package_sources
 from gpukit.lab.runtime import nvidia_cdi_hook as hook
 from gpukit.lab.runtime import nvidia_container_runtime as ncr
 from gpukit.plugin import cdi as plugin_cdi
-from gpukit.plugin.inventory import Gpu, Inventory, MigDevice
+from gpukit.plugin.devices import Gpu, MigDevice, NodeDevices
 from gpukit.plugin.resources import gpu_unit
 from gpukit.provision import cdi
 
@@ -87,7 +88,7 @@ def test_node_spec_is_shaped_like_nvidias_and_the_runtime_injects_it(tmp_path: P
     root = driver_root(tmp_path)
     mig = MigDevice(uuid="MIG-11111111-0000-0000-0000-000000000000", parent_uuid=_gpu(0).uuid,
                     parent_index=0, index=0, gi=2, ci=0, profile="3g.20gb", memory_mb=19968)
-    inv = Inventory(gpus=(_gpu(0, (mig,)), _gpu(1)), driver_version=VERSION)
+    inv = NodeDevices(gpus=(_gpu(0, (mig,)), _gpu(1)), driver_version=VERSION)
     present = {"/dev/nvidiactl", "/dev/nvidia-uvm", "/usr/bin/nvidia-cdi-hook"}
     spec = cdi.build(inv, exists=present.__contains__, driver_root=str(root),
                      proc_root=_proc(tmp_path, 0, 2, 0))  # fmt: skip
@@ -142,7 +143,7 @@ def test_node_spec_is_shaped_like_nvidias_and_the_runtime_injects_it(tmp_path: P
 
 def test_without_the_hook_the_soname_links_are_bound_instead(tmp_path: Path) -> None:
     root = driver_root(tmp_path)
-    inv = Inventory(gpus=(_gpu(0),), driver_version=VERSION)
+    inv = NodeDevices(gpus=(_gpu(0),), driver_version=VERSION)
     spec = cdi.build(inv, exists={"/dev/nvidiactl"}.__contains__, driver_root=str(root))
     mounts = {m["containerPath"]: m["hostPath"] for m in spec["containerEdits"]["mounts"]}
     assert hooks_of(spec) == []
@@ -151,11 +152,11 @@ def test_without_the_hook_the_soname_links_are_bound_instead(tmp_path: Path) -> 
 
 
 def test_no_driver_files_without_a_driver_and_sonames_without_a_version(tmp_path: Path) -> None:
-    inv = Inventory(gpus=(_gpu(0),), driver_version=VERSION)
+    inv = NodeDevices(gpus=(_gpu(0),), driver_version=VERSION)
     spec = cdi.build(inv, exists=lambda _: False, driver_root=str(tmp_path))
     assert "mounts" not in spec["containerEdits"] and hooks_of(spec) == []
     assert spec["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
-    unversioned = Inventory(gpus=(_gpu(0),))
+    unversioned = NodeDevices(gpus=(_gpu(0),))
     lib = f"{LIBS}/libnvidia-ml.so.1"
     spec = cdi.build(unversioned, exists={lib}.__contains__)
     assert spec["containerEdits"]["mounts"] == [
@@ -201,7 +202,7 @@ def test_the_hooks_make_libcuda_loadable_by_soname_and_it_counts_the_given_gpus(
     tmp_path: Path,
 ) -> None:
     root = driver_root(tmp_path)
-    inv = Inventory(gpus=(_gpu(0), _gpu(1)), driver_version=VERSION)
+    inv = NodeDevices(gpus=(_gpu(0), _gpu(1)), driver_version=VERSION)
     spec = cdi.build(inv, exists={"/usr/bin/nvidia-cdi-hook"}.__contains__, driver_root=str(root))
     rootfs, state = _bundle(tmp_path, spec)
     assert not (rootfs / f"{LIBS.lstrip('/')}/libcuda.so.1").exists()  # only the file is bound
@@ -264,3 +265,32 @@ def test_cdi_spec_module_writes_the_driver_files_it_finds(
     assert mounts[LIBCUDA] == f"{root}{LIBCUDA}" and mounts[LIBNVML] == f"{root}{LIBNVML}"
     assert [d["name"] for d in spec["devices"]][:2] == [spec["devices"][0]["name"], "0"]
     assert spec["devices"][-1]["name"] == "all"
+
+
+def test_the_stand_in_driver_package_is_what_the_spec_finds(tmp_path: Path) -> None:
+    """The driver package unpacked into a root: the spec binds its versioned libraries and
+    tools, and the toolkit package ships the hook the spec names."""
+    if mock_nvml.library_path() is None:
+        pytest.skip("mock NVML not built (make nvml)")
+    src = package_sources()
+    branch = catalog.BRANCHES[0]
+    pkg = next(p for p in catalog.driver_packages(branch, src)
+               if p.name == f"nvidia-driver-{branch.name}")  # fmt: skip
+    built = deb.build(pkg, tmp_path / "debs", compression="gzip")
+    root = tmp_path / "root"
+    subprocess.run(["dpkg-deb", "-x", str(built), str(root)], check=True)
+    assert os.readlink(root / f"{LIBS[1:]}/libcuda.so.1") == f"libcuda.so.{branch.driver_version}"
+    inv = NodeDevices(gpus=(_gpu(0),), driver_version=branch.driver_version)
+    spec = cdi.build(inv, exists={plugin_cdi.CDI_HOOK}.__contains__, driver_root=str(root))
+    assert [m["containerPath"] for m in spec["containerEdits"]["mounts"]] == [
+        f"{LIBS}/libcuda.so.{branch.driver_version}",
+        f"{LIBS}/libnvidia-ml.so.{branch.driver_version}",
+        "/usr/bin/nvidia-smi", "/usr/bin/nvidia-debugdump", "/usr/bin/nvidia-cuda-mps-control",
+        "/usr/bin/nvidia-cuda-mps-server"]  # fmt: skip
+    libcuda = ctypes.CDLL(str(root / f"{LIBS[1:]}/libcuda.so.1"))
+    version = ctypes.c_int(0)
+    assert libcuda.cuDriverGetVersion(ctypes.byref(version)) == 0
+    assert version.value == cuda_lib.encoded(branch.cuda_version)
+    toolkit = catalog.toolkit_packages()[0].files
+    assert plugin_cdi.CDI_HOOK in toolkit
+    assert toolkit[f"{catalog.RUNTIME_DIR}/nvidia_cdi_hook.py"].data() == Path(hook.__file__).read_bytes()
