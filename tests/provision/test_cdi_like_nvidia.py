@@ -294,3 +294,17 @@ def test_the_stand_in_driver_package_is_what_the_spec_finds(tmp_path: Path) -> N
     toolkit = catalog.toolkit_packages()[0].files
     assert plugin_cdi.CDI_HOOK in toolkit
     assert toolkit[f"{catalog.RUNTIME_DIR}/nvidia_cdi_hook.py"].data() == Path(hook.__file__).read_bytes()
+
+
+def test_cuda_compat_libraries_of_a_newer_driver_go_first(tmp_path: Path) -> None:
+    """enable-cuda-compat: an image's /usr/local/cuda/compat of a newer driver than the host's
+    is configured for the loader; of an older or the same driver, it is not."""
+    rootfs, state = _bundle(tmp_path, {"containerEdits": {"mounts": []}})
+    compat = rootfs / "usr/local/cuda/compat"
+    compat.mkdir(parents=True)
+    (compat / "libcuda.so.570.86.15").write_bytes(b"compat")
+    conf = rootfs / "etc/ld.so.conf.d/00-compat-gpukit.conf"
+    hook.run(["enable-cuda-compat", "--host-driver-version=570.86.15"], state)
+    assert not conf.exists()
+    hook.run(["enable-cuda-compat", "--host-driver-version=550.90.07"], state)
+    assert conf.read_text() == "/usr/local/cuda/compat\n"
