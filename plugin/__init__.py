@@ -1,8 +1,9 @@
 """gpukit node agent: the Kubernetes device plugin for NVIDIA GPUs (and its labels).
 
-Modules, one concept each: config (schema) and config_source (file/label/flag/env selection),
-nvml (discovery via pynvml) into inventory (plain data), resources (strategies, time-slicing),
-allocate, preferred, cdi, health, labels (+ label_names), metrics, server (gRPC), manager
-(lifecycle), signals (stop, reload, rescan), cli (entry point). api/ holds the kubelet .proto
-files and their generated stubs.
+Modules, one concept each: config_source (file/label/flag/env selection of NVIDIA's config,
+whose schema is gpukit.contracts.plugin_config), nvml (the NVML layer: discovery, XID events,
+MIG instances) into devices (plain data), resources (strategies, time-slicing), allocate,
+preferred, cdi, health, labels, metrics, node_api (the node's labels and events), server
+(gRPC), manager (lifecycle), signals (stop, reload, rescan), cli (entry point), mig/ (the MIG
+manager). api/ holds the kubelet .proto files and their generated stubs.
 """

@@ -24,7 +24,7 @@ from gpukit.contracts import label_names as ln
 from gpukit.contracts.device_ids import mig_resource_name
 from gpukit.contracts.plugin_config import Config
 
-from .inventory import Gpu, Inventory, MigDevice, arch_family
+from .devices import Gpu, MigDevice, NodeDevices, arch_family
 
 SYSFS_ROOT_ENV = "GPUKIT_SYSFS_ROOT"
 DEFAULT_SYSFS_ROOT = "/sys"
@@ -287,7 +287,7 @@ def _mig_labels(resource: str, parent: Gpu, mig: MigDevice, count: int, config: 
     return _resource_labels(resource, values)
 
 
-def _version_labels(inv: Inventory) -> dict[str, str]:
+def _version_labels(inv: NodeDevices) -> dict[str, str]:
     out: dict[str, str] = {}
     parts = inv.driver_version.split(".")
     if 2 <= len(parts) <= 3:
@@ -316,7 +316,7 @@ def _most_common_model(gpus: list[Gpu]) -> list[Gpu]:
     return [g for g in gpus if g.name == model]
 
 
-def compute_labels(inv: Inventory, config: Config, sysfs_root: str | None = None
+def compute_labels(inv: NodeDevices, config: Config, sysfs_root: str | None = None
                    ) -> dict[str, str]:
     """All labels for a node. Without GPUs only the vGPU labels, as GFD (its vGPU labeler
     runs whether or not there are devices). `sysfs_root`: default `default_sysfs_root()`."""
@@ -350,7 +350,7 @@ def compute_labels(inv: Inventory, config: Config, sysfs_root: str | None = None
     return labels
 
 
-def _strategy_mig_labels(inv: Inventory, config: Config, migging: list[Gpu]) -> dict[str, str]:
+def _strategy_mig_labels(inv: NodeDevices, config: Config, migging: list[Gpu]) -> dict[str, str]:
     if not migging:
         return {}
     by_profile: dict[str, list[tuple[Gpu, MigDevice]]] = {}

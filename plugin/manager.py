@@ -36,8 +36,8 @@ from . import cdi, last_good, nvml
 from .allocate import CONTROL_NODES, Allocator, host_path
 from .api import KUBELET_SOCKET_NAME
 from .config_source import ConfigSource, LoadedConfig
+from .devices import NodeDevices
 from .health import HealthMonitor, HealthTracker, effective_ignored_xids
-from .inventory import Inventory
 from .labels import compute_labels, label_changes, write_labels_file
 from .metrics import PluginMetrics
 from .mig.pause import PauseWatcher
@@ -54,7 +54,7 @@ class InitError(RuntimeError):
 
 class NvmlBackend(Protocol):
     def init(self) -> None: ...
-    def discover(self, with_topology: bool) -> Inventory: ...
+    def discover(self, with_topology: bool) -> NodeDevices: ...
     def shutdown(self) -> None: ...
 
 
@@ -69,7 +69,7 @@ class PynvmlBackend:
             nvml.load_library(self.library)
         nvml.init()
 
-    def discover(self, with_topology: bool) -> Inventory:
+    def discover(self, with_topology: bool) -> NodeDevices:
         return nvml.discover(with_topology=with_topology)
 
     def shutdown(self) -> None:
@@ -115,7 +115,7 @@ class PluginManager:
         self.register_fn = register_fn
         self.node_client = node_client
         self.loaded: LoadedConfig | None = None
-        self.inventory = Inventory()
+        self.devices = NodeDevices()
         self.resources = ResourceSet(resources={})
         self.servers: dict[str, PluginServer] = {}
         # Retired resources whose sockets close shortly (see `_retire`), by name.
@@ -324,14 +324,14 @@ class PluginManager:
 
     # -- discovery and reconcile --------------------------------------------------------------
 
-    def _discover(self) -> Inventory | None:
+    def _discover(self) -> NodeDevices | None:
         if not self.nvml_ready:
             if time.monotonic() < self._next_nvml_retry:
                 return None
             self._init_nvml()
             if not self.nvml_ready:
                 return None
-        old = self.inventory
+        old = self.devices
         try:
             inv = self.backend.discover(with_topology=not old.links)
         except nvml.NvmlError as exc:
@@ -356,9 +356,9 @@ class PluginManager:
         inv = self._discover()
         with self._lock:
             if inv is not None:
-                self.inventory = inv
+                self.devices = inv
             try:
-                rs = build_resources(self.inventory, self.config, self.options.proc_root)
+                rs = build_resources(self.devices, self.config, self.options.proc_root)
             except ResourceError as exc:
                 self.metrics.errors.labels(kind="resources").inc()
                 if startup and self.config.flags.fail_on_init_error:
@@ -405,9 +405,9 @@ class PluginManager:
                 self.servers[name] = server
                 log.info("resource %s is back: serving on %s", name, server.path)
             if server is not None:
-                server.state.update(res, allocator, self.inventory, views, policy)
+                server.state.update(res, allocator, self.devices, views, policy)
                 continue
-            state = ResourceState(res, allocator, self.inventory, views, policy)
+            state = ResourceState(res, allocator, self.devices, views, policy)
             server = PluginServer(state, self.kubelet_dir, self.metrics)
             try:
                 server.start()
@@ -426,7 +426,7 @@ class PluginManager:
         server = self.servers.pop(name)
         self._unregistered.discard(name)
         empty = Resource(name=name, devices=())
-        server.state.update(empty, Allocator(empty, self.config), self.inventory, [],
+        server.state.update(empty, Allocator(empty, self.config), self.devices, [],
                             self.config.gpukit.replica_policy)
         log.info("resource %s is gone: reporting zero devices and closing its socket", name)
         timer = threading.Timer(1.0, self._close_retired, (name, server))
@@ -449,7 +449,7 @@ class PluginManager:
                 if res is None:
                     continue
                 state = server.state
-                state.update(res, state.allocator, self.inventory, self._views(res),
+                state.update(res, state.allocator, self.devices, self._views(res),
                              state.replica_policy)
             self._update_device_metrics()
 
@@ -517,7 +517,7 @@ class PluginManager:
         log.info("CDI spec written to %s (%d devices)", path, len(spec["devices"]))
 
     def _wanted_labels(self) -> dict[str, str]:
-        labels = compute_labels(self.inventory, self.config)
+        labels = compute_labels(self.devices, self.config)
         if self.source.config_dir is not None:  # a selection by node label that may fail
             labels[ln.DEVICE_PLUGIN_CONFIG_STATE] = (
                 ln.CONFIG_STATE_FAILED if self.config_failure else ln.CONFIG_STATE_SUCCESS)

@@ -21,14 +21,14 @@ import itertools
 import math
 from collections.abc import Sequence
 
-from .inventory import TOPOLOGY_SYSTEM, Inventory
+from .devices import TOPOLOGY_SYSTEM, NodeDevices
 from .resources import PluginDevice, Resource, Unit
 
 MAX_EXHAUSTIVE_SETS = 5000
 NVLINK_WEIGHT = 100
 
 
-def pair_score(inv: Inventory, a: Unit, b: Unit) -> int:
+def pair_score(inv: NodeDevices, a: Unit, b: Unit) -> int:
     link = inv.link(a.uuid, b.uuid)
     score = link.nvlinks * NVLINK_WEIGHT
     if link.ancestor is not None:
@@ -38,13 +38,13 @@ def pair_score(inv: Inventory, a: Unit, b: Unit) -> int:
     return score
 
 
-def set_score(inv: Inventory, units: Sequence[Unit]) -> int:
+def set_score(inv: NodeDevices, units: Sequence[Unit]) -> int:
     return sum(pair_score(inv, a, b) for a, b in itertools.combinations(units, 2))
 
 
 def preferred(
     resource: Resource,
-    inv: Inventory,
+    inv: NodeDevices,
     available: Sequence[str],
     must_include: Sequence[str],
     size: int,
@@ -108,7 +108,7 @@ def _replicas(
 
 
 def _whole_gpus(
-    inv: Inventory, required: list[PluginDevice], candidates: list[PluginDevice], needed: int
+    inv: NodeDevices, required: list[PluginDevice], candidates: list[PluginDevice], needed: int
 ) -> list[PluginDevice]:
     candidates = sorted(candidates, key=lambda d: d.unit.gpu.index)
     if needed <= 0:

@@ -21,7 +21,7 @@ from gpukit.contracts.device_ids import mig_resource_name, replica_id
 from gpukit.contracts.label_names import GPU_RESOURCE
 from gpukit.contracts.plugin_config import Config, ReplicatedResource
 
-from .inventory import Gpu, Inventory, MigDevice
+from .devices import Gpu, MigDevice, NodeDevices
 
 _CAP_MINOR = re.compile(r"DeviceFileMinor:\s*(\d+)")
 
@@ -104,7 +104,7 @@ def mig_unit(gpu: Gpu, mig: MigDevice, proc_root: str = "/") -> Unit:
     return Unit(uuid=mig.uuid, index_id=mig.index_id, gpu=gpu, mig=mig, device_nodes=nodes)
 
 
-def base_units(inv: Inventory, mig_strategy: str, proc_root: str = "/"
+def base_units(inv: NodeDevices, mig_strategy: str, proc_root: str = "/"
                ) -> tuple[dict[str, list[Unit]], list[str]]:
     """Resource name -> units, before time-slicing."""
     out: dict[str, list[Unit]] = {}
@@ -173,7 +173,7 @@ def _select(units: list[Unit], entry: ReplicatedResource, where: str) -> list[Un
     return chosen
 
 
-def build_resources(inv: Inventory, config: Config, proc_root: str = "/") -> ResourceSet:
+def build_resources(inv: NodeDevices, config: Config, proc_root: str = "/") -> ResourceSet:
     """Raises ResourceError when the devices do not fit the strategy or the sharing config."""
     base, warnings = base_units(inv, config.flags.mig_strategy, proc_root)
     devices: dict[str, list[PluginDevice]] = {}

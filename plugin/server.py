@@ -21,7 +21,7 @@ import grpc
 
 from .allocate import AllocationError, Allocator, ContainerAllocation
 from .api import API_VERSION, HEALTHY, UNHEALTHY, deviceplugin_grpc, deviceplugin_pb2
-from .inventory import Inventory
+from .devices import NodeDevices
 from .metrics import PluginMetrics
 from .preferred import preferred
 from .resources import Resource
@@ -43,14 +43,14 @@ class DeviceView:
 class ResourceState:
     """Devices, health and allocation logic of one resource, swapped atomically on change."""
 
-    def __init__(self, resource: Resource, allocator: Allocator, inventory: Inventory,
+    def __init__(self, resource: Resource, allocator: Allocator, devices: NodeDevices,
                  views: Sequence[DeviceView], replica_policy: str) -> None:
         self._cond = threading.Condition()
         self._version = 0
         self._closed = False
         self.resource = resource
         self.allocator = allocator
-        self.inventory = inventory
+        self.devices = devices
         self.views: tuple[DeviceView, ...] = tuple(views)
         self.replica_policy = replica_policy
         self._streams = 0
@@ -60,11 +60,11 @@ class ResourceState:
     def name(self) -> str:
         return self.resource.name
 
-    def update(self, resource: Resource, allocator: Allocator, inventory: Inventory,
+    def update(self, resource: Resource, allocator: Allocator, devices: NodeDevices,
                views: Sequence[DeviceView], replica_policy: str) -> bool:
         """Swap in new devices; wakes ListAndWatch streams only if what they report changed."""
         with self._cond:
-            self.resource, self.allocator, self.inventory = resource, allocator, inventory
+            self.resource, self.allocator, self.devices = resource, allocator, devices
             self.replica_policy = replica_policy
             new = tuple(views)
             if new == self.views:
@@ -171,7 +171,7 @@ class DevicePluginService:
         state = self.state
         responses = [
             pb.ContainerPreferredAllocationResponse(deviceIDs=preferred(
-                state.resource, state.inventory, list(r.available_deviceIDs),
+                state.resource, state.devices, list(r.available_deviceIDs),
                 list(r.must_include_deviceIDs), int(r.allocation_size), state.replica_policy,
             ))
             for r in request.container_requests

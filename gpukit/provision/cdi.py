@@ -21,7 +21,7 @@ import yaml
 
 from gpukit.plugin import cdi as plugin_cdi
 from gpukit.plugin.allocate import CONTROL_NODES
-from gpukit.plugin.inventory import Inventory
+from gpukit.plugin.devices import NodeDevices
 from gpukit.plugin.resources import Unit, gpu_unit, mig_unit
 from gpukit.provision.edit import Edit
 
@@ -29,7 +29,7 @@ DEFAULT_PATH = "/etc/cdi/nvidia.yaml"
 HEADER = "# Managed by gpukit (container_toolkit): CDI spec for this node's NVIDIA devices.\n"
 
 
-def units(inv: Inventory, proc_root: str = "/") -> list[Unit]:
+def units(inv: NodeDevices, proc_root: str = "/") -> list[Unit]:
     out: list[Unit] = []
     for gpu in inv.gpus:
         out.append(gpu_unit(gpu))
@@ -38,7 +38,7 @@ def units(inv: Inventory, proc_root: str = "/") -> list[Unit]:
 
 
 def build(
-    inv: Inventory,
+    inv: NodeDevices,
     exists: Callable[[str], bool] = os.path.exists,
     driver_root: str = "/",
     proc_root: str = "/",
@@ -73,7 +73,7 @@ def render(spec: dict[str, Any]) -> str:
 
 
 def plan(
-    inv: Inventory,
+    inv: NodeDevices,
     current: str | None,
     path: str = DEFAULT_PATH,
     exists: Callable[[str], bool] = os.path.exists,

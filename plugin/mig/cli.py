@@ -70,8 +70,7 @@ def build_parser(prog: str = "python -m gpukit.plugin.mig") -> argparse.Argument
                     help="libnvidia-ml.so.1 to load (e.g. the lab mock) [GPUKIT_NVML_LIB]")
     rt.add_argument("--reset-command", metavar="CMD",
                     help="GPU reset command, {index} is the GPU (default: `nvidia-smi -r -i "
-                         "{index}`; with the lab's mock NVML `python -m gpukit.lab.nvml reset "
-                         "--gpu {index}`)")
+                         "{index}`; the lab's mock NVML is reset through the library itself)")
     rt.add_argument("--pause-file", default=_env(hooks.ENV_PAUSE_FILE, hooks.DEFAULT_PAUSE_FILE),
                     help="device plugin pause file ('' disables) [GPUKIT_PLUGIN_PAUSE_FILE]")
     rt.add_argument("--pause-ack-timeout", type=float, default=0.0, metavar="SECONDS",
@@ -121,10 +120,7 @@ def _reset_fn(args: argparse.Namespace) -> hooks.ResetFn:
     from gpukit.plugin import nvml
 
     if nvml.is_lab_mock():
-        argv = list(hooks.LAB_RESET)
-        if args.nvml_library:
-            argv[3:3] = ["--lib", args.nvml_library]
-        return hooks.command_reset(argv)
+        return hooks.lab_mock_reset()
     return hooks.command_reset(hooks.NVIDIA_SMI_RESET)
 
 

@@ -27,7 +27,6 @@ import os
 import shlex
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import uuid as uuidlib
@@ -44,7 +43,6 @@ State = Literal["pending", "success", "failed"]
 ResetFn = Callable[[int], None]
 
 NVIDIA_SMI_RESET = ("nvidia-smi", "-r", "-i", "{index}")
-LAB_RESET = (sys.executable, "-m", "gpukit.lab.nvml", "reset", "--gpu", "{index}")
 DEFAULT_PAUSE_FILE = "/run/gpukit/plugin.pause"
 ENV_PAUSE_FILE = "GPUKIT_PLUGIN_PAUSE_FILE"
 DEFAULT_PAUSE_SECONDS = 900.0
@@ -55,9 +53,8 @@ class ResetError(RuntimeError):
 
 
 def command_reset(argv: Sequence[str], timeout: float = 120.0) -> ResetFn:
-    """A reset callback running a command; ``{index}`` in an argument is the GPU index.
-    ``nvidia-smi -r -i N`` on real hosts, ``python -m gpukit.lab.nvml reset --gpu N`` in the
-    lab."""
+    """A reset callback running a command; ``{index}`` in an argument is the GPU index
+    (``nvidia-smi -r -i N`` on real hosts; the lab's mock is reset by `lab_mock_reset`)."""
     template = tuple(argv)
 
     def reset(index: int) -> None:
@@ -71,6 +68,19 @@ def command_reset(argv: Sequence[str], timeout: float = 120.0) -> ResetFn:
             out = (proc.stderr or proc.stdout).strip()
             raise ResetError(f"reset GPU {index}: {shlex.join(cmd)} exited {proc.returncode}"
                              + (f": {out}" if out else ""))
+
+    return reset
+
+
+def lab_mock_reset() -> ResetFn:
+    """The reset for the lab's mock NVML, in this process (see gpukit.plugin.nvml)."""
+    from gpukit.plugin import nvml
+
+    def reset(index: int) -> None:
+        try:
+            nvml.lab_mock_reset(index)
+        except nvml.NvmlError as e:
+            raise ResetError(f"reset GPU {index}: {e}") from e
 
     return reset
 

@@ -1,7 +1,7 @@
 """NVML access for gpukit's programs on a node, the one place they call pynvml.
 
 * ``calls``      loading the library, init/shutdown, NVML's failures as `NvmlError`
-* ``discovery``  the node's GPUs, MIG devices and links (the types of plugin/inventory.py)
+* ``discovery``  the node's GPUs, MIG devices and links (the types of plugin/devices.py)
 * ``events``     XID event sets and the GPU probe the health monitor uses
 * ``mig``        GPU and compute instances for the MIG manager
 
@@ -17,6 +17,7 @@ from .calls import (
     call,
     init,
     is_lab_mock,
+    lab_mock_reset,
     load_library,
     normalize_bus_id,
     optional,
@@ -26,5 +27,5 @@ from .discovery import discover, mig_mode
 
 __all__ = [
     "LOST_CODES", "MIG_ID_UNSET", "NvmlError", "call", "discover", "init", "is_lab_mock",
-    "load_library", "mig_mode", "normalize_bus_id", "optional", "shutdown",
+    "lab_mock_reset", "load_library", "mig_mode", "normalize_bus_id", "optional", "shutdown",
 ]

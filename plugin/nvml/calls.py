@@ -126,3 +126,23 @@ def shutdown() -> None:
 def is_lab_mock() -> bool:
     """The loaded library is the lab's mock NVML (it has entry points the driver's has not)."""
     return pynvml.nvmlLib is not None and hasattr(pynvml.nvmlLib, "gpukitMockResetGpu")
+
+
+def lab_mock_reset(index: int) -> None:
+    """`nvidia-smi -r -i <index>` for the lab's mock NVML, through the library this process
+    has loaded: a pending MIG mode takes effect, MIG instances go, as a reset does. The node
+    wheel and the agent image carry no lab, so the mock's own entry point is the way in."""
+    fn = getattr(pynvml.nvmlLib, "gpukitMockResetGpu", None)
+    if fn is None:
+        raise NvmlError("gpukitMockResetGpu", pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+                        "the loaded NVML is not the lab's mock", f"GPU {index}")
+    rc = int(fn(ctypes.c_uint(index)))
+    if rc:
+        raise NvmlError("gpukitMockResetGpu", rc, _error_string(rc), f"GPU {index}")
+
+
+def _error_string(rc: int) -> str:
+    try:
+        return _text(pynvml.nvmlErrorString(rc))
+    except pynvml.NVMLError:
+        return f"error {rc}"

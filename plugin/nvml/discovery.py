@@ -14,7 +14,7 @@ from typing import Any
 
 import pynvml
 
-from ..inventory import Gpu, Inventory, Link, MigDevice, mig_memory_gb, profile_name
+from ..devices import Gpu, Link, MigDevice, NodeDevices, mig_memory_gb, profile_name
 from .calls import NvmlError, _text, call, normalize_bus_id, optional
 
 log = logging.getLogger(__name__)
@@ -25,7 +25,7 @@ _ARCHITECTURES = {
 }
 _MIG_NAME = re.compile(r"\bMIG\s+(\S+)\s*$")
 
-def discover(with_topology: bool = True) -> Inventory:
+def discover(with_topology: bool = True) -> NodeDevices:
     """Enumerate GPUs and MIG devices. A GPU that NVML reports lost is left out and its index
     recorded in `lost_indices`; any other failure raises NvmlError."""
     count = call("nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount)
@@ -50,7 +50,7 @@ def discover(with_topology: bool = True) -> Inventory:
     cuda = optional("nvmlSystemGetCudaDriverVersion", pynvml.nvmlSystemGetCudaDriverVersion,
                     default=0)
     links = _links(gpus, handles) if with_topology else {}
-    return Inventory(
+    return NodeDevices(
         gpus=tuple(gpus), driver_version=driver, cuda_driver_version=int(cuda), links=links,
         lost_indices=tuple(lost),
     )

@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from gpukit.lab.nvml import fidelity
 from gpukit.plugin import nvml
 from gpukit.plugin.api import deviceplugin_pb2 as pb
 from gpukit.plugin.config_source import ConfigSource, Override
+from gpukit.plugin.devices import NodeDevices
 from gpukit.plugin.labels import compute_labels
 from gpukit.plugin.manager import ManagerOptions, PluginManager, PynvmlBackend
 from gpukit.provision import gpu_facts
@@ -36,7 +38,7 @@ def driver_minor(bus_id: str) -> int:
 
 
 @pytest.fixture
-def inventory() -> object:
+def devices() -> Iterator[NodeDevices]:
     nvml.init()
     try:
         yield nvml.discover(with_topology=True)
@@ -44,10 +46,10 @@ def inventory() -> object:
         nvml.shutdown()
 
 
-def test_discovery_matches_nvidia_smi(inventory: nvml.Inventory, smi: list[dict[str, str]]
+def test_discovery_matches_nvidia_smi(devices: NodeDevices, smi: list[dict[str, str]]
                                       ) -> None:
-    assert [g.uuid for g in inventory.gpus] == [s["uuid"] for s in smi]
-    for gpu, s in zip(inventory.gpus, smi, strict=True):
+    assert [g.uuid for g in devices.gpus] == [s["uuid"] for s in smi]
+    for gpu, s in zip(devices.gpus, smi, strict=True):
         assert gpu.name == s["name"]
         assert gpu.memory_mb == int(s["memory.total"])
         assert nvml.normalize_bus_id(gpu.pci_bus_id) == nvml.normalize_bus_id(s["pci.bus_id"])
@@ -56,11 +58,11 @@ def test_discovery_matches_nvidia_smi(inventory: nvml.Inventory, smi: list[dict[
         assert os.path.exists(gpu.device_node)
         assert gpu.mig_enabled == (s["mig.mode.current"] == "Enabled")
         assert gpu.mig_capable == (s["mig.mode.current"] != "[N/A]")
-    assert inventory.driver_version == smi[0]["driver_version"]
+    assert devices.driver_version == smi[0]["driver_version"]
 
 
-def test_labels_describe_the_gpu(inventory: nvml.Inventory, smi: list[dict[str, str]]) -> None:
-    labels = compute_labels(inventory, parse_config({}))
+def test_labels_describe_the_gpu(devices: NodeDevices, smi: list[dict[str, str]]) -> None:
+    labels = compute_labels(devices, parse_config({}))
     first = smi[0]
     assert labels[f"{ln.GPU_RESOURCE}.{ln.PRODUCT}"] == first["name"].replace(" ", "-")
     assert labels[f"{ln.GPU_RESOURCE}.{ln.COUNT}"] == str(len(smi))

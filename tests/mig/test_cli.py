@@ -33,7 +33,7 @@ def test_plan_apply_assert_export(a100: MockNode, cfg: Path, tmp_path: Path) -> 
     assert a100.layout()[0] == (False, False, ())
     proc = run_cli(["assert", *common], env)
     assert proc.returncode == 3 and "does not match" in proc.stderr + proc.stdout
-    # apply (resets through `python -m gpukit.lab.nvml reset`, the lab's nvidia-smi -r)
+    # apply (resets through the mock library's own reset, the lab's nvidia-smi -r)
     rc, doc = cli_json(["apply", *common, "--pause-file", str(pause), "--state-file",
                         str(state)], env)
     assert rc == 0 and doc["changed"] is True and len(doc["executed"]) == 20

@@ -14,14 +14,14 @@ import grpc
 from gpukit.contracts.plugin_config import Config, parse_config
 from gpukit.plugin.api import deviceplugin_grpc
 from gpukit.plugin.api import deviceplugin_pb2 as pb
-from gpukit.plugin.inventory import (
+from gpukit.plugin.devices import (
     TOPOLOGY_NODE,
     TOPOLOGY_SINGLE,
     TOPOLOGY_SYSTEM,
     Gpu,
-    Inventory,
     Link,
     MigDevice,
+    NodeDevices,
 )
 
 A100 = "NVIDIA A100-SXM4-40GB"
@@ -64,8 +64,8 @@ def make_gpu(index: int, name: str = A100, migs: tuple[str, ...] | None = None,
 
 
 def make_inventory(gpus: list[Gpu], links: dict[frozenset[str], Link] | None = None
-                   ) -> Inventory:
-    return Inventory(gpus=tuple(gpus), driver_version="550.54.15", cuda_driver_version=12040,
+                   ) -> NodeDevices:
+    return NodeDevices(gpus=tuple(gpus), driver_version="550.54.15", cuda_driver_version=12040,
                      links=links or {})
 
 
@@ -117,13 +117,13 @@ class FakeKubelet:
 
 
 class FakeBackend:
-    def __init__(self, inv: Inventory) -> None:
+    def __init__(self, inv: NodeDevices) -> None:
         self.inv = inv
 
     def init(self) -> None:
         pass
 
-    def discover(self, with_topology: bool) -> Inventory:
+    def discover(self, with_topology: bool) -> NodeDevices:
         return self.inv
 
     def shutdown(self) -> None:

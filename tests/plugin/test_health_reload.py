@@ -64,7 +64,7 @@ def test_reload_stops_starts_and_retunes_the_health_monitor(
     channel = None
     try:
         kubelet.next_request()
-        gpus = [g.uuid for g in manager.inventory.gpus]
+        gpus = [g.uuid for g in manager.devices.gpus]
         channel, stub = dial(str(short_tmp / "gpukit-gpu.sock"))
         stream = stub.ListAndWatch(pb.Empty(), timeout=30)
 

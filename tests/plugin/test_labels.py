@@ -9,7 +9,7 @@ import pytest
 from plugin_testlib import A100, T4, cfg, make_gpu, make_inventory
 
 from gpukit.contracts import label_names as ln
-from gpukit.plugin.inventory import Inventory
+from gpukit.plugin.devices import NodeDevices
 from gpukit.plugin.labels import (
     SYSFS_ROOT_ENV,
     compute_labels,
@@ -108,7 +108,7 @@ def test_single_mig_labels_and_invalid() -> None:
 
 def test_no_gpus_no_device_labels() -> None:
     # GFD writes only vgpu.present (lm/labeler.go: the vGPU labeler runs without devices)
-    assert compute_labels(Inventory(), cfg()) == {ln.VGPU_PRESENT: "false"}
+    assert compute_labels(NodeDevices(), cfg()) == {ln.VGPU_PRESENT: "false"}
 
 
 def test_label_value_sanitised() -> None:

@@ -18,7 +18,7 @@ import pytest
 from plugin_testlib import T4, cfg, make_gpu, make_inventory
 
 from gpukit.contracts import label_names as ln
-from gpukit.plugin.inventory import Gpu, Inventory
+from gpukit.plugin.devices import Gpu, NodeDevices
 from gpukit.plugin.labels import (
     SYSFS_ROOT_ENV,
     compute_labels,
@@ -89,12 +89,12 @@ def sysfs(tmp_path: Path) -> Path:
     return root
 
 
-def labels_for(inv: Inventory, root: Path, doc: Mapping[str, object] | None = None
+def labels_for(inv: NodeDevices, root: Path, doc: Mapping[str, object] | None = None
                ) -> dict[str, str]:
     return compute_labels(inv, cfg(dict(doc) if doc else None), str(root))
 
 
-def t4s(root: Path, *classes: str) -> Inventory:
+def t4s(root: Path, *classes: str) -> NodeDevices:
     for i, pci_class in enumerate(classes):
         add_pci(root, bus(i), pci_class)
     return make_inventory([make_gpu(i, T4) for i in range(len(classes))])
@@ -228,7 +228,7 @@ def test_no_vgpu_label_without_pci_devices(tmp_path: Path) -> None:
 
 def test_gpu_less_node_gets_only_vgpu_present(sysfs: Path) -> None:
     # NewLabelers merges the device labeler (empty without devices) with the vGPU labeler
-    assert labels_for(Inventory(), sysfs) == {ln.VGPU_PRESENT: "false"}
+    assert labels_for(NodeDevices(), sysfs) == {ln.VGPU_PRESENT: "false"}
 
 
 # -- per-resource sharing-strategy and replicas (lm/resource.go, lm/mig-strategy.go) ----------

@@ -16,7 +16,7 @@ from plugin_testlib import FakeKubelet, dial
 from gpukit.plugin import nvml
 from gpukit.plugin.api import deviceplugin_pb2 as pb
 from gpukit.plugin.config_source import ConfigSource, Override
-from gpukit.plugin.inventory import TOPOLOGY_SINGLE, Inventory
+from gpukit.plugin.devices import TOPOLOGY_SINGLE, NodeDevices
 from gpukit.plugin.labels import compute_labels
 from gpukit.plugin.manager import ManagerOptions, PluginManager, PynvmlBackend
 from gpukit.plugin.resources import build_resources
@@ -56,7 +56,7 @@ def mock_node(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[[str]
     return start
 
 
-def discover() -> Inventory:
+def discover() -> NodeDevices:
     nvml.init()
     try:
         return nvml.discover()
@@ -152,7 +152,7 @@ def test_xid_flips_health_and_back(mock_node: Callable[[str], Any], kubelet: Fak
     manager = start_manager(short_tmp)
     try:
         kubelet.next_request()
-        gpus = manager.inventory.gpus
+        gpus = manager.devices.gpus
         channel, stub = dial(str(short_tmp / "gpukit-gpu.sock"))
         stream = stub.ListAndWatch(pb.Empty(), timeout=30)
         assert set(health(next(stream)).values()) == {"Healthy"}
@@ -186,7 +186,7 @@ def test_mig_xid_marks_only_that_instance_and_rescan(
     try:
         names = {kubelet.next_request().resource_name for _ in range(2)}
         assert names == {"nvidia.com/gpu", "nvidia.com/mig-3g.20gb"}
-        migs = manager.inventory.gpus[0].mig_devices
+        migs = manager.devices.gpus[0].mig_devices
         channel, stub = dial(str(short_tmp / "gpukit-mig-3g.20gb.sock"))
         stream = stub.ListAndWatch(pb.Empty(), timeout=30)
         next(stream)

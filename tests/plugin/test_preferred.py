@@ -10,13 +10,13 @@ import pytest
 from plugin_testlib import T4, cfg, dgx_links, gpu_uuid, make_gpu, make_inventory, mig_uuid
 
 from gpukit.plugin import nvml
-from gpukit.plugin.inventory import TOPOLOGY_NODE, TOPOLOGY_SINGLE, TOPOLOGY_SYSTEM, Inventory
+from gpukit.plugin.devices import TOPOLOGY_NODE, TOPOLOGY_SINGLE, TOPOLOGY_SYSTEM, NodeDevices
 from gpukit.plugin.preferred import preferred
 from gpukit.plugin.resources import Resource, build_resources
 
 
 def setup(n: int = 8, doc: dict[str, object] | None = None, name: str = "nvidia.com/gpu"
-          ) -> tuple[Resource, Inventory]:
+          ) -> tuple[Resource, NodeDevices]:
     inv = make_inventory([make_gpu(i, numa=0 if i < 4 else 1) for i in range(n)], dgx_links(n))
     return build_resources(inv, cfg(doc)).resources[name], inv
 
@@ -93,7 +93,7 @@ def test_mig_devices_fill_parents_in_order() -> None:
 NVSWITCH_LINKS = {"a100-sxm4-40gb-x8": 12, "h100-80gb-x8": 18}
 
 
-def discover_mock(profile: str, state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Inventory:
+def discover_mock(profile: str, state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> NodeDevices:
     """gpukit's discovery against the mock NVML serving this node profile (built if needed)."""
     from gpukit.lab import nvml as mock
 
@@ -112,17 +112,17 @@ def discover_mock(profile: str, state_dir: Path, monkeypatch: pytest.MonkeyPatch
 
 @pytest.fixture(params=sorted(NVSWITCH_LINKS))
 def switch_node(request: pytest.FixtureRequest, tmp_path: Path,
-                monkeypatch: pytest.MonkeyPatch) -> tuple[str, Resource, Inventory]:
+                monkeypatch: pytest.MonkeyPatch) -> tuple[str, Resource, NodeDevices]:
     inv = discover_mock(request.param, tmp_path / "nvml", monkeypatch)
     return request.param, build_resources(inv, cfg()).resources["nvidia.com/gpu"], inv
 
 
-def uuids(inv: Inventory, *idx: int) -> list[str]:
+def uuids(inv: NodeDevices, *idx: int) -> list[str]:
     return [inv.gpus[i].uuid for i in idx]
 
 
 @pytest.mark.nvml
-def test_nvswitch_gpus_are_equally_linked(switch_node: tuple[str, Resource, Inventory]) -> None:
+def test_nvswitch_gpus_are_equally_linked(switch_node: tuple[str, Resource, NodeDevices]) -> None:
     """Every pair counts the links it has through the switches (NV12 / NV18, as nvidia-smi
     topo -m shows them); the PCIe ancestor stays what PCIe says."""
     profile, _, inv = switch_node
@@ -137,7 +137,7 @@ def test_nvswitch_gpus_are_equally_linked(switch_node: tuple[str, Resource, Inve
 
 @pytest.mark.nvml
 def test_allocation_on_an_nvswitch_node_follows_pcie_and_numa(
-    switch_node: tuple[str, Resource, Inventory],
+    switch_node: tuple[str, Resource, NodeDevices],
 ) -> None:
     """With NVLink equal for all pairs, PCIe distance and the socket decide: a pair behind one
     PCIe switch, four GPUs on one socket, never a cross-socket pick while the socket has room."""

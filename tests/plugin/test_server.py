@@ -25,7 +25,7 @@ from plugin_testlib import (
 
 from gpukit.plugin.api import deviceplugin_pb2 as pb
 from gpukit.plugin.config_source import ConfigSource, Override
-from gpukit.plugin.inventory import Inventory
+from gpukit.plugin.devices import NodeDevices
 from gpukit.plugin.manager import ManagerOptions, PluginManager
 
 
@@ -150,11 +150,11 @@ def test_fail_on_init_error(short_tmp: Path) -> None:
         def init(self) -> None:
             raise NvmlError("nvmlInit", 12, "NVML Shared Library Not Found")
 
-    manager = make_manager(short_tmp, Broken(Inventory()))
+    manager = make_manager(short_tmp, Broken(NodeDevices()))
     with pytest.raises(InitError, match="failOnInitError=false"):
         manager.start()
     manager.stop()
-    manager = make_manager(short_tmp, Broken(Inventory()),
+    manager = make_manager(short_tmp, Broken(NodeDevices()),
                            Override("flags.failOnInitError", False, "test"))
     manager.start()  # keeps running, serving nothing
     try:

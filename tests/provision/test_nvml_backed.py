@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from gpukit.plugin.inventory import Gpu, Inventory, MigDevice
+from gpukit.plugin.devices import Gpu, MigDevice, NodeDevices
 from gpukit.provision import cdi
 
 FACTS = """
@@ -57,7 +57,7 @@ def test_cdi_spec_names_every_device_by_index_uuid_and_all() -> None:
     mig0 = MigDevice(uuid="MIG-11111111-0000-0000-0000-000000000000",
                      parent_uuid=_gpu(0).uuid, parent_index=0, index=0, gi=1, ci=0,
                      profile="3g.20gb", memory_mb=19968)  # fmt: skip
-    inv = Inventory(gpus=(_gpu(0, (mig0,)), _gpu(1)))
+    inv = NodeDevices(gpus=(_gpu(0, (mig0,)), _gpu(1)))
     present = {"/dev/nvidiactl", "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"}
     spec = cdi.build(inv, exists=present.__contains__)
     names = [d["name"] for d in spec["devices"]]

@@ -224,6 +224,13 @@ def test_the_installed_plugin_and_mig_manager_run_on_the_stand_in_driver(
     doc = json.loads(base_env.ok("python", "-m", "gpukit.plugin.mig", *plan, env=a100))
     assert doc["changed"] is True and doc["reset_required"] == [0, 1]
     assert json.loads(base_env.ok("gpukit", "mig", *plan, env=a100)) == doc
+    # Applying needs GPU resets (MIG mode on GPUs 0 and 1): the wheel's MIG manager resets the
+    # mock through the library it loaded, with no lab installed.
+    applied = json.loads(base_env.ok("gpukit", "mig", "apply", *plan[1:], "--pause-file", "",
+                                     env=a100))
+    assert applied["changed"] is True and applied["executed"], applied
+    again = json.loads(base_env.ok("python", "-m", "gpukit.plugin.mig", *plan, env=a100))
+    assert again["changed"] is False, again
     # The device plugin registers with a stand-in kubelet through the packaged stubs.
     t4 = mock.env("t4-x2", tmp_path / "t4", library=lib, base={})
     kubelet = FakeKubelet(short_tmp)

@@ -73,7 +73,7 @@ class Link:
 
 
 @dataclass(frozen=True)
-class Inventory:
+class NodeDevices:
     gpus: tuple[Gpu, ...] = ()
     driver_version: str = ""
     cuda_driver_version: int = 0  # NVML encoding: 12040 -> 12.4
