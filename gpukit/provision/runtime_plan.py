@@ -34,6 +34,9 @@ from gpukit.provision.runtime import (
 DEFAULT_CONFIG = "/etc/containerd/config.toml"
 DEFAULT_DROPIN = "/etc/containerd/conf.d/99-gpukit-nvidia.toml"
 DEFAULT_IMPORT = "/etc/containerd/conf.d/*.toml"
+# Where gpukit's settings go (gpukit_containerd_mode): containerd's main file itself, or a
+# drop-in the main file imports.
+CONTAINERD_MODES = ("in_place", "drop_in")
 
 
 @dataclass(frozen=True)
@@ -157,6 +160,8 @@ def plan_containerd(
 ) -> ContainerdPlan:
     """Plan the edits and judge them; raises RuntimeConfigError (nothing is written here)
     when a file cannot be edited safely or containerd would not run the runtime."""
+    if mode not in CONTAINERD_MODES:
+        raise RuntimeConfigError(f"mode: {mode!r} is not one of {', '.join(CONTAINERD_MODES)}")
     release = containerd.binary_version(binary) if binary else None
     new_version = 3 if release and release[0] >= 2 else 2
     edits = _containerd_edits(s, mode, main_path, dropin_path, import_pattern, new_version)

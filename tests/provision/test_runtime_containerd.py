@@ -20,7 +20,7 @@ from gpukit.provision.runtime import CRI_RUNTIME_V3, CRI_V2, RuntimeConfigError,
 from gpukit.provision.runtime_plan import ContainerdPlan
 
 NVIDIA = "/usr/bin/nvidia-container-runtime"
-MODES = ["in_place", "drop_in"]
+MODES = list(runtime_plan.CONTAINERD_MODES)
 
 # What a cluster installer writes: runc with the systemd cgroup driver, settings of its own.
 MAIN = {
@@ -433,3 +433,8 @@ def test_staging_keeps_containerds_order_and_globs(tmp_path: Path) -> None:
                              .read_text())  # fmt: skip
     assert [real[p] for p in copied_b["imports"]] == [str(tmp_path / "e.toml"),
                                                       str(tmp_path / "d/a.toml")]  # fmt: skip
+
+
+def test_an_unknown_mode_is_refused_naming_the_modes(node: Node) -> None:
+    with pytest.raises(RuntimeConfigError, match=r"mode: 'dropin' is not one of in_place, drop_in"):
+        node.plan("dropin")
