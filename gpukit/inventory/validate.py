@@ -32,7 +32,7 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 class _Vars:
     """Typed reads of one host's variables, collecting problems."""
 
-    def __init__(self, host: str, raw: Mapping[str, Any]) -> None:
+    def __init__(self, host: str | None, raw: Mapping[str, Any]) -> None:
         self.host = host
         self.raw = raw
         self.problems: list[Problem] = []
@@ -116,6 +116,20 @@ def node_from_vars(host: str, raw: Mapping[str, Any]) -> NodeDecl:
         mig_layout=layout, mig_gpus=mig_gpus, labels=labels, taints=taints,
         kubeconfig=kubeconfig,
     )
+
+
+def sharing(
+    plugin_configs: Any, plugin_config: str | None, mig_configs: Any, mig_config: str | None
+) -> tuple[str | None, Config, tuple[MigConfigEntry, ...] | None, list[Problem]]:
+    """A host's sharing declarations checked as `node_from_vars` checks them, without its GPUs
+    (the gpu_sharing role is handed these four variables only): the selected device plugin
+    config's name and parse, the selected MIG layout's entries, every problem."""
+    v = _Vars(None, {"gpukit_device_plugin_configs": plugin_configs,
+                     "gpukit_device_plugin_config": plugin_config,
+                     "gpukit_mig_configs": mig_configs, "gpukit_mig_config": mig_config})
+    name, config, _ = _plugin_config(v)
+    _, layout, _ = _mig_layout(v, None)
+    return name, config, layout, v.problems
 
 
 def _driver_version(v: _Vars, branch: str | None, branch_raw: Any) -> str | None:

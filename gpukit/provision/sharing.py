@@ -1,8 +1,10 @@
 """A node's sharing declarations, checked together before anything is applied.
 
-The device plugin config a node selects must exist; a MIG layout must exist, be valid
-mig-parted v1 (gpukit.contracts.mig_parted, the MIG manager's schema) and its devices must
-be served (a MIG layout with `migStrategy: none` leaves MIG devices unused).
+The device plugin configs must be valid and the selected one must exist; the selected MIG
+layout must exist and be valid mig-parted v1 (the MIG manager's schema). Those rules are the
+inventory model's, the preflight's; this adds what the gpu_sharing role needs: the selected
+config's time-slicing replicas, and a warning when MIG devices would go unserved
+(`migStrategy: none`).
 """
 
 from __future__ import annotations
@@ -11,8 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpukit.contracts import mig_parted
-from gpukit.provision.agent import AgentSpecError, check_configs
+from gpukit.inventory import validate
 
 
 @dataclass(frozen=True)
@@ -32,41 +33,26 @@ def check(
     mig_configs: Mapping[str, Any] | None,
     mig_config: str | None,
 ) -> SharingCheck:
+    """The inventory model's checks of these declarations (gpukit.inventory.validate.sharing:
+    what the preflight checked), the time-slicing replicas of the selected config, and a
+    warning when the selected layout's MIG devices would not be served."""
     out = SharingCheck()
-    try:
-        check_configs(plugin_configs)
-    except AgentSpecError as e:
-        out.problems.append(str(e))
+    if not isinstance(plugin_configs, Mapping) or not plugin_configs:
+        # The role deploys these configs; the model alone would accept a host without any.
+        out.problems.append("gpukit_device_plugin_configs: must map config names to device "
+                            "plugin configs")
         return out
-    if plugin_config is not None and plugin_config not in plugin_configs:
-        out.problems.append(
-            f"gpukit_device_plugin_config: {plugin_config!r} is not one of"
-            f" gpukit_device_plugin_configs ({', '.join(sorted(plugin_configs))})"
-        )
+    name, config, layout, problems = validate.sharing(plugin_configs, plugin_config,
+                                                      mig_configs, mig_config)
+    if problems:
+        out.problems.extend(str(p) for p in problems)
         return out
-    chosen = plugin_configs.get(plugin_config or "", {}) or {}
-    for r in ((chosen.get("sharing") or {}).get("timeSlicing") or {}).get("resources") or []:
-        name = str(r.get("name"))
-        out.time_slicing_replicas[name] = max(out.time_slicing_replicas.get(name, 0),
-                                              int(r.get("replicas", 0)))  # fmt: skip
-    if mig_config is None:
-        return out
-    if not mig_configs or mig_config not in mig_configs:
-        out.problems.append(
-            f"gpukit_mig_config: {mig_config!r} is not one of gpukit_mig_configs"
-            f" ({', '.join(sorted(mig_configs or {})) or 'none declared'})"
-        )
-        return out
-    try:  # the MIG manager's own schema reads the layout
-        layout = mig_parted.parse({mig_config: mig_configs[mig_config]}).select(mig_config)
-    except mig_parted.MigConfigError as e:
-        out.problems.extend(f"gpukit_mig_configs{p.removeprefix(mig_parted.ROOT)}"
-                            for p in e.problems)
-        return out
-    strategy = ((chosen.get("flags") or {}).get("migStrategy")) or "none"
-    if any(e.mig_enabled for e in layout) and strategy == "none":
+    for r in config.time_slicing.resources:
+        out.time_slicing_replicas[r.name] = max(out.time_slicing_replicas.get(r.name, 0),
+                                                r.replicas)
+    if layout and any(e.mig_enabled for e in layout) and config.flags.mig_strategy == "none":
         out.warnings.append(
             f"gpukit_mig_config {mig_config!r} enables MIG but device plugin config"
-            f" {plugin_config!r} has migStrategy none: the MIG devices are not served"
+            f" {name!r} has migStrategy none: the MIG devices are not served"
         )
     return out

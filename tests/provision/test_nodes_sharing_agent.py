@@ -117,12 +117,16 @@ def test_sharing_check() -> None:
     ok = sharing.check(CONFIGS, "time-sliced", MIG, None)
     assert ok.ok and ok.time_slicing_replicas == {"nvidia.com/gpu": 4}
     unknown = sharing.check(CONFIGS, "nope", MIG, None)
+    # The inventory model's checks and wording (gpukit.inventory.validate.sharing).
     assert unknown.problems == [
-        "gpukit_device_plugin_config: 'nope' is not one of"
-        " gpukit_device_plugin_configs (default, mig-mixed, time-sliced)"
+        "gpukit_device_plugin_config: 'nope' is not a named config"
+        " (known: default, mig-mixed, time-sliced)"
     ]
     no_layout = sharing.check(CONFIGS, "mig-mixed", MIG, "all-7g")
-    assert "gpukit_mig_config: 'all-7g' is not one of gpukit_mig_configs" in no_layout.problems[0]
+    assert no_layout.problems == ["gpukit_mig_config: 'all-7g' is not a named MIG layout"
+                                  " (known: all-disabled, mixed-a100)"]
+    assert sharing.check({}, None, None, None).problems == [
+        "gpukit_device_plugin_configs: must map config names to device plugin configs"]
     unserved = sharing.check(CONFIGS, "default", MIG, "mixed-a100")
     assert unserved.ok and "migStrategy none" in unserved.warnings[0]
     broken = sharing.check(CONFIGS, "mig-mixed", {"l": [{"devices": "all"}]}, "l")
@@ -141,7 +145,7 @@ def test_sharing_check() -> None:
         None,
     )
     assert (
-        "gpukit_device_plugin_configs['x'].sharing.timeSlicing.resources[0].replicas"
+        "gpukit_device_plugin_configs.x.sharing.timeSlicing.resources[0].replicas"
         in (bad.problems[0])
     )
 
