@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from gpukit.contracts import label_names
 from gpukit.inventory import GPU_GROUP, plain
 from gpukit.provision import agent
 
@@ -43,7 +44,7 @@ FROM_INVENTORY: dict[str, tuple[str, Any]] = {
 ROLE_DEFAULTS: dict[str, Any] = {
     "device_plugin_mode": "daemonset",
     "device_plugin_namespace": "gpukit-system",
-    "device_plugin_node_selector": {"nvidia.com/gpu.deploy.device-plugin": "true"},
+    "device_plugin_node_selector": {label_names.DEPLOY_DEVICE_PLUGIN: "true"},
 }
 DEFAULT_CONFIG = "device_plugin_default_config"  # 'default' when the host's configs have one
 # agent.render's arguments, as daemonset.yml passes them (configs: the merged ones).

@@ -19,6 +19,7 @@ import uuid as uuidlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from gpukit.contracts import label_names
 from gpukit.contracts.plugin_config import Config
 
 from .resources import PluginDevice, Resource, units_of
@@ -26,7 +27,7 @@ from .resources import PluginDevice, Resource, units_of
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 VOLUME_MOUNTS_ROOT = "/var/run/nvidia-container-devices"
 VOLUME_MOUNTS_HOST_PATH = "/dev/null"
-CDI_KIND = "nvidia.com/gpu"
+CDI_KIND = label_names.CDI_KIND
 CDI_STRATEGIES = frozenset({"cdi-annotations", "cdi-cri"})
 CDI_ANNOTATION_PLUGIN = "gpukit-device-plugin"
 # Driver nodes every GPU container needs; included only when present on the host (like NVIDIA).

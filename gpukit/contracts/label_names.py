@@ -8,6 +8,10 @@ is spelled once. Per-resource labels are built with `resource_label(resource, su
 from __future__ import annotations
 
 PREFIX = "nvidia.com"
+# Every extended resource and label of NVIDIA's GPUs starts with this.
+RESOURCE_PREFIX = "nvidia.com/"
+# The kind of gpukit's and NVIDIA's CDI specs (devices `nvidia.com/gpu=<name>`).
+CDI_KIND = "nvidia.com/gpu"
 
 # Selection labels (read)
 DEVICE_PLUGIN_CONFIG = "nvidia.com/device-plugin.config"

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-GPU_PREFIX = "nvidia.com/"
+from gpukit.contracts import label_names
+
+GPU_PREFIX = label_names.RESOURCE_PREFIX
 
 
 def allocatable(node: Any, prefix: str = GPU_PREFIX) -> dict[str, int]:

@@ -30,9 +30,9 @@ from gpukit.contracts import label_names
 
 # Written by the node agent from NVML: the driver the node runs.
 DRIVER_LABEL = label_names.CUDA_DRIVER_FULL
-STATE_LABEL = "gpukit.io/upgrade-state"
-MESSAGE_ANNOTATION = "gpukit.io/upgrade-message"
-SKIP_LABEL = "gpukit.io/upgrade"
+STATE_LABEL = label_names.UPGRADE_STATE
+MESSAGE_ANNOTATION = label_names.UPGRADE_MESSAGE
+SKIP_LABEL = label_names.UPGRADE
 SKIP_VALUE = "skip"
 # Per node, in this order; a rollout that stops leaves the node at the state it reached.
 STATES = ("cordoned", "draining", "upgrading", "validating", "done", "failed")
@@ -246,7 +246,7 @@ def label_changes(changes: Sequence[str], watched: Sequence[str]) -> list[str]:
 
 def pods_to_wait_for(
     pods: Sequence[Mapping[str, Any]],
-    resource_prefixes: Sequence[str] = ("nvidia.com/",),
+    resource_prefixes: Sequence[str] = (label_names.RESOURCE_PREFIX,),
     owner_kinds: Sequence[str] = ("Job",),
 ) -> list[str]:
     """Names of running GPU jobs on a node: pods that request a GPU resource and belong to
@@ -337,7 +337,7 @@ def node_serves(
     allocatable = {
         k: int(str(v))
         for k, v in (status.get("allocatable") or {}).items()
-        if k.startswith("nvidia.com/") and str(v).isdigit() and int(str(v)) > 0
+        if k.startswith(label_names.RESOURCE_PREFIX) and str(v).isdigit() and int(str(v)) > 0
     }
     labels = (node.get("metadata") or {}).get("labels") or {}
     if driver and labels.get(DRIVER_LABEL) != driver:

@@ -29,7 +29,10 @@ def upgrade_label_changes(changes, watched):
 
 
 @gpukit_filter
-def upgrade_pods_to_wait_for(pods, resource_prefixes=("nvidia.com/",), owner_kinds=("Job",)):
+def upgrade_pods_to_wait_for(pods, resource_prefixes=None, owner_kinds=("Job",)):
+    # No prefixes given: the library's default (every nvidia.com/ resource).
+    if resource_prefixes is None:
+        return upgrade.pods_to_wait_for(pods or [], owner_kinds=owner_kinds)
     return upgrade.pods_to_wait_for(pods or [], resource_prefixes, owner_kinds)
 
 
