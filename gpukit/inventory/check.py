@@ -52,7 +52,6 @@ def check(
     return CheckResult(gpus, resources, tuple(problems))
 
 
-
 def expected_resources(decl: NodeDecl) -> dict[str, int]:
     """Resource -> count `decl`'s node must serve: gpukit.conformance.expect's, for callers
     that know the model only (`gpukit inventory check`, the roles' expected_resources filter

@@ -100,7 +100,6 @@ def load(
     return GpuInventory(source=source, nodes=tuple(nodes))
 
 
-
 # The variables a node's declaration is made of; DECLARED_VARIABLES: those but the kubeconfig.
 _VARIABLES = (
     "gpukit_kubeconfig", "gpukit_node_name", "gpukit_gpu", "nvidia_driver_branch",
