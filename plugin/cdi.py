@@ -238,10 +238,13 @@ def agent_spec(
     host's /usr/bin when the driver root is the host's root)."""
     seen, root = config.device_root_in_plugin, config.device_root
     control = [n for n in CONTROL_NODES if exists(host_path(seen, n))]
-    if driver_version:
-        files = find_driver(seen, driver_version)
+    files = find_driver(seen, driver_version)
+    if files.libraries:
         driver = driver_edits(files, root, exists(host_path(seen, CDI_HOOK)))
     else:
+        # No `*.so.<version>` where the agent looks (an NVML that gave no version, or a
+        # library installed by its soname alone, as the lab's bare nodes have it): the files
+        # gpukit knows by soname, so containers still get the NVML library.
         driver = soname_edits(seen, root, exists)
     return build_spec(units, root, control, driver=driver)
 

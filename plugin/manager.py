@@ -33,7 +33,7 @@ from gpukit.contracts import label_names as ln
 from gpukit.contracts.plugin_config import Config, ConfigError
 
 from . import cdi, last_good, nvml
-from .allocate import CONTROL_NODES, Allocator, host_path
+from .allocate import Allocator
 from .api import KUBELET_SOCKET_NAME
 from .config_source import ConfigSource, LoadedConfig
 from .devices import NodeDevices
@@ -499,12 +499,10 @@ class PluginManager:
         config = self.config
         if not {"cdi-annotations", "cdi-cri"} & set(config.flags.plugin.device_list_strategy):
             return
-        control = [n for n in CONTROL_NODES
-                   if os.path.exists(host_path(config.device_root_in_plugin, n))]
-        files = [(host_path(config.device_root, f), f) for f in cdi.DRIVER_FILES
-                 if os.path.exists(host_path(config.device_root_in_plugin, f))]
-        spec = cdi.build_spec(self.resources.units().values(), config.device_root, control,
-                              files)
+        # The driver's files as nvidia-ctk finds them (every *.so.<driver version>), under
+        # the driver root as the agent sees it.
+        spec = cdi.agent_spec(self.resources.units().values(), config,
+                              self.devices.driver_version)
         if spec == self._last_cdi:
             return
         try:

@@ -34,6 +34,7 @@ from kubernetes import client
 from labtools import wait_for
 
 from gpukit.agent_manifests import AgentDeployment
+from gpukit.contracts.device_ids import ReplicaId
 from gpukit.k8s import connect, waits
 from gpukit.lab import agent, cluster, images, nodes
 from gpukit.lab import driver_surface as ds
@@ -56,14 +57,20 @@ NVML_LIB = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
 STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
 
 
-def _config(strategy: str, mig: str = "none") -> dict[str, Any]:
-    return {"version": "v1", "flags": {"migStrategy": mig, "plugin": {
+def _config(strategy: str, mig: str = "none", replicas: int = 0) -> dict[str, Any]:
+    doc: dict[str, Any] = {"version": "v1", "flags": {"migStrategy": mig, "plugin": {
         "passDeviceSpecs": False, "deviceListStrategy": strategy, "deviceIDStrategy": "uuid"}}}
+    if replicas:
+        doc["sharing"] = {"timeSlicing": {"resources": [
+            {"name": "nvidia.com/gpu", "replicas": replicas}]}}
+    return doc
 
 
+TIME_SLICED = 2
 CONFIGS = {
     **{s: _config(s) for s in STRATEGIES},
     **{f"mig-{s}": _config(s, "mixed") for s in STRATEGIES},
+    **{f"ts-{s}": _config(s, replicas=TIME_SLICED) for s in STRATEGIES},
 }
 
 
@@ -276,6 +283,27 @@ def test_envvar_gives_nothing_hardened_and_the_gpu_without_hardening(
         pod, report = start(core, pods, "nvidia.com/gpu")
         ids = allocated(pod)
         assert devices(report) == {gpu_node_of(ids[0]), *CONTROL}, report
+    finally:
+        set_toolkit(hardened=True)
+
+
+@pytest.mark.parametrize(("strategy", "hardened"), [
+    ("volume-mounts", True), ("cdi-annotations", True), ("cdi-cri", True), ("envvar", False)])
+def test_a_time_sliced_replica_gets_exactly_its_gpu(
+    core: client.CoreV1Api, deployed: AgentDeployment, pods: list[str], strategy: str,
+    hardened: bool,
+) -> None:
+    # The kubelet hands out replica IDs (<uuid>::<n>); what reaches the runtime or containerd
+    # must name the GPU itself, or the container gets nothing or fails to start.
+    set_toolkit(hardened=hardened)
+    try:
+        select(core, f"ts-{strategy}", {"nvidia.com/gpu": 8 * TIME_SLICED})
+        pod, report = start(core, pods, "nvidia.com/gpu")
+        ids = allocated(pod)
+        replica = ReplicaId.parse(ids[0]) if len(ids) == 1 else None
+        assert replica is not None, ids
+        assert devices(report) == {gpu_node_of(replica.device), *CONTROL}, (strategy, report)
+        assert report.get("LIB") == "yes", report
     finally:
         set_toolkit(hardened=True)
 

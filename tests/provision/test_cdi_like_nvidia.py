@@ -183,6 +183,19 @@ def test_agent_spec_finds_the_driver_under_the_root_it_sees(tmp_path: Path) -> N
     assert [d["name"] for d in spec["devices"]] == [_gpu(0).uuid, "0"]
 
 
+def test_agent_spec_binds_the_sonames_where_no_versioned_library_is(tmp_path: Path) -> None:
+    """NVML gave a version, but the library is only there by its soname (the lab's bare
+    nodes): the container still gets it, as before the versioned discovery."""
+    root = tmp_path / "root"
+    (root / LIBS.lstrip("/")).mkdir(parents=True)
+    (root / LIBS.lstrip("/") / "libnvidia-ml.so.1").write_bytes(b"\x7fELF")
+    config = parse_config({"version": "v1", "gpukit": {
+        "deviceRoot": "/", "deviceRootInPlugin": str(root)}})
+    edits = plugin_cdi.agent_spec([gpu_unit(_gpu(0))], config, VERSION)["containerEdits"]
+    assert [m["containerPath"] for m in edits["mounts"]] == [f"{LIBS}/libnvidia-ml.so.1"]
+    assert "hooks" not in edits
+
+
 def _bundle(tmp: Path, spec: dict[str, Any]) -> tuple[Path, str]:
     """A container's bundle whose root has the spec's mounts in place (copies of the host
     files, as the runtime's binds show them); the OCI state a runtime gives its hooks."""
