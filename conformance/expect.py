@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gpukit.contracts import label_names as ln
 from gpukit.contracts.device_ids import mig_resource_name
 from gpukit.inventory import GPU_RESOURCE, GpuMig, InventoryError, NodeDecl, Problem
 
@@ -43,7 +44,7 @@ class ExpectedUnit:
 
 
 def _qualify(name: str) -> str:
-    return name if "/" in name else f"nvidia.com/{name}"
+    return name if "/" in name else f"{ln.RESOURCE_PREFIX}{name}"
 
 
 def _declaration_error(decl: NodeDecl, variable: str, value: object, message: str
@@ -205,12 +206,12 @@ def expected_labels(decl: NodeDecl) -> dict[str, str]:
     units = _base_units(decl)  # raises for inconsistent declarations
     table = gpu.mig_table
     labels: dict[str, str] = {
-        "nvidia.com/mig.capable": "true" if table is not None else "false",
+        ln.MIG_CAPABLE: "true" if table is not None else "false",
     }
     if decl.driver_branch:
-        labels["nvidia.com/cuda.driver-version.major"] = decl.driver_branch
+        labels[ln.CUDA_DRIVER_MAJOR] = decl.driver_branch
     if strategy != "none":
-        labels["nvidia.com/mig.strategy"] = strategy
+        labels[ln.MIG_STRATEGY] = strategy
     mig_on = strategy != "none" and any(g.mig_enabled for g in decl.mig_gpus)
     # GFD labels MIG-enabled GPUs as whole GPUs without sharing (replicas 0, strategy none,
     # under every migStrategy); a GPU with MIG disabled overrides that with its own sharing.
@@ -222,13 +223,13 @@ def expected_labels(decl: NodeDecl) -> dict[str, str]:
         assert profile is not None and table is not None
         labels.update(_mig_labels(decl, GPU_RESOURCE, profile, len(units)))
         return labels
-    labels["nvidia.com/gpu.count"] = str(gpu.count)
-    labels["nvidia.com/gpu.product"] = product_value(
+    labels[ln.GPU_COUNT] = str(gpu.count)
+    labels[ln.GPU_PRODUCT] = product_value(
         gpu.product, shared=replicas > 1 and not renamed)
-    labels["nvidia.com/gpu.replicas"] = str(replicas)
-    labels["nvidia.com/gpu.sharing-strategy"] = _sharing_strategy(replicas)
+    labels[ln.GPU_REPLICAS] = str(replicas)
+    labels[ln.SHARING_STRATEGY] = _sharing_strategy(replicas)
     if gpu.memory_mib:
-        labels["nvidia.com/gpu.memory"] = str(gpu.memory_mib)
+        labels[ln.GPU_MEMORY] = str(gpu.memory_mib)
     if mig_on:
         counts = Counter(u.mig_profile for u in units if u.mig_profile)
         for profile, n in sorted(counts.items()):

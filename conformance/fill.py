@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from gpukit.k8s.names import dns_name
 
-from .kube import PodState, pod_manifest
+from .cluster import PodState, pod_manifest
 
 if TYPE_CHECKING:
     from .suite import Suite

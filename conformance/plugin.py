@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 
+from gpukit.contracts import label_names as ln
+
 from .checks import AREAS, CNCF_BY_AREA, Check, Row
 from .report import ALL_NODES, Result, write
 
@@ -162,7 +164,9 @@ def _resources(suite: Any, node: str, kind: str) -> list[str]:
         return resources
     decl = suite.decl(node)
     if decl is None:
-        return [] if kind != "mig" else [r for r in resources if r.startswith("nvidia.com/mig-")]
+        if kind != "mig":
+            return []
+        return [r for r in resources if r.startswith(ln.MIG_RESOURCE_PREFIX)]
     try:
         units = expect.expected_units(decl)
     except inv.InventoryError:
@@ -187,7 +191,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         kind = marker.args[0] if marker and marker.args else "all"
         pairs = [(n, r) for n in nodes for r in _resources(suite, n, kind)]
         metafunc.parametrize(["node", "resource"], pairs,
-                             ids=[f"{n}-{r.removeprefix('nvidia.com/')}" for n, r in pairs])
+                             ids=[f"{n}-{r.removeprefix(ln.RESOURCE_PREFIX)}" for n, r in pairs])
     elif "node" in metafunc.fixturenames:
         metafunc.parametrize("node", nodes, ids=nodes)
 

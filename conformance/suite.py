@@ -19,8 +19,8 @@ from gpukit.k8s.names import dns_name
 from gpukit.k8s.nodes import allocatable
 
 from . import fill as fill_mod
+from .cluster import Kube, load_api_client, pod_manifest
 from .host import NvmlSeen, connect, run_probe
-from .kube import Kube, load_api_client, pod_manifest
 
 log = logging.getLogger(__name__)
 

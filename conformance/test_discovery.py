@@ -8,6 +8,7 @@ import pytest
 
 from gpukit.conformance.checks import Check
 from gpukit.conformance.common import need_expected
+from gpukit.contracts import label_names as ln
 from gpukit.k8s.nodes import allocatable, capacity
 from gpukit.k8s.nodes import ready as node_ready
 
@@ -60,7 +61,7 @@ def test_kubelet_sees_the_same_devices(gpukit_suite: Any, node: str, check: Chec
     obj = gpukit_suite.kube.node(node)
     alloc = {r: n for r, n in allocatable(obj).items() if n > 0}
     kubelet = {r: len(set(ids)) for r, ids in view.allocatable.items()
-               if r.startswith("nvidia.com/") and ids}
+               if r.startswith(ln.RESOURCE_PREFIX) and ids}
     for resource in sorted(set(alloc) | set(kubelet)):
         check.equal("device IDs in the kubelet's PodResources API vs node allocatable",
                     alloc.get(resource, 0), kubelet.get(resource, 0), resource)

@@ -15,6 +15,7 @@ import pytest
 
 from gpukit.conformance.checks import Check
 from gpukit.conformance.common import need_decl, need_expected, need_host, need_probe
+from gpukit.contracts import label_names as ln
 
 pytestmark = pytest.mark.host
 
@@ -193,7 +194,7 @@ def test_cdi_spec_present(gpukit_suite: Any, node: str, check: Check) -> None:
             kinds.append(str(json.loads(chunk).get("kind", "")))
         except ValueError:
             continue
-    check.true("CDI spec of kind nvidia.com/gpu", "nvidia.com/gpu" in kinds,
+    check.true("CDI spec of kind nvidia.com/gpu", ln.GPU_RESOURCE in kinds,
                f"a spec in {dirs}", kinds or "none")
     check.verify()
 

@@ -85,8 +85,8 @@ def test_labels_agree_with_resources(gpukit_suite: Any, node: str, check: Check)
     labels = _labels(gpukit_suite, node)
     cap = capacity(gpukit_suite.kube.node(node))
     migs = sorted(k.removesuffix(".count") for k in labels
-                  if k.startswith("nvidia.com/mig-") and k.endswith(".count"))
-    resources = migs + (["nvidia.com/gpu"] if not migs and "nvidia.com/gpu.count" in labels
+                  if k.startswith(ln.MIG_RESOURCE_PREFIX) and k.endswith(".count"))
+    resources = migs + ([ln.GPU_RESOURCE] if not migs and ln.GPU_COUNT in labels
                         else [])
     if not resources:
         check.skip("carries no GFD count labels")

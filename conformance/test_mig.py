@@ -12,6 +12,7 @@ from gpukit import inventory as inv
 from gpukit.conformance import expect
 from gpukit.conformance.checks import Check
 from gpukit.conformance.common import allocated_units, need_decl, need_expected, need_probe
+from gpukit.contracts import label_names as ln
 from gpukit.contracts.device_ids import strip_replica
 from gpukit.k8s.nodes import allocatable
 
@@ -57,7 +58,7 @@ def test_mig_resources_match_the_layout(gpukit_suite: Any, node: str, check: Che
         check.equal("allocatable", expected[resource], observed.get(resource, 0), resource)
     if decl.mig_strategy == "mixed":
         stray = sorted(r for r, n in observed.items()
-                       if r.startswith("nvidia.com/mig-") and n and r not in expected)
+                       if r.startswith(ln.MIG_RESOURCE_PREFIX) and n and r not in expected)
         check.equal("MIG resources not in the layout", [], stray)
     check.verify()
 
@@ -104,6 +105,6 @@ def test_single_strategy_labels(gpukit_suite: Any, node: str, check: Check) -> N
     obj = gpukit_suite.kube.node(node)
     labels = dict(obj.metadata.labels or {}) if obj else {}
     want = expect.label_value(f"{decl.gpu.product.replace(' ', '-')}-MIG-{min(profiles)}")
-    check.true("nvidia.com/gpu.product", labels.get("nvidia.com/gpu.product", "").startswith(
-        want), want, labels.get("nvidia.com/gpu.product"))
+    check.true(ln.GPU_PRODUCT, labels.get(ln.GPU_PRODUCT, "").startswith(
+        want), want, labels.get(ln.GPU_PRODUCT))
     check.verify()

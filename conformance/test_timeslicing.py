@@ -12,9 +12,9 @@ import pytest
 from gpukit import inventory as inv
 from gpukit.conformance import expect
 from gpukit.conformance.checks import Check
+from gpukit.conformance.cluster import pod_manifest
 from gpukit.conformance.common import allocated_units, need_decl, need_expected
 from gpukit.conformance.fill import HOLD
-from gpukit.conformance.kube import pod_manifest
 from gpukit.contracts.device_ids import ReplicaId, strip_replica
 from gpukit.k8s.nodes import allocatable
 

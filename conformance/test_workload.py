@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from gpukit.conformance.checks import Check
+from gpukit.conformance.cluster import pod_manifest
 from gpukit.conformance.common import lab_mode, need_decl
-from gpukit.conformance.kube import pod_manifest
+from gpukit.contracts import label_names as ln
 from gpukit.contracts.device_ids import strip_replica
 
 pytestmark = [pytest.mark.workload, pytest.mark.exclusive]
@@ -108,7 +109,7 @@ def test_workload_sees_its_device(gpukit_suite: Any, node: str, resource: str,
     env = [v for v in (out.get("env") or "").split(",") if v]
     usable = [g for g in out.get("gpus", []) if g.get("node")]
     check.equal("devices in NVIDIA_VISIBLE_DEVICES", 1, len(env), resource)
-    if resource.startswith("nvidia.com/mig-") or any(e.startswith("MIG-") for e in env):
+    if resource.startswith(ln.MIG_RESOURCE_PREFIX) or any(e.startswith("MIG-") for e in env):
         check.equal("GPUs the container can open (the MIG device's parent)", 1, len(usable),
                     resource)
         migs = [m for g in usable for m in g.get("migs", [])]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -39,7 +39,7 @@ def _main(version: bool = typer.Option(False, "--version", callback=_print_versi
     """gpukit: GPU nodes for Kubernetes, declared once, proven live."""
 
 
-def _fail(err: Exception | str) -> None:
+def _fail(err: Exception | str) -> NoReturn:
     typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)
 
@@ -157,27 +157,17 @@ def inventory_check(
     from gpukit import inventory as inv
 
     try:
-        gpus = inv.load(inventory)
-    except inv.InventoryError as e:
-        _fail(e)
+        result = inv.check(inventory)
     except ImportError as e:
         _fail(f"reading an inventory needs ansible-core ({e}): pip install 'gpukit[conformance]'")
-    problems: list[inv.Problem] = []
-    lines: list[str] = []
-    for decl in gpus.nodes:
-        try:
-            resources = inv.expected_resources(decl)
-            inv.expected_labels(decl)
-        except inv.InventoryError as e:
-            problems += e.problems
-            continue
-        served = ", ".join(f"{r}={n}" for r, n in sorted(resources.items()) if n) or "no GPUs"
-        lines.append(f"{decl.node_name:24} {served}")
-    if problems:
-        _fail(inv.InventoryError(problems, gpus.source))
+    gpus = result.inventory
+    if result.problems or gpus is None:
+        _fail(inv.InventoryError(result.problems, gpus.source if gpus else str(inventory)))
     print(f"{gpus.source}: {len(gpus.nodes)} GPU node(s), every declaration valid")
-    for line in lines:
-        print(f"  {line}")
+    for decl in gpus.nodes:
+        resources = result.resources.get(decl.node_name, {})
+        served = ", ".join(f"{r}={n}" for r, n in sorted(resources.items()) if n) or "no GPUs"
+        print(f"  {decl.node_name:24} {served}")
 
 
 @lab_app.command("up")

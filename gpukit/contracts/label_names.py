@@ -74,6 +74,11 @@ GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"  # + profile: see gpukit.contracts.device_ids
 # The full-GPU resource's sharing label (not node-wide: each resource has its own).
 SHARING_STRATEGY = "nvidia.com/gpu.sharing-strategy"
+# The full-GPU resource's labels, as GFD spells them.
+GPU_PRODUCT = "nvidia.com/gpu.product"
+GPU_COUNT = "nvidia.com/gpu.count"
+GPU_REPLICAS = "nvidia.com/gpu.replicas"
+GPU_MEMORY = "nvidia.com/gpu.memory"
 
 
 def resource_label(resource: str, suffix: str) -> str:

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpukit.contracts import label_names as ln
 from gpukit.contracts import mig_profiles
 from gpukit.contracts.mig_parted import MigConfigEntry
 from gpukit.contracts.plugin_config import Config
@@ -18,12 +19,12 @@ from gpukit.mig.declared import GpuMig as GpuMig  # what a declared layout means
 from gpukit.provision.driver import FLAVOURS
 
 GPU_GROUP = "gpu_nodes"
-GPU_RESOURCE = "nvidia.com/gpu"
+GPU_RESOURCE = ln.GPU_RESOURCE
 RUNTIMES = ("containerd", "crio")
 KERNEL_MODULES = FLAVOURS  # nvidia_driver_kernel_modules
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
-DEVICE_PLUGIN_CONFIG_LABEL = "nvidia.com/device-plugin.config"
-MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+DEVICE_PLUGIN_CONFIG_LABEL = ln.DEVICE_PLUGIN_CONFIG
+MIG_CONFIG_LABEL = ln.MIG_CONFIG
 
 
 @dataclass(frozen=True)

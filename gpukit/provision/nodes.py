@@ -12,14 +12,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpukit.contracts import label_names as ln
 from gpukit.inventory import node_meta
 from gpukit.inventory.model import TAINT_EFFECTS, Taint
 from gpukit.inventory.problems import Problem
 
-DEVICE_PLUGIN_CONFIG = "nvidia.com/device-plugin.config"
-MIG_CONFIG = "nvidia.com/mig.config"
+DEVICE_PLUGIN_CONFIG = ln.DEVICE_PLUGIN_CONFIG
+MIG_CONFIG = ln.MIG_CONFIG
 # The device plugin DaemonSet's default node selector (GPU Operator's name for it).
-DEPLOY_DEVICE_PLUGIN = "nvidia.com/gpu.deploy.device-plugin"
+DEPLOY_DEVICE_PLUGIN = ln.DEPLOY_DEVICE_PLUGIN
 MANAGED_LABELS = "gpukit/managed-labels"
 MANAGED_TAINTS = "gpukit/managed-taints"
 EFFECTS = TAINT_EFFECTS  # the inventory model's choices (one constant)

@@ -13,8 +13,8 @@ import pytest
 from gpukit.conformance import host, nvml_probe
 from gpukit.conformance import test_isolation as isolation
 from gpukit.conformance.checks import Check
+from gpukit.conformance.cluster import PodState
 from gpukit.conformance.fill import NodeFill, Seen
-from gpukit.conformance.kube import PodState
 
 MIG = "nvidia.com/mig-3g.20gb"
 GPU = "nvidia.com/gpu"

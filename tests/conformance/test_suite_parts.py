@@ -17,11 +17,12 @@ import pytest
 import yaml
 
 from gpukit import inventory as inv
-from gpukit.conformance import host, kube, report
+from gpukit.conformance import cluster, host, report
 from gpukit.conformance.checks import Check, Row, fmt
+from gpukit.conformance.cluster import PodState
 from gpukit.conformance.fill import VOLUME_MOUNTS_ROOT, Seen, _requests
-from gpukit.conformance.kube import PodState
 from gpukit.conformance.suite import PodResourcesView
+from gpukit.k8s.names import dns_name
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "conformance" / "deploy"
@@ -221,42 +222,42 @@ def _running() -> Any:
 
 
 def test_pod_states() -> None:
-    assert kube.classify(_pod("Running", statuses=[_running()])).state == "Running"
+    assert cluster.classify(_pod("Running", statuses=[_running()])).state == "Running"
     unsched = NS(type="PodScheduled", status="False", reason="Unschedulable",
                  message="0/2 nodes are available: 1 Insufficient nvidia.com/gpu.")
-    s = kube.classify(_pod("Pending", conditions=[unsched]))
+    s = cluster.classify(_pod("Pending", conditions=[unsched]))
     assert (s.state, "Insufficient nvidia.com/gpu" in s.message) == ("Unschedulable", True)
-    s = kube.classify(_pod("Failed", reason="UnexpectedAdmissionError", message="Allocate failed"))
+    s = cluster.classify(_pod("Failed", reason="UnexpectedAdmissionError", message="Allocate failed"))
     assert (s.state, s.reason) == ("Failed", "UnexpectedAdmissionError")
     waiting = NS(name="main", state=NS(running=None, terminated=None,
                                        waiting=NS(reason="ErrImagePull", message="no registry")))
-    assert str(kube.classify(_pod("Pending", statuses=[waiting]))) == (
+    assert str(cluster.classify(_pod("Pending", statuses=[waiting]))) == (
         "Error (ErrImagePull: no registry)")
-    assert kube.classify(_pod("Pending")).state == "Pending"
+    assert cluster.classify(_pod("Pending")).state == "Pending"
 
 
 def test_pod_manifest_is_minimal_and_pinned_through_the_scheduler() -> None:
-    m = kube.pod_manifest("p", run_id="r", role="fill", node="gpu-t4", image="busybox",
+    m = cluster.pod_manifest("p", run_id="r", role="fill", node="gpu-t4", image="busybox",
                           command=["sh"], limits={"nvidia.com/gpu": 1})
     spec = m["spec"]
     assert "nodeName" not in spec and "hostNetwork" not in spec
     term = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert term["nodeSelectorTerms"][0]["matchFields"][0]["values"] == ["gpu-t4"]
     assert (spec["serviceAccountName"], spec["automountServiceAccountToken"]) == (
-        kube.WORKLOAD_SA, False)
+        cluster.WORKLOAD_SA, False)
     c = spec["containers"][0]
     assert c["resources"]["limits"] == {"nvidia.com/gpu": "1"}
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
-    assert m["metadata"]["labels"][kube.RUN_LABEL] == "r"
-    lab = kube.pod_manifest("p", run_id="r", role="x", node="n", image="i", command=[],
+    assert m["metadata"]["labels"][cluster.RUN_LABEL] == "r"
+    lab = cluster.pod_manifest("p", run_id="r", role="x", node="n", image="i", command=[],
                             host_network=True, host_paths=[("v", "/var/lib/x", "Directory")])
     assert lab["spec"]["hostNetwork"] is True
     assert lab["spec"]["containers"][0]["volumeMounts"][0]["readOnly"] is True
 
 
 def test_dns_names() -> None:
-    assert kube.dns_name("fill", "GPU_A100", "mig-1g.5gb") == "fill-gpu-a100-mig-1g-5gb"
-    long = kube.dns_name("x" * 80)
+    assert dns_name("fill", "GPU_A100", "mig-1g.5gb") == "fill-gpu-a100-mig-1g-5gb"
+    long = dns_name("x" * 80)
     assert len(long) == 63 and re.fullmatch(r"[a-z0-9-]+", long)
 
 

@@ -129,7 +129,7 @@ def lab(lab_cluster: object, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 def _delete_namespace(core: client.CoreV1Api) -> None:
-    from gpukit.conformance.kube import Kube
+    from gpukit.conformance.cluster import Kube
 
     assert Kube(core.api_client).delete_namespace(NS, timeout=60), f"namespace {NS} stayed"
 

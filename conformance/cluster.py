@@ -1,4 +1,4 @@
-"""Kubernetes access for the suite: the run's namespace, pods, bounded watches, exec.
+"""The suite's cluster operations: the run's namespace, pods, bounded watches, exec.
 
 Every wait is a watch with a deadline (relisting when the watch expires); nothing sleeps
 blindly. Objects are the kubernetes client's models; manifests are plain dicts.
