@@ -12,6 +12,7 @@ from gpukit.contracts import mig_parted
 from gpukit.contracts.mig_parted import MigConfigEntry
 from gpukit.contracts.plugin_config import Config, ConfigError, parse_config, require_content
 from gpukit.mig import declared
+from gpukit.provision import toolkit_config
 from gpukit.provision.driver import DriverSpec, DriverSpecError
 
 from . import node_meta
@@ -73,6 +74,25 @@ class _Vars:
         return value
 
 
+def _runtime_hardening(v: _Vars, configs: Mapping[str, Any]) -> None:
+    """The runtime refuses NVIDIA_VISIBLE_DEVICES from unprivileged containers unless the
+    declaration opts out: a plugin config that passes devices only that way cannot work."""
+    accept = v.get(toolkit_config.OPT_OUT_VARIABLE)
+    if accept is MISSING or accept is None:
+        accept = False
+    if not isinstance(accept, bool):
+        v.fail(toolkit_config.OPT_OUT_VARIABLE, accept, "is not true or false")
+        return
+    if accept:
+        return
+    refused = {p.variable for p in v.problems}
+    for name, strategies, why in toolkit_config.unhardened_configs(configs):
+        variable = f"{toolkit_config.CONFIGS_VARIABLE}.{name}"
+        if any(r == variable or r.startswith(variable + ".") for r in refused):
+            continue  # refused already for what it is
+        v.fail(variable, ",".join(strategies), why)
+
+
 def node_from_vars(host: str, raw: Mapping[str, Any]) -> NodeDecl:
     """Validate one host's merged variables (plain Python values) into a NodeDecl.
 
@@ -98,6 +118,7 @@ def node_from_vars(host: str, raw: Mapping[str, Any]) -> NodeDecl:
     runtime = v.string("gpukit_container_runtime", v.get("gpukit_container_runtime"),
                        default="containerd", choices=RUNTIMES) or "containerd"
     config_name, config, configs = _plugin_config(v)
+    _runtime_hardening(v, configs)
     mig_name, layout, mig_gpus = _mig_layout(v, gpu)
     labels = _labels(v)
     taints = _taints(v)

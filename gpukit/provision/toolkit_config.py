@@ -116,26 +116,34 @@ def _strategies(cfg: Mapping[str, Any]) -> tuple[tuple[str, ...], bool]:
     return ((raw,) if isinstance(raw, str) else tuple(str(r) for r in raw)), True
 
 
-def hardening_problems(
-    configs: Mapping[str, Any] | None, accept_envvar_unprivileged: bool, host: str
-) -> list[str]:
-    """Why the device plugin configs cannot work with the runtime's settings, one line per
-    config (empty: they agree)."""
-    if accept_envvar_unprivileged or not isinstance(configs, Mapping):
+def unhardened_configs(configs: Mapping[str, Any] | None
+                       ) -> list[tuple[str, tuple[str, ...], str]]:
+    """The device plugin configs that would give unprivileged pods no GPU under the hardened
+    runtime: (name, strategies, why) for each config using none of HARDENED_STRATEGIES."""
+    if not isinstance(configs, Mapping):
         return []  # not a mapping: the device plugin role refuses it with its own message
-    problems: list[str] = []
+    out = []
     for name, cfg in configs.items():
         if not isinstance(cfg, Mapping):
             continue
         strategies, explicit = _strategies(cfg)
         if not set(strategies) & set(HARDENED_STRATEGIES):
             where = "" if explicit else " (not set: NVIDIA's default)"
-            problems.append(
-                f"host {host}: {CONFIGS_VARIABLE}[{name!r}] uses deviceListStrategy"
-                f" {','.join(strategies)}{where}, but {OPT_OUT_VARIABLE} is false (NVIDIA's"
-                " hardening: the runtime ignores NVIDIA_VISIBLE_DEVICES in unprivileged"
-                " containers), so unprivileged pods would get no GPU; set its"
+            out.append((str(name), strategies, (
+                f"uses deviceListStrategy {','.join(strategies)}{where}, but {OPT_OUT_VARIABLE}"
+                " is false (NVIDIA's hardening: the runtime ignores NVIDIA_VISIBLE_DEVICES in"
+                " unprivileged containers), so unprivileged pods would get no GPU; set its"
                 " flags.plugin.deviceListStrategy to volume-mounts, cdi-annotations or cdi-cri,"
-                f" or set {OPT_OUT_VARIABLE}: true"
-            )
-    return problems
+                f" or set {OPT_OUT_VARIABLE}: true")))
+    return out
+
+
+def hardening_problems(
+    configs: Mapping[str, Any] | None, accept_envvar_unprivileged: bool, host: str
+) -> list[str]:
+    """Why the device plugin configs cannot work with the runtime's settings, one line per
+    config (empty: they agree)."""
+    if accept_envvar_unprivileged:
+        return []
+    return [f"host {host}: {CONFIGS_VARIABLE}[{name!r}] {why}"
+            for name, _, why in unhardened_configs(configs)]

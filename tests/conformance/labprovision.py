@@ -33,19 +33,22 @@ from gpukit.mig.placement import pack
 REPO = Path(__file__).resolve().parents[2]
 
 # Configs the failure tests switch nodes to (by label), deployed next to the inventory's.
+# As the lab inventory's configs: devices as volume mounts (a strategy the hardened runtime
+# serves) and as DeviceSpecs (what the lab's plain runc gives containers).
+PLUGIN = {"passDeviceSpecs": True, "deviceListStrategy": "volume-mounts"}
 EXTRA_CONFIGS: dict[str, dict[str, Any]] = {
     "time-sliced-2": {
-        "version": "v1", "flags": {"migStrategy": "none", "plugin": {"passDeviceSpecs": True}},
+        "version": "v1", "flags": {"migStrategy": "none", "plugin": PLUGIN},
         "sharing": {"timeSlicing": {"failRequestsGreaterThanOne": True, "resources": [
             {"name": "nvidia.com/gpu", "replicas": 2}]}},
     },
     "mig-single": {
-        "version": "v1", "flags": {"migStrategy": "single", "plugin": {"passDeviceSpecs": True}},
+        "version": "v1", "flags": {"migStrategy": "single", "plugin": PLUGIN},
     },
     # A plugin that hands the same GPU out twice (two IDs per GPU) where nothing is declared
     # shared: containers end up on one GPU.
     "mig-mixed-overlap": {
-        "version": "v1", "flags": {"migStrategy": "mixed", "plugin": {"passDeviceSpecs": True}},
+        "version": "v1", "flags": {"migStrategy": "mixed", "plugin": PLUGIN},
         "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}},
     },
 }

@@ -28,9 +28,14 @@ def _write(root: Path, files: dict[str, Any]) -> Path:
 def _hosts(**hosts: dict[str, Any]) -> dict[str, Any]:
     return {"all": {"children": {"gpu_nodes": {"hosts": hosts}}}}
 
+OPT_OUT = "gpukit_runtime_accept_envvar_unprivileged"
+
 
 def _decl(**raw: Any) -> inv.NodeDecl:
     raw.setdefault("gpukit_gpu", {"product": "Tesla T4", "count": 2})
+    # These declarations are about what a node serves, not the runtime's hardening: their
+    # configs keep NVIDIA's default strategy (envvar), which needs the opt-out.
+    raw.setdefault(OPT_OUT, True)
     return inv.node_from_vars("n1", raw)
 
 
@@ -248,7 +253,7 @@ A100_GPU = {"product": A100, "count": 8}
 
 def _mig(layout: list[dict[str, Any]], **raw: Any) -> dict[str, Any]:
     return {"gpukit_gpu": A100_GPU, "gpukit_mig_configs": {"l": layout},
-            "gpukit_mig_config": "l", **raw}
+            "gpukit_mig_config": "l", OPT_OUT: True, **raw}
 
 
 @pytest.mark.parametrize(("layout", "needle"), [
@@ -306,3 +311,30 @@ def test_the_model_hands_expectations_to_the_suites_oracle() -> None:
     assert inv.expected_resources(node) == expect.expected_resources(node)
     assert inv.expected_labels(node) == expect.expected_labels(node)
     assert inv.check(LAB).resources["gpu-t4"] == {"nvidia.com/gpu": 8}
+
+
+def test_a_config_the_hardened_runtime_cannot_serve_is_refused_by_name() -> None:
+    """The runtime ignores NVIDIA_VISIBLE_DEVICES from unprivileged containers unless the
+    declaration opts out: a config passing devices only that way is refused before any host
+    is touched (the preflight), naming host, config and strategy."""
+    configs = {"plain": {"version": "v1"},
+               "env": {"version": "v1", "flags": {"plugin": {"deviceListStrategy": "envvar"}}},
+               "mounts": {"version": "v1", "flags": {"plugin": {
+                   "deviceListStrategy": ["envvar", "volume-mounts"]}}}}
+    raw = {"gpukit_gpu": {"product": "Tesla T4", "count": 2},
+           "gpukit_device_plugin_configs": configs, "gpukit_device_plugin_config": "mounts"}
+    with pytest.raises(inv.InventoryError) as exc:
+        inv.node_from_vars("n1", raw)
+    problems = {p.variable: p for p in exc.value.problems}
+    assert sorted(problems) == ["gpukit_device_plugin_configs.env",
+                                "gpukit_device_plugin_configs.plain"]
+    assert problems["gpukit_device_plugin_configs.plain"].value == "envvar"
+    assert "(not set: NVIDIA's default)" in problems["gpukit_device_plugin_configs.plain"].message
+    assert "(not set" not in problems["gpukit_device_plugin_configs.env"].message
+    assert all(p.host == "n1" and OPT_OUT in p.message for p in problems.values())
+    # The opt-out accepts them; a hardened strategy alone needs none.
+    assert inv.node_from_vars("n1", {**raw, OPT_OUT: True}).plugin_config_name == "mounts"
+    del configs["plain"], configs["env"]
+    assert inv.node_from_vars("n1", raw).plugin_config_name == "mounts"
+    with pytest.raises(inv.InventoryError, match=f"{OPT_OUT}: 'yes' is not true or false"):
+        inv.node_from_vars("n1", {**raw, OPT_OUT: "yes"})
