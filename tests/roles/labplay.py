@@ -18,7 +18,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-LAB_VARS = Path(__file__).resolve().parent / "lab_group_vars.yml"
+# The lab inventory's provisioning settings (its apt repository, the agent image and the mock
+# NVML mounts): the roles' lab tests run their plays with them, as site.yml on the lab does.
+LAB_VARS = REPO / "inventories" / "lab" / "group_vars" / "all.yml"
 # The upgrade-state labels a node goes through in a complete rollout, in order.
 ROLL = ["cordoned", "draining", "upgrading", "validating", "done"]
 

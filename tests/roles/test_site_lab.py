@@ -5,7 +5,7 @@ passes against the edited inventory).
 
 The tests share one lab and run in order (each builds on the previous one's state). The
 inventory is the lab's (a copy for this lab instance) plus the lab's provisioning settings
-(lab_group_vars.yml); gpukit's wheelhouse is built once and pinned for the whole module, so
+(inventories/lab/group_vars/all.yml); gpukit's wheelhouse is built once and pinned for the whole module, so
 edits to the checkout while the tests run do not count as changes on the nodes.
 """
 
