@@ -20,7 +20,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.stream import stream
 
 from gpukit.contracts import label_names as ln
-from gpukit.k8s import connect
+from gpukit.k8s import connect, waits
 from gpukit.k8s.names import dns_name
 
 log = logging.getLogger(__name__)
@@ -162,7 +162,7 @@ class Kube:
             raise
         if timeout <= 0:
             return False
-        return self._wait_gone(self.core.list_namespace, (), f"metadata.name={name}", timeout)
+        return waits.gone(self.core.list_namespace, (), f"metadata.name={name}", timeout)
 
     def delete_expired_namespaces(self) -> list[str]:
         """Namespaces of earlier runs that were killed before they could clean up."""
@@ -181,22 +181,6 @@ class Kube:
                 except ApiException:
                     pass
         return gone
-
-    def _wait_gone(self, lister: Callable[..., Any], args: tuple[Any, ...], selector: str,
-                   timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            listing = lister(*args, field_selector=selector)
-            if not listing.items:
-                return True
-            w = watch.Watch()
-            for ev in w.stream(lister, *args, field_selector=selector,
-                               resource_version=listing.metadata.resource_version,
-                               timeout_seconds=max(1, int(deadline - time.monotonic()))):
-                if ev["type"] == "DELETED":
-                    w.stop()
-                    return True
-        return False
 
     # ---- pods
 

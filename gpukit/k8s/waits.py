@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client, watch
@@ -63,3 +64,22 @@ def _rollout_pending(ds: Any) -> str | None:
     if (st.number_available or 0) < want:
         return f"{st.number_available or 0} of {want} pods available"
     return None
+
+
+def gone(lister: Callable[..., Any], args: tuple[Any, ...], selector: str,
+         timeout: float) -> bool:
+    """Watch what `lister(*args, field_selector=selector)` lists until it is deleted; True
+    once nothing is listed, False after `timeout` (relisting when a watch expires)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        listing = lister(*args, field_selector=selector)
+        if not listing.items:
+            return True
+        w = watch.Watch()
+        for ev in w.stream(lister, *args, field_selector=selector,
+                           resource_version=listing.metadata.resource_version,
+                           timeout_seconds=max(1, int(deadline - time.monotonic()))):
+            if ev["type"] == "DELETED":
+                w.stop()
+                return True
+    return False

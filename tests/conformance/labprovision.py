@@ -22,7 +22,7 @@ from kubernetes import watch
 from gpukit import inventory as inv
 from gpukit.agent_manifests import AgentDeployment
 from gpukit.conformance import expect
-from gpukit.k8s import connect
+from gpukit.k8s import connect, waits
 from gpukit.k8s.nodes import reported_after
 from gpukit.lab import agent, nodes
 from gpukit.lab import nvml as mock
@@ -248,16 +248,4 @@ def restart_agent_on(node: str, timeout: float = 60) -> None:
 
 def wait_gone_namespace(name: str, timeout: float) -> bool:
     api = core()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        listing = api.list_namespace(field_selector=f"metadata.name={name}")
-        if not listing.items:
-            return True
-        w = watch.Watch()
-        for ev in w.stream(api.list_namespace, field_selector=f"metadata.name={name}",
-                           resource_version=listing.metadata.resource_version,
-                           timeout_seconds=max(1, int(deadline - time.monotonic()))):
-            if ev["type"] == "DELETED":
-                w.stop()
-                return True
-    return False
+    return waits.gone(api.list_namespace, (), f"metadata.name={name}", timeout)
