@@ -92,6 +92,7 @@ class Kube:
     """The cluster as the suite uses it."""
 
     api_client: Any
+    runtime_class: str | None = None  # every pod's, when the nodes' default runtime is not it
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     _exec_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -185,7 +186,10 @@ class Kube:
     # ---- pods
 
     def create_pod(self, namespace: str, manifest: Mapping[str, Any]) -> None:
-        self.core.create_namespaced_pod(namespace, dict(manifest))
+        body = dict(manifest)
+        if self.runtime_class:
+            body["spec"] = {**body["spec"], "runtimeClassName": self.runtime_class}
+        self.core.create_namespaced_pod(namespace, body)
 
     def delete_pods(self, namespace: str, names: Iterable[str], timeout: float) -> list[str]:
         """Delete pods (graceful) and wait until the API no longer has them; returns those

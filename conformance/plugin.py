@@ -74,6 +74,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--agent-image", help="gpukit node-agent image: reads the PodResources API and "
                 "runs the pynvml workload (lab default: its local node-agent image)")
     g.addoption("--cuda-image", help="CUDA sample image for the real-GPU smoke test")
+    g.addoption("--runtime-class", help="RuntimeClass of every test pod (where NVIDIA's runtime "
+                "is not the nodes' default, so the GPU-less pod meets the runtime GPU pods do)")
     g.addoption("--pod-timeout", type=float, default=90.0, help="seconds a test pod may take to "
                 "reach the state waited for (default 90)")
     g.addoption("--max-fill-pods", type=int, default=32, help="most pods used to fill one "
@@ -114,6 +116,7 @@ def _options(config: pytest.Config) -> Any:
         pod_timeout=float(config.getoption("--pod-timeout")),
         max_fill_pods=int(config.getoption("--max-fill-pods")),
         report_html=config.getoption("--report-html"),
+        runtime_class=config.getoption("--runtime-class") or None,
     )
 
 

@@ -64,6 +64,7 @@ class Options:
     pod_timeout: float = 90.0
     max_fill_pods: int = 32
     report_html: str | None = None
+    runtime_class: str | None = None
 
 
 @dataclass
@@ -203,7 +204,8 @@ class Suite:
     def kube(self) -> Kube:
         with self._lock:
             if self._kube is None:
-                self._kube = Kube(load_api_client(self._kubeconfig()))
+                self._kube = Kube(load_api_client(self._kubeconfig()),
+                                  runtime_class=self.options.runtime_class)
             return self._kube
 
     def _kubeconfig(self) -> str | None:

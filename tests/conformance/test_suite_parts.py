@@ -409,3 +409,19 @@ def test_the_job_refuses_a_mount_without_an_inventory(tmp_path: Path) -> None:
                             "INVENTORY_DIR": str(tmp_path)}, timeout=60)
     assert r.returncode == 2
     assert "no inventory in" in r.stderr
+
+
+def test_every_pod_gets_the_runtime_class_asked_for() -> None:
+    """--runtime-class: the suite's pods (the GPU-less one too) run under that RuntimeClass,
+    where NVIDIA's runtime is not the nodes' default."""
+    from kubernetes import client as k8s_client
+
+    made: list[dict[str, Any]] = []
+    for runtime_class in ("nvidia", None):
+        kube = cluster.Kube(k8s_client.ApiClient(), runtime_class=runtime_class)
+        kube.core = NS(  # type: ignore[assignment]
+            create_namespaced_pod=lambda ns, body: made.append(body))
+        kube.create_pod("ns", cluster.pod_manifest(
+            "p", run_id="r", role="nogpu", node="n", image="i", command=[]))
+    assert made[0]["spec"]["runtimeClassName"] == "nvidia"
+    assert "runtimeClassName" not in made[1]["spec"]

@@ -7,12 +7,13 @@ serves one named config per strategy with passDeviceSpecs false, so only the run
 containerd's CDI, for cdi-cri and the CDI annotations) puts device nodes into a container:
 
 - volume-mounts, cdi-annotations, cdi-cri: a one-GPU pod sees exactly its GPU's node and the
-  driver's control nodes; a MIG device (volume-mounts) its parent's node and its two
-  /dev/nvidia-caps nodes, those the driver lists for its GPU and compute instance;
+  driver's control nodes; a MIG device its parent's node and its two /dev/nvidia-caps nodes,
+  those the driver lists for its GPU and compute instance; a time-sliced replica its GPU's;
 - envvar under the hardening: nothing (why the roles refuse that combination); with the
   hardening off: exactly its GPU;
 - a pod without a GPU request but NVIDIA_VISIBLE_DEVICES=all (as CUDA images set it) sees no
-  GPU under the hardening and every GPU with it off.
+  GPU under the hardening and every GPU with it off, and the conformance suite (its pods
+  under the nvidia RuntimeClass) then fails naming the node and the device nodes.
 
 Which GPU the kubelet gave a container comes from the kubelet's own checkpoint; the runtime's
 log shows it created each container.
@@ -22,14 +23,19 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
+import sys
 import tomllib
 import uuid
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import labtools
 import pytest
+import yaml
 from kubernetes import client
 from labtools import wait_for
 
@@ -40,12 +46,14 @@ from gpukit.lab import agent, cluster, images, nodes
 from gpukit.lab import driver_surface as ds
 from gpukit.lab.config import load_spec
 from gpukit.lab.controlplane import paths
+from gpukit.lab.inventory import for_instance
 from gpukit.lab.packages import build_repo
 from gpukit.lab.packages.catalog import RUNTIME_LOG
 from gpukit.provision import runtime, toolkit_config
 
 pytestmark = pytest.mark.lab
 
+REPO = Path(__file__).resolve().parents[2]
 NODE = "gpu-a100"
 NS = "default"
 RUNTIME_CLASS = "gpukit-test-nvidia"
@@ -324,6 +332,48 @@ def test_a_gpu_less_pod_asking_for_all_gpus_gets_them_only_without_hardening(
         set_toolkit(hardened=True)
 
 
+def _suite(tmp_path: Path, inventory: Path) -> tuple[int, dict[str, str], str]:
+    """The conformance suite's GPU-less pod check on NODE, its pods under the nvidia
+    RuntimeClass: (exit status, failure text per test, output)."""
+    junit = tmp_path / f"junit-{uuid.uuid4().hex[:6]}.xml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "conformance", "-q", "-p", "no:cacheprovider",
+         "--inventory", str(inventory), "--kubeconfig", str(paths().admin_kubeconfig),
+         "--nodes", NODE, "--no-host", "--shell-image", images.SHELL,
+         "--runtime-class", RUNTIME_CLASS, "-k", "test_pod_without_gpu_sees_none",
+         f"--junitxml={junit}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
+    failures = {c.get("name", ""): (c.find("failure").text or "")  # type: ignore[union-attr]
+                for c in ET.parse(junit).getroot().iter("testcase")
+                if c.find("failure") is not None}
+    return proc.returncode, failures, proc.stdout[-3000:] + proc.stderr[-2000:]
+
+
+def test_the_suite_fails_a_gpu_less_pod_that_gets_gpus_without_hardening(
+    core: client.CoreV1Api, deployed: AgentDeployment, tmp_path: Path
+) -> None:
+    # The node declared as the agent serves it: the hardened configs, volume-mounts selected.
+    inventory = tmp_path / "inventory"
+    shutil.copytree(for_instance(load_spec()), inventory)
+    (inventory / "host_vars").mkdir(exist_ok=True)
+    (inventory / "host_vars" / f"{NODE}.yml").write_text(yaml.safe_dump({
+        "gpukit_device_plugin_configs": {
+            k: v for k, v in CONFIGS.items() if "envvar" not in k},
+        "gpukit_device_plugin_config": "volume-mounts", "gpukit_mig_config": None}))
+    select(core, "volume-mounts", {"nvidia.com/gpu": 8})
+    set_toolkit(hardened=True)
+    rc, failures, out = _suite(tmp_path, inventory)
+    assert rc == 0 and not failures, out
+    set_toolkit(hardened=False)  # the runtime honours NVIDIA_VISIBLE_DEVICES=all again
+    try:
+        rc, failures, out = _suite(tmp_path, inventory)
+    finally:
+        set_toolkit(hardened=True)
+    text = failures.get(f"test_pod_without_gpu_sees_none[{NODE}]", "")
+    assert rc == 1 and text, out
+    assert NODE in text and "/dev/nvidia* entries" in text and "nvidia0" in text, text
+
+
 def node_pynvml(code: str, *args: str) -> None:
     labtools.node_pynvml(NODE, code, *args)
 
@@ -355,7 +405,8 @@ def mig_caps(mig_uuid: str) -> set[str]:
     raise AssertionError(f"{mig_uuid} is not a MIG device of GPU 0: {gpu0['mig']}")
 
 
-@pytest.mark.parametrize(("strategy", "hardened"), [("volume-mounts", True), ("envvar", False)])
+@pytest.mark.parametrize(("strategy", "hardened"), [
+    ("volume-mounts", True), ("cdi-annotations", True), ("cdi-cri", True), ("envvar", False)])
 def test_a_mig_device_gets_its_parent_and_its_caps_nodes(
     core: client.CoreV1Api, deployed: AgentDeployment, mig_gpu0: None, pods: list[str],
     strategy: str, hardened: bool,
