@@ -149,6 +149,9 @@ def test_expected_resources_reads_the_declaration_variables_only() -> None:
     host_vars = _HostVars({"gpukit_gpu": {"product": "Tesla T4", "count": 2},
                            "gpukit_device_plugin_configs": {"time-sliced": ts(4)},
                            "gpukit_device_plugin_config": "time-sliced",
+                           # NVIDIA's default strategy (envvar) needs the runtime's opt-out:
+                           # a declaration variable, read like the others.
+                           "gpukit_runtime_accept_envvar_unprivileged": True,
                            "ansible_host": "10.0.0.1", "role_var": "{{ undefined }}"})
     assert play_inputs.expected_resources(host_vars, "n1") == {"nvidia.com/gpu": 8}
 
