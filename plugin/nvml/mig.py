@@ -30,14 +30,11 @@ import pynvml
 from gpukit.contracts import mig_profiles
 from gpukit.mig.state import ComputeInstance, GpuInstance, GpuState, Process, TableMismatch
 from gpukit.plugin import nvml
+from gpukit.plugin.nvml.calls import _text
 
 NO_ID = 0xFFFFFFFF
 _ENGINE_SHARED = 0  # NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
 log = logging.getLogger("gpukit.plugin.mig")
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _opt_id(value: Any) -> int | None:
