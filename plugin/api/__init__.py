@@ -1,11 +1,12 @@
-"""Kubelet gRPC APIs: device plugin v1beta1 and PodResources v1.
+"""Kubelet gRPC APIs: device plugin v1beta1, PodResources v1, plugin registration v1 and DRA v1.
 
-`deviceplugin_pb2`, `deviceplugin_grpc`, `podresources_pb2` and `podresources_grpc` are the
-generated modules, loaded on first use. An installed gpukit carries them (the wheel's build
-generates them); only a checkout generates missing ones then (a fresh clone needs no build
-step, grpcio-tools is a dev dependency). They are typed `Any` on purpose: type checking must
-not depend on build outputs. Loading lazily also keeps `python -m gpukit.plugin.api.generate`
-from importing itself twice.
+`deviceplugin_pb2`, `deviceplugin_grpc`, `podresources_pb2`, `podresources_grpc`,
+`registration_pb2`, `registration_grpc`, `dra_pb2` and `dra_grpc` are the generated modules,
+loaded on first use. An installed gpukit carries them (the wheel's build generates them); only
+a checkout generates missing ones then (a fresh clone needs no build step, grpcio-tools is a
+dev dependency). They are typed `Any` on purpose: type checking must not depend on build
+outputs. Loading lazily also keeps `python -m gpukit.plugin.api.generate` from importing
+itself twice.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ _MODULES = {
     "deviceplugin_grpc": "deviceplugin_v1beta1_pb2_grpc",
     "podresources_pb2": "podresources_v1_pb2",
     "podresources_grpc": "podresources_v1_pb2_grpc",
+    "registration_pb2": "pluginregistration_v1_pb2",
+    "registration_grpc": "pluginregistration_v1_pb2_grpc",
+    "dra_pb2": "dra_v1_pb2",
+    "dra_grpc": "dra_v1_pb2_grpc",
 }
 _lock = threading.Lock()
 
@@ -69,6 +74,10 @@ __all__ = [
     "UNHEALTHY",
     "deviceplugin_grpc",
     "deviceplugin_pb2",
+    "dra_grpc",
+    "dra_pb2",
     "podresources_grpc",
     "podresources_pb2",
+    "registration_grpc",
+    "registration_pb2",
 ]
