@@ -195,20 +195,15 @@ def driver_mounts(host_paths: Iterable[tuple[str, str]]) -> list[dict[str, Any]]
             for h, c in host_paths]  # fmt: skip
 
 
-def build_spec(
-    units: Iterable[Unit],
+def common_edits(
     device_root: str,
     control_nodes: Iterable[str],
     driver_files: Iterable[tuple[str, str]] = (),
     driver: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """`driver`: the driver's edits (`driver_edits`); else `driver_files`, (host path,
-    container path) pairs of driver files to bind."""
-    devices: list[dict[str, Any]] = []
-    for unit in sorted(units, key=lambda u: (u.gpu.index, u.index_id)):
-        edits = {"deviceNodes": [_node(device_root, p) for p in unit.device_nodes]}
-        for name in dict.fromkeys((unit.uuid, unit.index_id)):
-            devices.append({"name": name, "containerEdits": edits})
+    """The spec-wide containerEdits: control nodes (host paths under `device_root`), env and
+    the driver's edits (`driver_edits`), else `driver_files`, (host path, container path)
+    pairs of driver files to bind."""
     common: dict[str, Any] = {
         "env": [VOID_ENV],
         "deviceNodes": [_node(device_root, p) for p in control_nodes],
@@ -222,8 +217,54 @@ def build_spec(
         mounts = driver_mounts(driver_files)
         if mounts:
             common["mounts"] = mounts
+    return common
+
+
+def unit_edits(unit: Unit, device_root: str) -> dict[str, Any]:
+    """A device's own containerEdits: its /dev nodes."""
+    return {"deviceNodes": [_node(device_root, p) for p in unit.device_nodes]}
+
+
+def build_spec(
+    units: Iterable[Unit],
+    device_root: str,
+    control_nodes: Iterable[str],
+    driver_files: Iterable[tuple[str, str]] = (),
+    driver: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """`driver`: the driver's edits (`driver_edits`); else `driver_files`, (host path,
+    container path) pairs of driver files to bind."""
+    return _spec(units, device_root, common_edits(device_root, control_nodes, driver_files,
+                                                  driver))
+
+
+def _spec(units: Iterable[Unit], device_root: str, common: dict[str, Any]) -> dict[str, Any]:
+    """Every unit named by UUID and by index, with the spec-wide edits."""
+    devices: list[dict[str, Any]] = []
+    for unit in sorted(units, key=lambda u: (u.gpu.index, u.index_id)):
+        edits = unit_edits(unit, device_root)
+        for name in dict.fromkeys((unit.uuid, unit.index_id)):
+            devices.append({"name": name, "containerEdits": edits})
     return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": devices,
             "containerEdits": common}  # fmt: skip
+
+
+def node_edits(root_seen: str, host_root: str, driver_version: str,
+               exists: Callable[[str], bool] = os.path.exists) -> dict[str, Any]:
+    """The spec-wide containerEdits of a node's GPUs as the agent sees them under the driver
+    root (`root_seen`), host paths under `host_root`. Hooks only when nvidia-cdi-hook shows
+    under that root (the agent does not see the host's /usr/bin when the driver root is the
+    host's root)."""
+    control = [n for n in CONTROL_NODES if exists(host_path(root_seen, n))]
+    files = find_driver(root_seen, driver_version)
+    if files.libraries:
+        driver = driver_edits(files, host_root, exists(host_path(root_seen, CDI_HOOK)))
+    else:
+        # No `*.so.<version>` where the agent looks (an NVML that gave no version, or a
+        # library installed by its soname alone, as the lab's bare nodes have it): the files
+        # gpukit knows by soname, so containers still get the NVML library.
+        driver = soname_edits(root_seen, host_root, exists)
+    return common_edits(host_root, control, driver=driver)
 
 
 def agent_spec(
@@ -233,20 +274,11 @@ def agent_spec(
     exists: Callable[[str], bool] = os.path.exists,
 ) -> dict[str, Any]:
     """The node agent's spec: control nodes and driver files as the agent sees them under
-    the driver root (config.device_root_in_plugin), host paths under config.device_root.
-    Hooks only when nvidia-cdi-hook shows under that root (the agent does not see the
-    host's /usr/bin when the driver root is the host's root)."""
-    seen, root = config.device_root_in_plugin, config.device_root
-    control = [n for n in CONTROL_NODES if exists(host_path(seen, n))]
-    files = find_driver(seen, driver_version)
-    if files.libraries:
-        driver = driver_edits(files, root, exists(host_path(seen, CDI_HOOK)))
-    else:
-        # No `*.so.<version>` where the agent looks (an NVML that gave no version, or a
-        # library installed by its soname alone, as the lab's bare nodes have it): the files
-        # gpukit knows by soname, so containers still get the NVML library.
-        driver = soname_edits(seen, root, exists)
-    return build_spec(units, root, control, driver=driver)
+    the driver root (config.device_root_in_plugin), host paths under config.device_root
+    (see `node_edits`)."""
+    root = config.device_root
+    return _spec(units, root, node_edits(config.device_root_in_plugin, root, driver_version,
+                                         exists))
 
 
 def write_spec(spec: dict[str, Any], spec_dir: str, file_name: str = SPEC_FILE) -> Path:

@@ -1,0 +1,156 @@
+"""NodePrepareResources and NodeUnprepareResources as plain Python (the gRPC side is server.py).
+
+Prepare reads the claim from the API (the kubelet gives namespace, name and UID), takes the
+allocation's results for driver gpu.nvidia.com in this node's pool, checks NVIDIA's opaque
+configs, writes the claim's CDI spec and then records the claim in the checkpoint; it
+returns the CDI device IDs containerd injects. A claim already in the checkpoint (with its
+spec file present) is returned as recorded: a restarted agent does not prepare it twice.
+Unprepare removes the spec file, then the checkpoint entry; a claim it does not know is
+already unprepared. Both are serialized: the kubelet may call for several pods at once.
+
+Every error names the claim (namespace/name, UID), what was expected and what was found; it
+goes back to the kubelet for that claim alone, which retries and shows it in the pod's events.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import cdi
+from . import claim_cdi, opaque
+from .checkpoint import Checkpoint, PreparedClaim, PreparedDevice
+from .names import DRIVER
+from .slice_devices import SliceDevice
+
+log = logging.getLogger(__name__)
+
+ClaimReader = Callable[[str, str], Mapping[str, Any]]  # (namespace, name) -> claim as JSON
+
+
+class PrepareError(RuntimeError):
+    """Preparing or unpreparing one claim failed; the message is what the kubelet shows."""
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    namespace: str
+    name: str
+    uid: str
+
+    def __str__(self) -> str:
+        return f"claim {self.namespace}/{self.name} (uid {self.uid})"
+
+
+@dataclass
+class Preparer:
+    node: str  # the pool's name
+    read_claim: ClaimReader
+    devices: Callable[[], Mapping[str, SliceDevice]]  # what this node publishes now, by name
+    common_edits: Callable[[], Mapping[str, Any]]  # the node's spec-wide CDI edits
+    checkpoint: Checkpoint
+    cdi_dir: str
+    device_root: str  # host paths of device nodes
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+
+    # -- prepare ---------------------------------------------------------------------------
+
+    def prepare(self, ref: ClaimRef) -> PreparedClaim:
+        with self._lock:
+            known = self.checkpoint.get(ref.uid)
+            if known is not None and (Path(self.cdi_dir) / known.spec_file).is_file():
+                log.info("%s: already prepared (%s)", ref, ", ".join(
+                    d.device for d in known.devices))
+                return known
+            claim = self.read_claim(ref.namespace, ref.name)
+            prepared = self._prepare(ref, claim)
+            self.checkpoint.put(prepared)
+            log.info("%s: prepared %s", ref, ", ".join(d.device for d in prepared.devices))
+            return prepared
+
+    def _results(self, ref: ClaimRef, claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+        uid = (claim.get("metadata") or {}).get("uid")
+        if uid != ref.uid:
+            raise PrepareError(f"{ref}: the API has UID {uid!r} for this name: the claim the "
+                               "kubelet prepares for was deleted and replaced")
+        allocation = (claim.get("status") or {}).get("allocation")
+        if not allocation:
+            raise PrepareError(f"{ref}: expected an allocation in its status, found none")
+        results = (allocation.get("devices") or {}).get("results") or []
+        ours = [r for r in results if r.get("driver") == DRIVER and r.get("pool") == self.node]
+        if not ours:
+            found = sorted(f"{r.get('driver')}/{r.get('pool')}/{r.get('device')}"
+                           for r in results)  # fmt: skip
+            raise PrepareError(f"{ref}: expected devices of driver {DRIVER} in pool "
+                               f"{self.node}, the allocation has {found or 'none'}")
+        return ours
+
+    def _prepare(self, ref: ClaimRef, claim: Mapping[str, Any]) -> PreparedClaim:
+        results = self._results(ref, claim)
+        allocation = claim["status"]["allocation"]
+        try:
+            configs = opaque.configs_by_request(
+                (allocation.get("devices") or {}).get("config") or [],
+                {str(r.get("request", "")) for r in results})
+        except opaque.ConfigError as exc:
+            raise PrepareError(f"{ref}: {exc}") from exc
+        published = self.devices()
+        spec_devices: dict[str, tuple[str, Any, Sequence[str]]] = {}
+        by_device: dict[str, list[str]] = {}
+        for r in results:
+            name, request = str(r.get("device")), str(r.get("request", ""))
+            device = published.get(name)
+            if device is None:
+                raise PrepareError(
+                    f"{ref}: device {name} (request {request}) is not among node "
+                    f"{self.node}'s devices now: {', '.join(sorted(published)) or 'none'}")
+            cfg = configs.get(request)
+            env: list[str] = []
+            if cfg is not None:
+                try:
+                    opaque.check_kind(f"request {request}, device {name}", cfg,
+                                      device.unit.mig is not None)
+                except opaque.ConfigError as exc:
+                    raise PrepareError(f"{ref}: {exc}") from exc
+                env = opaque.sharing_env(cfg.sharing)
+            spec_devices.setdefault(name, (name, device.unit, env))
+            by_device.setdefault(name, []).append(request)
+        uid = ref.uid
+        spec = claim_cdi.claim_spec(uid, list(spec_devices.values()), self.device_root,
+                                    self.common_edits())
+        file_name = claim_cdi.spec_file(uid)
+        cdi.write_spec(spec, self.cdi_dir, file_name)
+        devices = tuple(
+            PreparedDevice(tuple(dict.fromkeys(requests)), self.node, name,
+                           (claim_cdi.device_id(uid, name),))
+            for name, requests in by_device.items())
+        return PreparedClaim(uid, ref.namespace, ref.name, devices, file_name)
+
+    # -- unprepare -------------------------------------------------------------------------
+
+    def unprepare(self, ref: ClaimRef) -> bool:
+        """True when the claim was prepared here (and now is not)."""
+        with self._lock:
+            known = self.checkpoint.get(ref.uid)
+            file_name = known.spec_file if known else claim_cdi.spec_file(ref.uid)
+            try:
+                os.unlink(Path(self.cdi_dir) / file_name)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise PrepareError(f"{ref}: cannot remove its CDI spec {file_name}: "
+                                   f"{exc}") from exc
+            removed = self.checkpoint.remove(ref.uid)
+            log.info("%s: %s", ref, "unprepared" if removed else "was not prepared here")
+            return removed
+
+    def prepared_devices(self) -> set[str]:
+        """Device names some prepared claim holds (a MIG change must wait for them)."""
+        return {d.device for c in self.checkpoint.all().values() for d in c.devices}

@@ -1,0 +1,122 @@
+"""This node's ResourceSlices: one pool named after the node, published and kept current.
+
+`SlicePublisher.sync(devices)` makes the API hold exactly `devices` for driver gpu.nvidia.com
+on this node: slices of at most 128 devices (the API's limit) named `<node>-gpu.nvidia.com-<i>`,
+every slice of a pool carrying the pool's generation, bumped on each change so the scheduler
+never mixes an old slice with a new one. Slices of this node and driver it did not write (an
+earlier agent's, or another layout's) are deleted; slices someone else changed or removed
+(the kubelet wipes a driver's slices some time after its plugin went away) are written again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from .names import DRIVER
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "resource.k8s.io/v1"
+MAX_DEVICES_PER_SLICE = 128
+FIELD_MANAGER = "gpukit-dra"
+
+
+def slice_name(node: str, index: int) -> str:
+    return f"{node}-{DRIVER}-{index}"
+
+
+def desired_slices(node: str, devices: Sequence[Mapping[str, Any]], generation: int
+                   ) -> list[dict[str, Any]]:
+    """The slices for `devices` (API form) at `generation`; one empty slice for no devices,
+    so the pool still says "nothing here" rather than vanishing."""
+    chunks = [list(devices[i:i + MAX_DEVICES_PER_SLICE])
+              for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)] or [[]]
+    return [{
+        "apiVersion": API_VERSION,
+        "kind": "ResourceSlice",
+        "metadata": {"name": slice_name(node, i),
+                     "labels": {"app.kubernetes.io/managed-by": FIELD_MANAGER}},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": generation, "resourceSliceCount": len(chunks)},
+            "devices": chunk,
+        },
+    } for i, chunk in enumerate(chunks)]
+
+
+def _device_view(device: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields gpukit sets on a device (the API may add defaults to others)."""
+    return {"name": device.get("name"), "attributes": device.get("attributes") or {},
+            "capacity": {k: {"value": v.get("value")}
+                         for k, v in (device.get("capacity") or {}).items()}}
+
+
+def same_content(api_slices: Sequence[Mapping[str, Any]], wanted: Sequence[Mapping[str, Any]]
+                 ) -> bool:
+    """The API's slices are the wanted ones (names, pool, devices), whatever generation."""
+    def view(s: Mapping[str, Any]) -> tuple[str, str, str, int, str]:
+        spec = s.get("spec") or {}
+        pool = spec.get("pool") or {}
+        devices = [_device_view(d) for d in spec.get("devices") or []]
+        return (s["metadata"]["name"], str(spec.get("nodeName")), str(pool.get("name")),
+                int(pool.get("resourceSliceCount", 0)), json.dumps(devices, sort_keys=True))
+    gens = {int((s.get("spec") or {}).get("pool", {}).get("generation", 0)) for s in api_slices}
+    return len(gens) <= 1 and sorted(map(view, api_slices)) == sorted(map(view, wanted))
+
+
+class SlicePublisher:
+    def __init__(self, api_client: Any, node: str, api: Any = None) -> None:
+        self.api = api if api is not None else client.ResourceV1Api(api_client)
+        self.node = node
+        self.generation = 0
+
+    def current(self) -> list[dict[str, Any]]:
+        """This node's slices of driver gpu.nvidia.com, as the API has them."""
+        resp = self.api.list_resource_slice(
+            field_selector=f"spec.nodeName={self.node},spec.driver={DRIVER}",
+            _preload_content=False)
+        items: list[dict[str, Any]] = json.loads(resp.data).get("items") or []
+        return items
+
+    def sync(self, devices: Sequence[Mapping[str, Any]]) -> bool:
+        """Make the API hold `devices`; True when it wrote anything."""
+        existing = self.current()
+        known = max((int(s["spec"]["pool"].get("generation", 0)) for s in existing), default=0)
+        if existing and same_content(existing, desired_slices(self.node, devices, 0)):
+            self.generation = known
+            return False
+        self.generation = max(known, self.generation) + 1
+        wanted = desired_slices(self.node, devices, self.generation)
+        by_name = {s["metadata"]["name"]: s for s in existing}
+        for body in wanted:
+            name = body["metadata"]["name"]
+            old = by_name.pop(name, None)
+            if old is None:
+                self.api.create_resource_slice(body, field_manager=FIELD_MANAGER)
+            else:
+                body["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
+                self.api.replace_resource_slice(name, body, field_manager=FIELD_MANAGER)
+        for name in by_name:  # stale: another layout's or an earlier writer's
+            self._delete(name)
+        log.info("published %d device(s) of node %s in %d ResourceSlice(s), generation %d",
+                 len(devices), self.node, len(wanted), self.generation)
+        return True
+
+    def _delete(self, name: str) -> None:
+        try:
+            self.api.delete_resource_slice(name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def withdraw(self) -> None:
+        """Delete every slice of this node and driver (the agent is going away for good)."""
+        for s in self.current():
+            self._delete(s["metadata"]["name"])

@@ -1,0 +1,66 @@
+"""ResourceSlice devices named and described as NVIDIA's DRA driver publishes them."""
+
+from __future__ import annotations
+
+from plugin_testlib import T4, gpu_uuid, make_gpu, make_inventory, mig_uuid
+
+from gpukit.plugin.dra.slice_devices import Placement, node_slice_devices, quantity, semver
+
+
+def test_whole_gpus_carry_nvidias_names_attributes_and_memory() -> None:
+    node = make_inventory([make_gpu(0), make_gpu(1, name=T4)])
+    devices = node_slice_devices(node, {})
+    assert [d.name for d in devices] == ["gpu-0", "gpu-1"]
+    a100 = devices[0].body
+    assert a100["attributes"] == {
+        "type": {"string": "gpu"}, "uuid": {"string": gpu_uuid(0)},
+        "index": {"int": 0}, "minor": {"int": 0},
+        "productName": {"string": "NVIDIA A100-SXM4-40GB"}, "architecture": {"string": "Ampere"},
+        "cudaComputeCapability": {"version": "8.0.0"}, "driverVersion": {"version": "550.54.15"},
+        "cudaDriverVersion": {"version": "12.4.0"},
+        "resource.kubernetes.io/pciBusID": {"string": "0000:07:00.0"},
+        "pcieBusID": {"string": "0000:07:00.0"},
+    }
+    assert a100["capacity"] == {"memory": {"value": "40Gi"}}
+    assert devices[1].body["attributes"]["architecture"] == {"string": "Turing"}
+    assert devices[1].unit.device_nodes == ("/dev/nvidia1",)
+
+
+def test_mig_devices_replace_their_gpu_named_by_profile_id_and_placement() -> None:
+    gpu = make_gpu(0, migs=("3g.20gb", "1g.5gb"))
+    node = make_inventory([gpu, make_gpu(1)])
+    # GI ids 1 and 2 (make_gpu numbers them from 1) at slices 4-7 and 0.
+    placements = {(gpu.uuid, 1): Placement(4, 4), (gpu.uuid, 2): Placement(0, 1)}
+    devices = {d.name: d for d in node_slice_devices(node, placements)}
+    assert sorted(devices) == ["gpu-0-mig-1g5gb-19-0", "gpu-0-mig-3g20gb-9-4", "gpu-1"]
+    mig = devices["gpu-0-mig-3g20gb-9-4"].body
+    assert mig["attributes"]["type"] == {"string": "mig"}
+    assert mig["attributes"]["uuid"] == {"string": mig_uuid(0, 0)}
+    assert mig["attributes"]["parentUUID"] == {"string": gpu.uuid}
+    assert mig["attributes"]["profile"] == {"string": "3g.20gb"}
+    assert mig["attributes"]["productName"] == {"string": "NVIDIA A100-SXM4-40GB"}
+    # The A100-40GB table's 3g.20gb GPU instance profile, as NVML's profile info gives it.
+    assert mig["capacity"] == {
+        "multiprocessors": {"value": "42"}, "copyEngines": {"value": "3"},
+        "decoders": {"value": "2"}, "encoders": {"value": "0"}, "jpegEngines": {"value": "0"},
+        "ofaEngines": {"value": "0"}, "memory": {"value": "19968Mi"},
+        "memorySlice4": {"value": "1"}, "memorySlice5": {"value": "1"},
+        "memorySlice6": {"value": "1"}, "memorySlice7": {"value": "1"},
+    }
+    assert devices["gpu-0-mig-3g20gb-9-4"].unit.mig is not None
+
+
+def test_a_mig_device_without_a_known_placement_is_left_out() -> None:
+    gpu = make_gpu(0, migs=("1g.5gb",))
+    assert node_slice_devices(make_inventory([gpu]), {}) == []
+
+
+def test_quantities_and_versions_as_kubernetes_and_nvidia_write_them() -> None:
+    assert quantity(40 << 30) == "40Gi"
+    assert quantity(4864 << 20) == "4864Mi"
+    assert quantity(14) == "14"
+    assert quantity(0) == "0"
+    assert semver("550.90.07") == "550.90.7"
+    assert semver("12.4") == "12.4.0"
+    assert semver("") is None
+    assert semver("r550") is None

@@ -1,0 +1,78 @@
+"""The node's pool: generations bumped on change only, stale slices deleted, wiped ones back."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any
+
+from gpukit.plugin.dra.slices import MAX_DEVICES_PER_SLICE, SlicePublisher, desired_slices
+
+
+class FakeResourceApi:
+    """resource.k8s.io/v1 ResourceSlices as the API server keeps them (by name)."""
+
+    def __init__(self) -> None:
+        self.slices: dict[str, dict[str, Any]] = {}
+        self.writes = 0
+        self.version = 0
+
+    def list_resource_slice(self, field_selector: str, _preload_content: bool) -> Any:
+        want = dict(kv.split("=") for kv in field_selector.split(","))
+        items = [s for s in self.slices.values()
+                 if s["spec"]["nodeName"] == want["spec.nodeName"]
+                 and s["spec"]["driver"] == want["spec.driver"]]
+        return SimpleNamespace(data=json.dumps({"items": items}))
+
+    def _store(self, body: dict[str, Any]) -> None:
+        self.version += 1
+        body = json.loads(json.dumps(body))
+        body["metadata"]["resourceVersion"] = str(self.version)
+        self.slices[body["metadata"]["name"]] = body
+        self.writes += 1
+
+    def create_resource_slice(self, body: dict[str, Any], field_manager: str) -> None:
+        assert body["metadata"]["name"] not in self.slices
+        self._store(body)
+
+    def replace_resource_slice(self, name: str, body: dict[str, Any], field_manager: str) -> None:
+        assert self.slices[name]["metadata"]["resourceVersion"] == \
+            body["metadata"]["resourceVersion"]
+        self._store(body)
+
+    def delete_resource_slice(self, name: str) -> None:
+        del self.slices[name]
+        self.writes += 1
+
+
+def dev(name: str) -> dict[str, Any]:
+    return {"name": name, "attributes": {"type": {"string": "gpu"}},
+            "capacity": {"memory": {"value": "40Gi"}}}
+
+
+def test_publish_bumps_the_generation_only_on_change_and_deletes_stale_slices() -> None:
+    api = FakeResourceApi()
+    stale = desired_slices("n1", [dev("gpu-9")], 4)[0]
+    stale["metadata"]["name"] = "n1-gpu.nvidia.com-old"
+    api._store(stale)
+    api._store(desired_slices("n2", [dev("gpu-0")], 1)[0])  # another node's: not ours
+    pub = SlicePublisher(None, "n1", api=api)
+    assert pub.sync([dev("gpu-0"), dev("gpu-1")]) is True
+    assert sorted(api.slices) == ["n1-gpu.nvidia.com-0", "n2-gpu.nvidia.com-0"]
+    mine = api.slices["n1-gpu.nvidia.com-0"]["spec"]
+    assert mine["pool"] == {"name": "n1", "generation": 5, "resourceSliceCount": 1}
+    assert [d["name"] for d in mine["devices"]] == ["gpu-0", "gpu-1"]
+    writes = api.writes
+    assert pub.sync([dev("gpu-0"), dev("gpu-1")]) is False and api.writes == writes
+    pub.sync([dev("gpu-0")])
+    assert api.slices["n1-gpu.nvidia.com-0"]["spec"]["pool"]["generation"] == 6
+    del api.slices["n1-gpu.nvidia.com-0"]  # the kubelet wiped it
+    pub.sync([dev("gpu-0")])
+    assert api.slices["n1-gpu.nvidia.com-0"]["spec"]["pool"]["generation"] == 7
+
+
+def test_many_devices_split_into_slices_of_one_pool() -> None:
+    devices = [dev(f"gpu-{i}") for i in range(MAX_DEVICES_PER_SLICE + 1)]
+    slices = desired_slices("n1", devices, 3)
+    assert [len(s["spec"]["devices"]) for s in slices] == [MAX_DEVICES_PER_SLICE, 1]
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {2}
