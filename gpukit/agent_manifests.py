@@ -10,6 +10,15 @@ installed on the host (driver root `/`) that is the host's /dev and the NVML lib
 directory, read-only, never the host's root, so the kubelet's kubeconfig, keys and
 /etc stay out of its reach; a containerised driver root (e.g. /run/nvidia/driver) holds
 only the driver and is mounted whole.
+
+The DRA side (`dra_manifests`, in `manifests` when `AgentDeployment.dra` is set) runs the
+DRA kubelet plugin (`python -m gpukit.plugin.dra`) as its own DaemonSet on the nodes of
+`dra_node_selector`, hardened like the agent, with its own ServiceAccount: it may read
+ResourceClaims and write ResourceSlices, and an admission policy narrows the latter to slices
+of its own node, driver gpu.nvidia.com, pool named after the node. NVIDIA's DeviceClasses
+(gpu.nvidia.com, mig.nvidia.com) come with it, the first with `extendedResourceName:
+nvidia.com/gpu` (DRAExtendedResource, GA and locked on in Kubernetes 1.37) so pods asking for
+nvidia.com/gpu are served by DRA on nodes without the device plugin.
 """
 
 from __future__ import annotations
@@ -20,10 +29,13 @@ from typing import Any
 
 import yaml
 
+from gpukit.contracts import label_names
 from gpukit.contracts.plugin_config import DEFAULT_CDI_DIR, DEFAULT_KUBELET_DIR, parse_host_port
+from gpukit.plugin.dra import names as dra_names
 from gpukit.plugin.metrics import READY_PATH
 
 APP = "gpukit-node-agent"
+DRA_APP = "gpukit-dra-plugin"
 
 # Where the container sees the driver root (GPUKIT_DEVICE_ROOT_IN_PLUGIN).
 DRIVER_ROOT_IN_CONTAINER = "/driver-root"
@@ -60,14 +72,18 @@ class AgentDeployment:
     env: dict[str, str] = field(default_factory=dict)
     host_mounts: tuple[HostMount, ...] = ()
     image_pull_policy: str = "IfNotPresent"
+    # The DRA kubelet plugin: its DaemonSet, RBAC, policy and DeviceClasses.
+    dra: bool = False
+    dra_node_selector: dict[str, str] = field(default_factory=dict)
+    dra_extended_resource: bool = True  # DeviceClass gpu.nvidia.com maps nvidia.com/gpu
 
     @property
     def service_account(self) -> str:
         return APP
 
 
-def _labels() -> dict[str, str]:
-    return {"app.kubernetes.io/name": APP, "app.kubernetes.io/part-of": "gpukit"}
+def _labels(app: str = APP) -> dict[str, str]:
+    return {"app.kubernetes.io/name": app, "app.kubernetes.io/part-of": "gpukit"}
 
 
 def namespace(d: AgentDeployment) -> dict[str, Any]:
@@ -267,20 +283,9 @@ def agent_mounts(d: AgentDeployment) -> tuple[list[dict[str, Any]], list[dict[st
     cdi_dir = d.env.get("GPUKIT_CDI_SPEC_DIR") or DEFAULT_CDI_DIR
     mounts: list[dict[str, Any]] = [{"name": "device-plugins", "mountPath": DEFAULT_KUBELET_DIR}]
     volumes = [_host_path("device-plugins", DEFAULT_KUBELET_DIR, "Directory")]
-    if _is_host_root(d.driver_root):
-        mounts.append({"name": "driver-dev", "mountPath": f"{DRIVER_ROOT_IN_CONTAINER}/dev", **ro})
-        volumes.append(_host_path("driver-dev", "/dev", "Directory"))
-        lib_dir = _library_dir(d)
-        if lib_dir is not None:
-            mounts.append({"name": "driver-lib",
-                           "mountPath": f"{DRIVER_ROOT_IN_CONTAINER}{lib_dir}", **ro})
-            volumes.append(_host_path("driver-lib", lib_dir, "Directory"))
-    else:
-        # HostToContainer: the driver container may mount its root after the agent started
-        # (recursiveReadOnly would need mountPropagation None).
-        mounts.append({"name": "driver-root", "mountPath": DRIVER_ROOT_IN_CONTAINER,
-                       "readOnly": True, "mountPropagation": "HostToContainer"})
-        volumes.append(_host_path("driver-root", d.driver_root, "Directory"))
+    driver_mounts, driver_volumes = _driver_mounts(d)
+    mounts += driver_mounts
+    volumes += driver_volumes
     mounts += [
         {"name": "configs", "mountPath": "/etc/gpukit/configs", "readOnly": True},
         # The MIG manager pauses the plugin through a file here (see plugin/mig/pause.py).
@@ -301,9 +306,37 @@ def agent_mounts(d: AgentDeployment) -> tuple[list[dict[str, Any]], list[dict[st
         _host_path("agent-state", STATE_DIR, "DirectoryOrCreate"),
         _host_path("host-sys", "/sys", "Directory"),
     ]
-    for m in d.host_mounts:
-        mounts.append({"name": m.name, "mountPath": m.mount_path, "readOnly": m.read_only})
-        volumes.append(_host_path(m.name, m.host_path, "DirectoryOrCreate"))
+    host_mounts, host_volumes = _deployment_host_mounts(d)
+    return mounts + host_mounts, volumes + host_volumes
+
+
+def _deployment_host_mounts(d: AgentDeployment
+                            ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    mounts = [{"name": m.name, "mountPath": m.mount_path, "readOnly": m.read_only}
+              for m in d.host_mounts]  # fmt: skip
+    volumes = [_host_path(m.name, m.host_path, "DirectoryOrCreate") for m in d.host_mounts]
+    return mounts, volumes
+
+
+def _driver_mounts(d: AgentDeployment) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The driver as the agent and the DRA plugin see it (see agent_mounts)."""
+    ro = {"readOnly": True, "recursiveReadOnly": "IfPossible"}
+    mounts: list[dict[str, Any]] = []
+    volumes: list[dict[str, Any]] = []
+    if _is_host_root(d.driver_root):
+        mounts.append({"name": "driver-dev", "mountPath": f"{DRIVER_ROOT_IN_CONTAINER}/dev", **ro})
+        volumes.append(_host_path("driver-dev", "/dev", "Directory"))
+        lib_dir = _library_dir(d)
+        if lib_dir is not None:
+            mounts.append({"name": "driver-lib",
+                           "mountPath": f"{DRIVER_ROOT_IN_CONTAINER}{lib_dir}", **ro})
+            volumes.append(_host_path("driver-lib", lib_dir, "Directory"))
+    else:
+        # HostToContainer: the driver container may mount its root after the agent started
+        # (recursiveReadOnly would need mountPropagation None).
+        mounts.append({"name": "driver-root", "mountPath": DRIVER_ROOT_IN_CONTAINER,
+                       "readOnly": True, "mountPropagation": "HostToContainer"})
+        volumes.append(_host_path("driver-root", d.driver_root, "Directory"))
     return mounts, volumes
 
 
@@ -377,6 +410,183 @@ def daemonset(d: AgentDeployment) -> dict[str, Any]:
     }
 
 
+# -- the DRA kubelet plugin -------------------------------------------------------------------
+
+RESOURCE_API = "resource.k8s.io/v1"
+
+
+def device_classes(d: AgentDeployment) -> list[dict[str, Any]]:
+    """NVIDIA's DeviceClasses, with its CEL selectors: claims written for NVIDIA's driver name
+    them unchanged."""
+    driver = dra_names.DRIVER
+    out = []
+    for name, kind in ((dra_names.GPU_CLASS, dra_names.TYPE_GPU),
+                       (dra_names.MIG_CLASS, dra_names.TYPE_MIG)):
+        spec: dict[str, Any] = {"selectors": [{"cel": {"expression": (
+            f"device.driver == '{driver}' && "
+            f"device.attributes['{driver}'].type == '{kind}'")}}]}
+        if kind == dra_names.TYPE_GPU and d.dra_extended_resource:
+            spec["extendedResourceName"] = label_names.GPU_RESOURCE
+        out.append({"apiVersion": RESOURCE_API, "kind": "DeviceClass",
+                    "metadata": {"name": name, "labels": _labels(DRA_APP)}, "spec": spec})
+    return out
+
+
+def dra_rbac(d: AgentDeployment) -> list[dict[str, Any]]:
+    """Read the claims it prepares, write its node's ResourceSlices (the policy below narrows
+    that to its own node)."""
+    sa = {"apiVersion": "v1", "kind": "ServiceAccount",
+          "metadata": {"name": DRA_APP, "namespace": d.namespace, "labels": _labels(DRA_APP)}}
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": DRA_APP, "labels": _labels(DRA_APP)},
+        "rules": [
+            {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"],
+             "verbs": ["get"]},
+            {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
+             "verbs": ["get", "list", "watch", "create", "update", "delete"]},
+        ],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": DRA_APP, "labels": _labels(DRA_APP)},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": DRA_APP},
+        "subjects": [{"kind": "ServiceAccount", "name": DRA_APP, "namespace": d.namespace}],
+    }
+    return [sa, role, binding]
+
+
+def own_slices_policy(d: AgentDeployment) -> list[dict[str, Any]]:
+    """RBAC cannot say "only your own node's ResourceSlices": as own_node_policy, the
+    pod-bound token's node name (`authentication.kubernetes.io/node-name`) must be the
+    slice's nodeName before (update, delete) and after (create, update), its driver
+    gpu.nvidia.com and its pool named after the node."""
+    user = f"system:serviceaccount:{d.namespace}:{DRA_APP}"
+    key = "authentication.kubernetes.io/node-name"
+    node = f"request.userInfo.extra['{key}'][0]"
+    name = f"{DRA_APP}-own-slices"
+
+    def on(obj: str) -> str:
+        return f"has({obj}.spec.nodeName) && {obj}.spec.nodeName == {node}"
+
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name, "labels": _labels(DRA_APP)},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": ["resource.k8s.io"], "apiVersions": ["*"],
+                "operations": ["CREATE", "UPDATE", "DELETE"], "resources": ["resourceslices"],
+            }]},
+            "matchConditions": [
+                {"name": "is-dra-plugin", "expression": f"request.userInfo.username == '{user}'"}
+            ],
+            "validations": [
+                {"expression": f"'{key}' in request.userInfo.extra",
+                 "message": "the gpukit DRA plugin must use its pod's token (it names the node)"},
+                {"expression": f"request.operation == 'CREATE' || ({on('oldObject')})",
+                 "message": "the gpukit DRA plugin may change only its own node's "
+                            "ResourceSlices"},
+                {"expression": f"request.operation == 'DELETE' || ({on('object')} && "
+                               f"object.spec.driver == '{dra_names.DRIVER}' && "
+                               f"object.spec.pool.name == {node})",
+                 "message": "the gpukit DRA plugin may write only ResourceSlices of its own "
+                            f"node, driver {dra_names.DRIVER}, pool named after the node"},
+            ],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name, "labels": _labels(DRA_APP)},
+        "spec": {"policyName": name, "validationActions": ["Deny"]},
+    }
+    return [policy, binding]
+
+
+def dra_daemonset(d: AgentDeployment) -> dict[str, Any]:
+    """The DRA plugin on the nodes of `dra_node_selector`: the kubelet's plugins_registry/
+    and plugins/gpu.nvidia.com/ (sockets, checkpoint), the CDI spec directory containerd
+    reads, the driver as the agent mounts it; nothing else of the host."""
+    env: list[dict[str, Any]] = [
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "GPUKIT_DEVICE_ROOT", "value": d.driver_root},
+        {"name": "GPUKIT_DEVICE_ROOT_IN_PLUGIN", "value": DRIVER_ROOT_IN_CONTAINER},
+        {"name": "GPUKIT_NVML_LIB", "value": nvml_library_path(d)},
+        {"name": "GPUKIT_CDI_SPEC_DIR", "value": dra_names.CDI_DIR},
+    ]
+    env += [{"name": k, "value": v} for k, v in sorted(d.env.items())
+            if k not in {e["name"] for e in env}]
+    mounts: list[dict[str, Any]] = [
+        {"name": "plugins-registry", "mountPath": dra_names.REGISTRY_DIR},
+        {"name": "plugin-dir", "mountPath": dra_names.PLUGIN_DIR},
+        {"name": "cdi-specs", "mountPath": dra_names.CDI_DIR},
+        {"name": "run-gpukit", "mountPath": "/tmp", "subPath": "dra-tmp"},
+    ]
+    volumes = [
+        _host_path("plugins-registry", dra_names.REGISTRY_DIR, "DirectoryOrCreate"),
+        _host_path("plugin-dir", dra_names.PLUGIN_DIR, "DirectoryOrCreate"),
+        _host_path("cdi-specs", dra_names.CDI_DIR, "DirectoryOrCreate"),
+        _host_path("run-gpukit", "/run/gpukit", "DirectoryOrCreate"),
+    ]
+    for part in (_driver_mounts(d), _deployment_host_mounts(d)):
+        mounts += part[0]
+        volumes += part[1]
+    container = {
+        "name": "dra-plugin",
+        "image": d.image,
+        "imagePullPolicy": d.image_pull_policy,
+        "command": ["python3", "-m", "gpukit.plugin.dra"],
+        "args": ["--log-level=INFO"],
+        "env": env,
+        "volumeMounts": mounts,
+        # As the agent's (see daemonset): root for the kubelet's root-owned directories,
+        # no capabilities, nothing writable but the mounts above.
+        "securityContext": {
+            "privileged": False,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsUser": 0,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "resources": {"requests": {"cpu": "10m", "memory": "64Mi"},
+                      "limits": {"memory": "256Mi"}},
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": DRA_APP, "namespace": d.namespace, "labels": _labels(DRA_APP)},
+        "spec": {
+            "selector": {"matchLabels": {"app.kubernetes.io/name": DRA_APP}},
+            "updateStrategy": {"type": "RollingUpdate"},
+            "template": {
+                "metadata": {"labels": _labels(DRA_APP)},
+                "spec": {
+                    "serviceAccountName": DRA_APP,
+                    "priorityClassName": "system-node-critical",
+                    "hostNetwork": True,
+                    "dnsPolicy": "ClusterFirstWithHostNet",
+                    "nodeSelector": dict(d.dra_node_selector),
+                    "tolerations": [{"operator": "Exists"}],
+                    "containers": [container],
+                    "volumes": volumes,
+                },
+            },
+        },
+    }
+
+
+def dra_manifests(d: AgentDeployment) -> list[dict[str, Any]]:
+    """The DRA plugin's objects, in apply order (the namespace is the agent's)."""
+    return [*dra_rbac(d), *own_slices_policy(d), *device_classes(d), dra_daemonset(d)]
+
+
 def manifests(d: AgentDeployment) -> list[dict[str, Any]]:
     """Every object, in apply order."""
-    return [namespace(d), *rbac(d), *own_node_policy(d), config_map(d), daemonset(d)]
+    out = [namespace(d), *rbac(d), *own_node_policy(d), config_map(d), daemonset(d)]
+    return out + dra_manifests(d) if d.dra else out

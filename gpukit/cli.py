@@ -1,6 +1,7 @@
 """The `gpukit` command line: one command over gpukit's library.
 
     gpukit plugin ...            the device plugin (gpukit-device-plugin's flags)
+    gpukit dra ...               the DRA kubelet plugin (python -m gpukit.plugin.dra)
     gpukit mig plan|apply|...    the MIG manager (python -m gpukit.plugin.mig)
     gpukit inventory check INV   every GPU node's declaration, checked on the controller
     gpukit manifests -i INV      the device plugin's Kubernetes objects, as site.yml applies them
@@ -74,6 +75,19 @@ def plugin(ctx: typer.Context) -> None:
     except StopRequested:
         raise typer.Exit(0) from None
     raise typer.Exit(plugin_main(ctx.args, prog="gpukit plugin"))
+
+
+@app.command("dra", context_settings=_PASS_THROUGH, add_help_option=False)
+def dra(ctx: typer.Context) -> None:
+    """Run the DRA kubelet plugin for gpu.nvidia.com (`gpukit dra --help`)."""
+    from gpukit.plugin.signals import INBOX, StopRequested
+
+    INBOX.install()  # before the heavy imports, as `python -m gpukit.plugin.dra` does
+    try:
+        from gpukit.plugin.dra.cli import main as dra_main
+    except StopRequested:
+        raise typer.Exit(0) from None
+    raise typer.Exit(dra_main(ctx.args, prog="gpukit dra"))
 
 
 @app.command("mig", context_settings=_PASS_THROUGH, add_help_option=False)

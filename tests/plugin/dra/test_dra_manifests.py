@@ -1,0 +1,68 @@
+"""The DRA plugin's objects: NVIDIA's DeviceClasses, narrow RBAC, its own-slices policy, a
+DaemonSet hardened like the agent's with only the kubelet's DRA paths and the CDI dir."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpukit import agent_manifests as deploy
+
+
+def objects(**kw: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    d = deploy.AgentDeployment(image="img:1", dra=True, dra_node_selector={"dra": "yes"}, **kw)
+    return {(o["kind"], o["metadata"]["name"]): o for o in deploy.manifests(d)}
+
+
+def test_dra_objects_come_only_when_asked() -> None:
+    plain = deploy.manifests(deploy.AgentDeployment(image="img:1"))
+    assert not [o for o in plain if o["kind"] in ("DeviceClass", "ResourceSlice")]
+    assert ("DaemonSet", "gpukit-dra-plugin") in objects()
+
+
+def test_nvidias_device_classes_with_the_extended_resource() -> None:
+    got = objects()
+    gpu = got[("DeviceClass", "gpu.nvidia.com")]["spec"]
+    mig = got[("DeviceClass", "mig.nvidia.com")]["spec"]
+    assert gpu["selectors"][0]["cel"]["expression"] == (
+        "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'")
+    assert mig["selectors"][0]["cel"]["expression"].endswith(".type == 'mig'")
+    assert gpu["extendedResourceName"] == "nvidia.com/gpu"
+    assert "extendedResourceName" not in mig
+    no_ext = objects(dra_extended_resource=False)[("DeviceClass", "gpu.nvidia.com")]["spec"]
+    assert "extendedResourceName" not in no_ext
+
+
+def test_rbac_reads_claims_and_writes_slices_only() -> None:
+    rules = objects()[("ClusterRole", "gpukit-dra-plugin")]["rules"]
+    assert rules == [
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
+         "verbs": ["get", "list", "watch", "create", "update", "delete"]}]
+
+
+def test_the_policy_binds_slices_to_the_tokens_node() -> None:
+    spec = objects()[("ValidatingAdmissionPolicy", "gpukit-dra-plugin-own-slices")]["spec"]
+    assert spec["matchConditions"][0]["expression"] == (
+        "request.userInfo.username == 'system:serviceaccount:gpukit-system:gpukit-dra-plugin'")
+    text = " ".join(v["expression"] for v in spec["validations"])
+    node = "request.userInfo.extra['authentication.kubernetes.io/node-name'][0]"
+    assert f"oldObject.spec.nodeName == {node}" in text
+    assert f"object.spec.nodeName == {node}" in text
+    assert "object.spec.driver == 'gpu.nvidia.com'" in text
+    assert f"object.spec.pool.name == {node}" in text
+    assert spec["matchConstraints"]["resourceRules"][0]["operations"] == [
+        "CREATE", "UPDATE", "DELETE"]
+
+
+def test_the_daemonset_is_hardened_and_mounts_only_the_dra_paths() -> None:
+    ds = objects()[("DaemonSet", "gpukit-dra-plugin")]["spec"]["template"]["spec"]
+    assert ds["nodeSelector"] == {"dra": "yes"}
+    assert ds["serviceAccountName"] == "gpukit-dra-plugin"
+    c = ds["containers"][0]
+    assert c["command"] == ["python3", "-m", "gpukit.plugin.dra"]
+    sc = c["securityContext"]
+    assert (sc["privileged"], sc["allowPrivilegeEscalation"], sc["readOnlyRootFilesystem"],
+            sc["capabilities"]) == (False, False, True, {"drop": ["ALL"]})
+    paths = {v["hostPath"]["path"] for v in ds["volumes"] if "hostPath" in v}
+    assert paths == {"/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins/gpu.nvidia.com",
+                     "/var/run/cdi", "/run/gpukit", "/dev", "/usr/lib/x86_64-linux-gnu"}
