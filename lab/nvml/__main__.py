@@ -49,6 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--gi", type=int, help="GPU instance it runs in (MIG)")
     sp.add_argument("--ci", type=int, help="compute instance it runs in (MIG)")
     sp.add_argument("--name", help="process name")
+    sp.add_argument("--util", type=int, default=100,
+                    help="%% of its GPU (or MIG instance) it keeps busy (default 100)")
     cp = sub.add_parser("clear-processes", help="remove processes (all, one GPU's, or one pid)")
     cp.add_argument("--gpu", type=int)
     cp.add_argument("--pid", type=int)
@@ -93,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             "restore": lambda: ctl.restore(args.gpu),
             "reset": lambda: ctl.reset(args.gpu),
             "set-processes": lambda: ctl.set_process(
-                args.gpu, args.pid, args.mem_mb, args.gi, args.ci, args.name
+                args.gpu, args.pid, args.mem_mb, args.gi, args.ci, args.name, args.util
             ),
             "clear-processes": lambda: ctl.clear_processes(args.gpu, args.pid),
             "boot": ctl.boot,

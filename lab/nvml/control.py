@@ -105,6 +105,9 @@ class MockControl:
             L.gpukitMockStatusJson,
         ):
             fn.restype = ctypes.c_int
+        if hasattr(L, "gpukitMockSetProcessWork"):  # newer than some built libraries
+            L.gpukitMockSetProcessWork.argtypes = [u, u, ull, u, u, c_str, u]
+            L.gpukitMockSetProcessWork.restype = ctypes.c_int
         if hasattr(L, "gpukitMockSetEventFault"):  # newer than some built libraries
             L.gpukitMockSetEventFault.argtypes = [u, u]
             L.gpukitMockSetEventFault.restype = ctypes.c_int
@@ -177,11 +180,22 @@ class MockControl:
         gi: int | None = None,
         ci: int | None = None,
         name: str | None = None,
+        util: int = 100,
     ) -> None:
-        """Add (or update) a compute process using ``mem_mb`` MiB on the GPU (or MIG instance)."""
-        rc = self._lib.gpukitMockSetProcess(
-            gpu, pid, mem_mb << 20, _opt(gi), _opt(ci), name.encode() if name else None
-        )
+        """Add (or update) a compute process using ``mem_mb`` MiB on the GPU (or MIG instance)
+        and keeping ``util`` % of it busy (utilisation, power, temperature, clocks and energy
+        follow; see src/telemetry.c)."""
+        if not 0 <= util <= 100:
+            raise ValueError(f"util {util}: a process keeps 0 to 100 % of its GPU busy")
+        encoded = name.encode() if name else None
+        if hasattr(self._lib, "gpukitMockSetProcessWork"):
+            rc = self._lib.gpukitMockSetProcessWork(
+                gpu, pid, mem_mb << 20, _opt(gi), _opt(ci), encoded, util)
+        elif util == 100:  # an older library: every process works flat out
+            rc = self._lib.gpukitMockSetProcess(gpu, pid, mem_mb << 20, _opt(gi), _opt(ci),
+                                                encoded)
+        else:
+            raise NotTheMockError(f"{self.path} predates process utilisation: rebuild it")
         self._check(rc, f"set process {pid} on GPU {gpu}")
 
     def clear_processes(self, gpu: int | None = None, pid: int | None = None) -> None:

@@ -69,8 +69,8 @@ def test_rebuild_is_a_noop_when_up_to_date(mock_lib: Path) -> None:
 def test_unimplemented_entry_points_say_not_supported(nvml: Any) -> None:
     h = nvml.nvmlDeviceGetHandleByIndex(0)
     nvml_error(nvml, nvml.NVML_ERROR_NOT_SUPPORTED, nvml.nvmlDeviceGetFanSpeed, h)
-    nvml_error(nvml, nvml.NVML_ERROR_NOT_SUPPORTED, nvml.nvmlDeviceGetClockInfo, h, 0)
-    nvml_error(nvml, nvml.NVML_ERROR_NOT_SUPPORTED, nvml.nvmlDeviceGetTotalEnergyConsumption, h)
+    nvml_error(nvml, nvml.NVML_ERROR_NOT_SUPPORTED, nvml.nvmlDeviceGetEncoderUtilization, h)
+    nvml_error(nvml, nvml.NVML_ERROR_NOT_SUPPORTED, nvml.nvmlDeviceGetBAR1MemoryInfo, h)
 
 
 def test_mig_header_is_checked_against_real_nvml_h(tmp_path: Path) -> None:

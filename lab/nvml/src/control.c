@@ -30,8 +30,23 @@ static nvmlReturn_t inject(unsigned gpu, unsigned long long type, unsigned long 
     if (rc != NVML_SUCCESS)
         return rc;
     rc = mock_emit("E", gpu, type, data, gi, ci);
-    state_unlock(fd);
-    return rc;
+    mock_gpu_state *gs = &g_state.gpu[gpu];
+    if (rc != NVML_SUCCESS || !(type & (nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError))) {
+        state_unlock(fd);
+        return rc;
+    }
+    /* The driver counts ECC errors (nvmlDeviceGetTotalEccErrors); an uncorrectable one remaps
+     * a row, which takes effect at the next reset (nvmlDeviceGetRemappedRows: pending). */
+    if (type & nvmlEventTypeSingleBitEccError) {
+        gs->sbe_vol++;
+        gs->sbe_agg++;
+    }
+    if (type & nvmlEventTypeDoubleBitEccError) {
+        gs->dbe_vol++;
+        gs->dbe_agg++;
+        gs->remap_pending = 1;
+    }
+    return state_commit(fd);
 }
 
 EXPORT nvmlReturn_t gpukitMockInjectEvent(unsigned int gpu, unsigned long long eventType,
@@ -88,9 +103,9 @@ EXPORT nvmlReturn_t gpukitMockSetEventFault(unsigned int gpu, unsigned int mode)
 }
 
 static nvmlReturn_t set_process(unsigned gpu, unsigned pid, unsigned long long bytes, unsigned gi,
-                                unsigned ci, const char *name)
+                                unsigned ci, const char *name, unsigned util)
 {
-    if (gpu >= g_prof.ngpu || pid == 0 || (gi == MOCK_NO_ID && ci != MOCK_NO_ID))
+    if (gpu >= g_prof.ngpu || pid == 0 || (gi == MOCK_NO_ID && ci != MOCK_NO_ID) || util > 100)
         return NVML_ERROR_INVALID_ARGUMENT;
     int fd;
     nvmlReturn_t rc = state_lock(&fd);
@@ -126,8 +141,12 @@ static nvmlReturn_t set_process(unsigned gpu, unsigned pid, unsigned long long b
         state_unlock(fd);
         return rc;
     }
+    if (slot->pid == pid)
+        mock_fold_proc_energy(gpu, slot); /* its work so far stays counted; it restarts now */
     memset(slot, 0, sizeof *slot);
     slot->pid = pid;
+    slot->util = util;
+    slot->since_ns = mock_now_ns();
     slot->used_bytes = bytes;
     slot->gi = gi;
     slot->ci = ci;
@@ -140,7 +159,17 @@ EXPORT nvmlReturn_t gpukitMockSetProcess(unsigned int gpu, unsigned int pid,
                                          unsigned long long usedBytes, unsigned int gpuInstanceId,
                                          unsigned int computeInstanceId, const char *name)
 {
-    CTL(set_process(gpu, pid, usedBytes, gpuInstanceId, computeInstanceId, name));
+    CTL(set_process(gpu, pid, usedBytes, gpuInstanceId, computeInstanceId, name, 100));
+}
+
+/* The same with how busy it keeps its GPU (or MIG instance), in %. */
+EXPORT nvmlReturn_t gpukitMockSetProcessWork(unsigned int gpu, unsigned int pid,
+                                             unsigned long long usedBytes,
+                                             unsigned int gpuInstanceId,
+                                             unsigned int computeInstanceId, const char *name,
+                                             unsigned int utilization)
+{
+    CTL(set_process(gpu, pid, usedBytes, gpuInstanceId, computeInstanceId, name, utilization));
 }
 
 static nvmlReturn_t clear_processes(unsigned gpu, unsigned pid)
@@ -159,6 +188,7 @@ static nvmlReturn_t clear_processes(unsigned gpu, unsigned pid)
         unsigned k = 0;
         for (unsigned i = 0; i < gs->nproc; i++) {
             if (pid == 0 || gs->proc[i].pid == pid) {
+                mock_fold_proc_energy(g, &gs->proc[i]);
                 removed++;
                 continue;
             }
@@ -196,6 +226,8 @@ static nvmlReturn_t reset_gpu(unsigned gpu)
         return rc;
     }
     mock_apply_reset(gpu);
+    gs->sbe_vol = gs->dbe_vol = 0; /* volatile ECC counts end with the reset ... */
+    gs->remap_pending = 0;          /* ... which applies the pending row remaps */
     return state_commit(fd);
 }
 
@@ -211,10 +243,14 @@ static nvmlReturn_t boot(void)
         mock_gpu_state *gs = &g_state.gpu[g];
         gs->nproc = 0;
         gs->lost = 0;
+        gs->energy_mj = gs->sbe_vol = gs->dbe_vol = 0; /* energy counts from the driver's load */
+        gs->remap_pending = 0;
         gs->events = MOCK_EVENTS_NORMAL;
         mock_apply_reset(g);
     }
     events_truncate(); /* nobody from before the boot is waiting */
+    mock_clients_clear();
+    g_state.boot_ns = mock_now_ns();
     caps_render_static(); /* the driver loads: its /proc/driver files (reported on failure) */
     return state_commit(fd);
 }

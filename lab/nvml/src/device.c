@@ -274,7 +274,6 @@ enum prop {
     P_BRAND,
     P_ARCH,
     P_NUMA,
-    P_POWER,
     P_POWER_LIMIT,
     P_PERSISTENCE,
     P_PSTATE,
@@ -303,7 +302,6 @@ static nvmlReturn_t prop_impl(nvmlDevice_t d, enum prop which, unsigned *out)
             return NVML_ERROR_NOT_SUPPORTED;
         *out = (unsigned)r.p->numa_node;
         break;
-    case P_POWER: *out = r.p->power_usage_mw; break;
     case P_POWER_LIMIT: *out = r.p->power_limit_mw; break;
     case P_PERSISTENCE: *out = r.p->persistence ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED; break;
     case P_PSTATE: *out = NVML_PSTATE_0; break;
@@ -327,7 +325,6 @@ PROP_API(nvmlDeviceGetMinorNumber, P_MINOR, unsigned int)
 PROP_API(nvmlDeviceGetBrand, P_BRAND, nvmlBrandType_t)
 PROP_API(nvmlDeviceGetArchitecture, P_ARCH, nvmlDeviceArchitecture_t)
 PROP_API(nvmlDeviceGetNumaNodeId, P_NUMA, unsigned int)
-PROP_API(nvmlDeviceGetPowerUsage, P_POWER, unsigned int)
 PROP_API(nvmlDeviceGetPowerManagementLimit, P_POWER_LIMIT, unsigned int)
 PROP_API(nvmlDeviceGetEnforcedPowerLimit, P_POWER_LIMIT, unsigned int)
 PROP_API(nvmlDeviceGetPersistenceMode, P_PERSISTENCE, nvmlEnableState_t)
@@ -339,39 +336,6 @@ PROP_API(nvmlDeviceGetCurrPcieLinkGeneration, P_PCIE_GEN, unsigned int)
 PROP_API(nvmlDeviceGetMaxPcieLinkGeneration, P_PCIE_GEN, unsigned int)
 PROP_API(nvmlDeviceGetCurrPcieLinkWidth, P_PCIE_WIDTH, unsigned int)
 PROP_API(nvmlDeviceGetMaxPcieLinkWidth, P_PCIE_WIDTH, unsigned int)
-
-static nvmlReturn_t temp_impl(nvmlDevice_t d, nvmlTemperatureSensors_t sensor, unsigned int *temp)
-{
-    if (!temp || sensor != NVML_TEMPERATURE_GPU)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    devref r;
-    nvmlReturn_t rc = dev_get(d, &r, 0);
-    if (rc == NVML_SUCCESS)
-        *temp = r.p->temperature_c;
-    return rc;
-}
-EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, nvmlTemperatureSensors_t sensorType,
-                                             unsigned int *temp)
-{
-    LOCKED(temp_impl(device, sensorType, temp));
-}
-
-static nvmlReturn_t util_impl(nvmlDevice_t d, nvmlUtilization_t *u)
-{
-    if (!u)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    devref r;
-    nvmlReturn_t rc = dev_get(d, &r, 0);
-    if (rc != NVML_SUCCESS)
-        return rc;
-    u->gpu = r.p->util_gpu;
-    u->memory = r.p->util_mem;
-    return NVML_SUCCESS;
-}
-EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization)
-{
-    LOCKED(util_impl(device, utilization));
-}
 
 static nvmlReturn_t ecc_impl(nvmlDevice_t d, nvmlEnableState_t *cur, nvmlEnableState_t *pend)
 {
@@ -407,14 +371,20 @@ EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int 
 }
 
 /* ---- memory ---- */
+/* Memory the work on this GPU (or MIG device: its instance's) uses (telemetry.c). */
+static int work_on(const devref *r, const mock_work *w)
+{
+    return !r->mig || (w->gi == r->gi && (w->ci == r->ci || w->ci == MOCK_NO_ID));
+}
+
 static unsigned long long procs_bytes(const devref *r)
 {
+    mock_work w[MOCK_MAX_WORK];
+    unsigned n = mock_work_of(r->gpu, w, MOCK_MAX_WORK);
     unsigned long long sum = 0;
-    for (unsigned i = 0; i < r->s->nproc; i++) {
-        const mock_proc *p = &r->s->proc[i];
-        if (!r->mig || (p->gi == r->gi && (p->ci == r->ci || p->ci == MOCK_NO_ID)))
-            sum += p->used_bytes;
-    }
+    for (unsigned i = 0; i < n; i++)
+        if (work_on(r, &w[i]))
+            sum += w[i].used_bytes;
     return sum;
 }
 
@@ -884,13 +854,11 @@ static nvmlReturn_t procs_impl(nvmlDevice_t d, unsigned int *count, void *infos,
     nvmlReturn_t rc = dev_get(d, &r, DEV_ALLOW_MIG);
     if (rc != NVML_SUCCESS)
         return rc;
-    const mock_proc *match[MOCK_MAX_PROCS];
-    unsigned n = 0;
-    for (unsigned i = 0; !graphics && i < r.s->nproc; i++) {
-        const mock_proc *p = &r.s->proc[i];
-        if (!r.mig || (p->gi == r.gi && (p->ci == r.ci || p->ci == MOCK_NO_ID)))
-            match[n++] = p;
-    }
+    mock_work all[MOCK_MAX_WORK], *match[MOCK_MAX_WORK];
+    unsigned total = graphics ? 0 : mock_work_of(r.gpu, all, MOCK_MAX_WORK), n = 0;
+    for (unsigned i = 0; i < total; i++)
+        if (work_on(&r, &all[i]))
+            match[n++] = &all[i];
     if (*count < n) {
         *count = n;
         return NVML_ERROR_INSUFFICIENT_SIZE;

@@ -450,8 +450,10 @@ EXPORT nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(nvmlDevice_t device
 
 static int procs_in(const mock_gpu_state *gs, unsigned gi, unsigned ci)
 {
-    for (unsigned i = 0; i < gs->nproc; i++)
-        if (gs->proc[i].gi == gi && (ci == MOCK_NO_ID || gs->proc[i].ci == ci))
+    mock_work w[MOCK_MAX_WORK]; /* state records and live lab workloads alike */
+    unsigned n = mock_work_of((unsigned)(gs - g_state.gpu), w, MOCK_MAX_WORK);
+    for (unsigned i = 0; i < n; i++)
+        if (w[i].gi == gi && (ci == MOCK_NO_ID || w[i].ci == ci))
             return 1;
     return 0;
 }

@@ -113,7 +113,9 @@ typedef struct {
      * nvlink_switches[i % n_nvlink_switches], an index into mock_profile.nvswitch */
     unsigned n_nvlink_switches;
     int nvlink_switches[NVML_NVLINK_MAX_LINKS];
+    /* idle figures (the profile's); telemetry.c moves them with the work on the GPU */
     unsigned power_usage_mw, power_limit_mw, temperature_c, util_gpu, util_mem;
+    unsigned sm_clock_max_mhz, sm_clock_idle_mhz, mem_clock_mhz; /* 0: the architecture's */
     int persistence;
     unsigned pcie_gen, pcie_width;
 } mock_gpu;
@@ -164,6 +166,8 @@ typedef struct {
     unsigned long long used_bytes;
     unsigned gi, ci; /* MOCK_NO_ID when not in a MIG instance */
     char name[64];
+    unsigned util;                /* % of its GPU (or MIG instance) it keeps busy */
+    unsigned long long since_ns;  /* CLOCK_REALTIME when it started (its energy so far) */
 } mock_proc;
 
 /* How event sets watching a GPU wait (a fault a test or the lab turns on; 0 = a sane driver). */
@@ -182,10 +186,15 @@ typedef struct {
     mock_gi_state gi[MOCK_MAX_GI];
     unsigned nproc;
     mock_proc proc[MOCK_MAX_PROCS];
+    /* telemetry counters: energy of work that ended (mJ above idle), ECC errors injected
+     * (volatile: since the last reset or boot; aggregate: ever), a row remap waiting for a reset */
+    unsigned long long energy_mj, sbe_vol, dbe_vol, sbe_agg, dbe_agg;
+    unsigned remap_pending;
 } mock_gpu_state;
 
 typedef struct {
     unsigned long long serial;
+    unsigned long long boot_ns; /* CLOCK_REALTIME of the last boot (0: the host's) */
     mock_gpu_state gpu[MOCK_MAX_GPUS];
 } mock_state;
 
@@ -244,6 +253,23 @@ unsigned mock_caps_minor(unsigned gpu_minor, unsigned gi, unsigned ci); /* ci MO
 nvmlReturn_t caps_render(void); /* rebuild from g_state; call with the state lock held */
 nvmlReturn_t caps_repair(void);
 nvmlReturn_t caps_render_static(void); /* version, gpus/<bus id>/information, mig-minors */ /* caps_render unless the tree already shows g_state.serial */
+
+/* telemetry.c: what the GPU is doing, from the processes on it (state records and the lab
+ * workload's client files, $STATE_DIR/clients/) */
+#define MOCK_MAX_WORK (2 * MOCK_MAX_PROCS)
+typedef struct {
+    unsigned pid;
+    unsigned long long used_bytes;
+    unsigned gi, ci, util;
+} mock_work;
+unsigned mock_work_of(unsigned gpu, mock_work *out, unsigned max); /* state + live clients */
+int mock_gpu_busy_index(unsigned gpu);
+unsigned long long mock_now_ns(void);
+unsigned long long mock_proc_energy_mj(unsigned gpu, const mock_proc *p, unsigned long long now);
+void mock_fold_proc_energy(unsigned gpu, const mock_proc *p); /* call before a proc goes */
+void mock_fold_dead_clients(void);     /* state_commit: ended clients' energy into the state */
+void mock_unlink_folded_clients(void); /* ... and their files gone once it landed */
+void mock_clients_clear(void);     /* boot */
 
 /* device.c: handle decoding */
 typedef struct {

@@ -244,7 +244,8 @@ static const char *GPU_FIELDS =
     "memory_reserved_mib, compute_capability, architecture, brand, multiprocessors, numa_node, "
     "pcie_switch, minor_number, mig_table, mig_enabled, mig_mode_change, nvlink_version, "
     "nvlink_links, nvlink_peers, nvlink_switches, power_usage_w, power_limit_w, temperature_c, "
-    "utilization_gpu, utilization_memory, persistence_mode, vbios_version, board_part_number, "
+    "utilization_gpu, utilization_memory, sm_clock_max_mhz, sm_clock_idle_mhz, mem_clock_mhz, "
+    "persistence_mode, vbios_version, board_part_number, "
     "pcie_generation, pcie_width";
 
 static int gpu_field(yctx *c, const char *key, yaml_node_t *v, const char *path, mock_gpu *g,
@@ -397,6 +398,12 @@ static int gpu_field(yctx *c, const char *key, yaml_node_t *v, const char *path,
         return get_u32(c, v, f, 100, &g->util_gpu);
     if (!strcmp(key, "utilization_memory"))
         return get_u32(c, v, f, 100, &g->util_mem);
+    if (!strcmp(key, "sm_clock_max_mhz"))
+        return get_u32(c, v, f, 10000, &g->sm_clock_max_mhz);
+    if (!strcmp(key, "sm_clock_idle_mhz"))
+        return get_u32(c, v, f, 10000, &g->sm_clock_idle_mhz);
+    if (!strcmp(key, "mem_clock_mhz"))
+        return get_u32(c, v, f, 20000, &g->mem_clock_mhz);
     if (!strcmp(key, "persistence_mode"))
         return get_bool(c, v, f, &g->persistence);
     if (!strcmp(key, "vbios_version"))

@@ -12,12 +12,14 @@
  * State file format, version 1 (one record per line, space separated, '#' comments):
  *   gpukit-nvml-state 1
  *   serial N                                  bumps on every write
+ *   boot NS                                   CLOCK_REALTIME of the last boot (energy counts from it)
  *   gpu IDX uuid UUID mig CUR pending PEND lost 0|1 counter N [events timeout|spurious]
+ *       [energy MJ] [sbe N dbe N sbe_agg N dbe_agg N] [remap_pending 1]   telemetry counters
  *   gi IDX GI_ID profile P start S size Z      a GPU instance (placement in memory slices; P is
  *                                              the NVML_GPU_INSTANCE_PROFILE_* constant, not the
  *                                              driver's profile id NVML reports)
  *   ci IDX GI_ID CI_ID profile P start S size Z uuid MIG-...   a compute instance
- *   proc IDX PID bytes B gi GI|- ci CI|- name NAME             a process using the GPU
+ *   proc IDX PID bytes B gi GI|- ci CI|- name NAME [util U since NS]   a process using the GPU
  * `events` (a fault injected by gpukitMockSetEventFault) is written only when it is not `normal`.
  * A `gpu` record whose uuid is not the profile's GPU at that index is ignored with everything
  * that follows for it: the state belongs to a physical GPU, not to an index.
@@ -70,7 +72,7 @@ unsigned mock_gi_count(const mock_gpu_state *gs)
     return n;
 }
 
-int mock_gpu_busy(const mock_gpu_state *gs) { return gs->nproc > 0; }
+int mock_gpu_busy(const mock_gpu_state *gs) { return mock_gpu_busy_index((unsigned)(gs - g_state.gpu)); }
 
 void mock_apply_reset(unsigned gpu)
 {
@@ -172,6 +174,11 @@ static int parse_state(char *text, mock_state *s, char *err, size_t errlen)
             continue;
         }
         unsigned idx;
+        if (!strcmp(tok[0], "boot")) {
+            if (n < 2 || parse_ull(tok[1], &s->boot_ns))
+                BAD("bad boot record");
+            continue;
+        }
         if (!strcmp(tok[0], "serial")) {
             if (n < 2 || parse_ull(tok[1], &s->serial))
                 BAD("bad serial record");
@@ -195,6 +202,16 @@ static int parse_state(char *text, mock_state *s, char *err, size_t errlen)
                 BAD("bad gpu record");
             if (!g_prof.gpu[idx].mig)
                 gs->mig_current = gs->mig_pending = NVML_DEVICE_MIG_DISABLE;
+            static const char *const counters[] = {"energy", "sbe", "dbe", "sbe_agg", "dbe_agg"};
+            unsigned long long *dst[] = {&gs->energy_mj, &gs->sbe_vol, &gs->dbe_vol, &gs->sbe_agg,
+                                         &gs->dbe_agg};
+            for (size_t k = 0; k < sizeof counters / sizeof counters[0]; k++) {
+                const char *v = kv(tok, n, 2, counters[k]);
+                if (v && parse_ull(v, dst[k]))
+                    BAD("bad gpu record: %s", counters[k]);
+            }
+            if (kv(tok, n, 2, "remap_pending") && kv_u(tok, n, 2, "remap_pending", &gs->remap_pending))
+                BAD("bad gpu record: remap_pending");
             gs->lost = lost != 0;
             skip[idx] = 0;
             continue;
@@ -244,6 +261,10 @@ static int parse_state(char *text, mock_state *s, char *err, size_t errlen)
                 BAD("bad proc record");
             if (name && strcmp(name, "-"))
                 snprintf(p->name, sizeof p->name, "%s", name);
+            const char *since = kv(tok, n, 3, "since");
+            if ((kv(tok, n, 3, "util") && (kv_u(tok, n, 3, "util", &p->util) || p->util > 100)) ||
+                (since && parse_ull(since, &p->since_ns)))
+                BAD("bad proc record");
             gs->nproc++;
         } else {
             BAD("unknown record '%s'", tok[0]);
@@ -370,12 +391,21 @@ static void serialize(FILE *m)
     fprintf(m, "%s %d\n", STATE_MAGIC, STATE_VERSION);
     fprintf(m, "# gpukit mock NVML device state: written by libnvidia-ml.so.1, do not edit\n");
     fprintf(m, "serial %llu\n", g_state.serial);
+    if (g_state.boot_ns)
+        fprintf(m, "boot %llu\n", g_state.boot_ns);
     for (unsigned i = 0; i < g_prof.ngpu; i++) {
         const mock_gpu_state *gs = &g_state.gpu[i];
         fprintf(m, "gpu %u uuid %s mig %u pending %u lost %d counter %llu", i,
                 g_prof.gpu[i].uuid, gs->mig_current, gs->mig_pending, gs->lost, gs->mig_counter);
         if (gs->events != MOCK_EVENTS_NORMAL && gs->events < MOCK_EVENTS_MODES)
             fprintf(m, " events %s", mock_events_modes[gs->events]);
+        if (gs->energy_mj)
+            fprintf(m, " energy %llu", gs->energy_mj);
+        if (gs->sbe_agg || gs->dbe_agg)
+            fprintf(m, " sbe %llu dbe %llu sbe_agg %llu dbe_agg %llu", gs->sbe_vol, gs->dbe_vol,
+                    gs->sbe_agg, gs->dbe_agg);
+        if (gs->remap_pending)
+            fprintf(m, " remap_pending 1");
         fputc('\n', m);
         for (unsigned g = 0; g < MOCK_MAX_GI; g++) {
             const mock_gi_state *gi = &gs->gi[g];
@@ -397,8 +427,8 @@ static void serialize(FILE *m)
                 snprintf(gi, sizeof gi, "%u", pr->gi);
             if (pr->ci != MOCK_NO_ID)
                 snprintf(ci, sizeof ci, "%u", pr->ci);
-            fprintf(m, "proc %u %u bytes %llu gi %s ci %s name %s\n", i, pr->pid, pr->used_bytes,
-                    gi, ci, pr->name[0] ? pr->name : "-");
+            fprintf(m, "proc %u %u bytes %llu gi %s ci %s name %s util %u since %llu\n", i, pr->pid,
+                    pr->used_bytes, gi, ci, pr->name[0] ? pr->name : "-", pr->util, pr->since_ns);
         }
     }
 }
@@ -423,6 +453,7 @@ nvmlReturn_t state_commit(int lockfd)
     state_path(tmp, sizeof tmp, "state.tmp");
     state_path(final, sizeof final, "state");
     g_state.serial++;
+    mock_fold_dead_clients(); /* finished lab workloads: their energy into the counter */
     char *buf = NULL;
     size_t len = 0;
     FILE *m = open_memstream(&buf, &len);
@@ -469,6 +500,7 @@ nvmlReturn_t state_commit(int lockfd)
     /* The state landed: the driver's capability files follow it (an error there is reported,
      * and repaired by the next writer; the change itself stands). */
     caps_render();
+    mock_unlink_folded_clients(); /* only once the energy they carried is in the state */
 out:
     free(buf);
     state_unlock(lockfd);
