@@ -13,7 +13,9 @@ label builders (gpukit.plugin), because the suite checks what those produce:
 
 A declaration the agent could not serve as declared (migStrategy single over mixed profiles,
 time-slicing a device the node lacks) raises InventoryError naming host, variable and value.
-Imports only the declaration model and gpukit.contracts (tests/unit/test_import_direction.py).
+Imports only the declaration model's types (gpukit.inventory.model, .problems) and gpukit.contracts;
+only the suite and the declaration check (gpukit.inventory.check) import it
+(tests/unit/test_import_direction.py).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from dataclasses import dataclass
 
 from gpukit.contracts import label_names as ln
 from gpukit.contracts.device_ids import mig_resource_name
-from gpukit.inventory import GPU_RESOURCE, GpuMig, InventoryError, NodeDecl, Problem
+from gpukit.inventory.model import GPU_RESOURCE, GpuMig, NodeDecl
+from gpukit.inventory.problems import InventoryError, Problem
 
 _INVALID_LABEL_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
 _INVALID_PRODUCT_CHARS = re.compile(r"[^A-Za-z0-9_. -]+")

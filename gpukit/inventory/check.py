@@ -1,7 +1,11 @@
 """The whole inventory checked on the controller, connecting to nothing: what the playbooks'
-preflight (the gpukit.gpu.inventory_check action) runs. A declaration is valid when every host
-validates (validate.node_from_vars) and the suite's oracle (gpukit.conformance.expect) can say
-what each node must serve."""
+preflight (the gpukit.gpu.inventory_check action) and `gpukit inventory check` run. A
+declaration is valid when every host validates (validate.node_from_vars) and the suite's oracle
+(gpukit.conformance.expect) can say what each node must serve.
+
+This module is the one place where the model meets the oracle: a layer of its own above both
+(ARCHITECTURE.md, tests/unit/test_import_direction.py). The oracle reads only the model's
+types; the rest of the model never imports the oracle."""
 
 from __future__ import annotations
 
@@ -9,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from gpukit.conformance import expect
 
 from .load import load
 from .model import GpuInventory, NodeDecl
@@ -18,11 +24,12 @@ from .problems import InventoryError, Problem
 @dataclass(frozen=True)
 class CheckResult:
     """What `check` found: the inventory (None when it could not be loaded), what each node
-    must serve, and every problem."""
+    must serve and carry, and every problem."""
 
     inventory: GpuInventory | None
     resources: Mapping[str, Mapping[str, int]]  # node name -> resource -> count
     problems: tuple[Problem, ...]
+    labels: Mapping[str, Mapping[str, str]] | None = None  # node name -> GFD label -> value
 
 
 def check(
@@ -33,36 +40,28 @@ def check(
     controller without connecting anywhere: `gpukit inventory check` and the playbooks'
     preflight (the gpukit.gpu.inventory_check action). Every problem at once; problems of the
     implied resources and labels show once the declarations themselves are valid."""
-    # What a node must serve is the suite's oracle's to say (one computation for the suite,
-    # the preflight and the roles' waits); it imports only this model and the contracts.
-    from gpukit.conformance.expect import expected_labels, expected_resources
-
     try:
         gpus = load(path, host_vars=host_vars)
     except InventoryError as exc:
         return CheckResult(None, {}, tuple(exc.problems))
     problems: list[Problem] = []
     resources: dict[str, Mapping[str, int]] = {}
+    labels: dict[str, Mapping[str, str]] = {}
     for decl in gpus.nodes:
         try:
             resources[decl.node_name] = expected_resources(decl)
-            expected_labels(decl)
+            labels[decl.node_name] = expected_labels(decl)
         except InventoryError as exc:
             problems += exc.problems
-    return CheckResult(gpus, resources, tuple(problems))
+    return CheckResult(gpus, resources, tuple(problems), labels)
 
 
 def expected_resources(decl: NodeDecl) -> dict[str, int]:
-    """Resource -> count `decl`'s node must serve: gpukit.conformance.expect's, for callers
-    that know the model only (`gpukit inventory check`, the roles' expected_resources filter
-    through gpukit.provision.play_inputs)."""
-    from gpukit.conformance.expect import expected_resources as oracle
-
-    return oracle(decl)
+    """Resource -> count `decl`'s node must serve: the suite's oracle's (one computation for
+    the suite, the preflight and the roles' waits)."""
+    return expect.expected_resources(decl)
 
 
 def expected_labels(decl: NodeDecl) -> dict[str, str]:
-    """The labels `decl`'s node must carry: gpukit.conformance.expect's (as above)."""
-    from gpukit.conformance.expect import expected_labels as oracle
-
-    return oracle(decl)
+    """The labels `decl`'s node must carry: the suite's oracle's (as above)."""
+    return expect.expected_labels(decl)

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .model import GPU_GROUP, GpuInventory, NodeDecl
+from .model import GPU_GROUP, VARIABLES, GpuInventory, NodeDecl
 from .problems import MISSING, InventoryError, Problem, short
 from .validate import node_from_vars
 
@@ -70,7 +70,7 @@ def load(
                                         f"cannot be templated: {exc}"))
                 return default
 
-        raw = {name: value(name) for name in _VARIABLES}
+        raw = {name: value(name) for name in VARIABLES}
         given = (host_vars or {}).get(host.name, {})
         raw.update({k: plain(v) for k, v in given.items()})
         problems.extend(_group_conflicts(loader, inv, host, set(given), group_vars))
@@ -100,14 +100,8 @@ def load(
     return GpuInventory(source=source, nodes=tuple(nodes))
 
 
-# The variables a node's declaration is made of; DECLARED_VARIABLES: those but the kubeconfig.
-_VARIABLES = (
-    "gpukit_kubeconfig", "gpukit_node_name", "gpukit_gpu", "nvidia_driver_branch",
-    "nvidia_driver_version", "nvidia_driver_kernel_modules", "gpukit_container_runtime",
-    "gpukit_device_plugin_configs", "gpukit_device_plugin_config", "gpukit_mig_configs",
-    "gpukit_mig_config", "gpukit_node_labels", "gpukit_node_taints",
-)
-DECLARED_VARIABLES = tuple(v for v in _VARIABLES if v != "gpukit_kubeconfig")
+# The declaration variables but the kubeconfig (model.VARIABLES): what a host may declare.
+DECLARED_VARIABLES = tuple(v for v in VARIABLES if v != "gpukit_kubeconfig")
 
 
 def declared_vars(hostvars: Mapping[str, Any]) -> dict[str, Any]:
@@ -129,7 +123,7 @@ def _group_conflicts(loader: Any, inv: Any, host: Any, given: set[str],
         """The declaration variables the entity itself sets (inventory source, *_vars dirs)."""
         found = {**entity.get_vars(),
                  **get_vars_from_inventory_sources(loader, inv._sources, [entity], "task")}
-        return {k: plain(v) for k, v in found.items() if k in _VARIABLES}
+        return {k: plain(v) for k, v in found.items() if k in VARIABLES}
 
     decided = set(own(host)) | given
     groups = sort_groups([g for g in host.get_groups() if g.name != "all"])
@@ -138,7 +132,7 @@ def _group_conflicts(loader: Any, inv: Any, host: Any, given: set[str],
             cache[g.name] = own(g)
     setting = [(g, cache[g.name]) for g in groups]
     problems: list[Problem] = []
-    for name in _VARIABLES:
+    for name in VARIABLES:
         if name in decided:
             continue
         by = [(g, gv[name]) for g, gv in setting if name in gv]

@@ -17,6 +17,7 @@ from gpukit.contracts.mig_parted import MigConfigEntry
 from gpukit.contracts.plugin_config import Config
 from gpukit.mig.declared import GpuMig as GpuMig  # what a declared layout means for one GPU
 from gpukit.provision.driver import FLAVOURS
+from gpukit.provision.toolkit_config import OPT_OUT_VARIABLE
 
 GPU_GROUP = "gpu_nodes"
 GPU_RESOURCE = ln.GPU_RESOURCE
@@ -25,6 +26,13 @@ KERNEL_MODULES = FLAVOURS  # nvidia_driver_kernel_modules
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 DEVICE_PLUGIN_CONFIG_LABEL = ln.DEVICE_PLUGIN_CONFIG
 MIG_CONFIG_LABEL = ln.MIG_CONFIG
+# The variables a node's declaration is made of (inventories/README.md).
+VARIABLES = (
+    "gpukit_kubeconfig", "gpukit_node_name", "gpukit_gpu", "nvidia_driver_branch",
+    "nvidia_driver_version", "nvidia_driver_kernel_modules", "gpukit_container_runtime",
+    "gpukit_device_plugin_configs", "gpukit_device_plugin_config", "gpukit_mig_configs",
+    "gpukit_mig_config", "gpukit_node_labels", "gpukit_node_taints", OPT_OUT_VARIABLE,
+)
 
 
 @dataclass(frozen=True)
@@ -79,6 +87,9 @@ class NodeDecl:
     labels: Mapping[str, str] = field(default_factory=dict)
     taints: tuple[Taint, ...] = ()
     kubeconfig: str | None = None
+    # The declaration variables as validated (plain values; absent ones left out): what a
+    # role compares its own inputs with before it trusts this declaration.
+    declared: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def mig_strategy(self) -> str:

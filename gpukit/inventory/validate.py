@@ -19,6 +19,7 @@ from . import node_meta
 from .model import (
     KERNEL_MODULES,
     RUNTIMES,
+    VARIABLES,
     GpuDecl,
     GpuMig,
     NodeDecl,
@@ -136,6 +137,7 @@ def node_from_vars(host: str, raw: Mapping[str, Any]) -> NodeDecl:
         mig_config_name=mig_name,
         mig_layout=layout, mig_gpus=mig_gpus, labels=labels, taints=taints,
         kubeconfig=kubeconfig,
+        declared={k: raw[k] for k in VARIABLES if raw.get(k, MISSING) is not MISSING},
     )
 
 
@@ -227,6 +229,7 @@ def _plugin_config(v: _Vars) -> tuple[str | None, Config, dict[str, Mapping[str,
                 # The config parser's messages already quote the offending value.
                 v.fail(var if path == "<root>" else f"{var}.{path}", MISSING, message)
     name = v.string("gpukit_device_plugin_config", v.get("gpukit_device_plugin_config"))
+    selected = name is not None  # else the one config serves the node, unlabelled
     if name is None:
         if len(configs) != 1:
             return None, Config(), declared
@@ -235,7 +238,15 @@ def _plugin_config(v: _Vars) -> tuple[str | None, Config, dict[str, Mapping[str,
         known = ", ".join(sorted(configs)) or "none declared in gpukit_device_plugin_configs"
         v.fail("gpukit_device_plugin_config", name, f"is not a named config (known: {known})")
         return name, Config(), declared
+    if selected:
+        _label_value(v, "gpukit_device_plugin_config", name)
     return name, parsed.get(name, Config()), declared
+
+
+def _label_value(v: _Vars, variable: str, name: str) -> None:
+    """A selected config's name is the value of the node's selection label (node_labels)."""
+    if p := node_meta.value_problem(variable, name, name):
+        v.fail(p.variable, p.value, p.message)
 
 
 def _mig_var(text: str) -> str:
@@ -256,6 +267,7 @@ def _mig_layout(v: _Vars, gpu: GpuDecl | None
         known = ", ".join(sorted(configs)) or "none declared in gpukit_mig_configs"
         v.fail("gpukit_mig_config", name, f"is not a named MIG layout (known: {known})")
         return name, None, no_mig
+    _label_value(v, "gpukit_mig_config", name)
     try:
         entries = mig_parted.parse({name: configs[name]}).select(name)
     except mig_parted.MigConfigError as exc:

@@ -14,14 +14,11 @@ from typing import Any
 
 from gpukit import inventory
 from gpukit.contracts.label_names import DEVICE_PLUGIN_CONFIG
-from gpukit.provision import agent, sharing_rollout, upgrade
+from gpukit.provision import agent, declaration, sharing_rollout, upgrade
 
 # Facts the rolling upgrade sets on each host it reaches (role rolling_upgrade).
 UPGRADE_RESULT = "rolling_upgrade_result"
 UPGRADE_FAILURE = "rolling_upgrade_failure"
-# What a host's declaration is read from: gpukit's and the driver's variables, and the
-# address (the inventory model reports it).
-_DECLARATION_PREFIXES = ("gpukit_", "nvidia_driver_")
 
 
 def host_facts(hostvars: Mapping[str, Any], hosts: Sequence[str], fact: str) -> dict[str, Any]:
@@ -127,9 +124,10 @@ def sharing_mounted(slurped: str | None, content: Any) -> bool:
     return sharing_rollout.mounted(text, inventory.plain(content))
 
 
-def expected_resources(host_vars: Mapping[str, Any], host: str) -> dict[str, int]:
+def expected_resources(host_vars: Mapping[str, Any], host: str,
+                       known: Mapping[str, Any] | None = None) -> dict[str, int]:
     """What the device plugin must advertise on `host` (resource -> count) for the
-    declaration in its variables. InventoryError: the declaration is invalid."""
-    raw = {k: inventory.plain(host_vars[k]) for k in host_vars
-           if k.startswith(_DECLARATION_PREFIXES) or k == "ansible_host"}  # fmt: skip
-    return inventory.expected_resources(inventory.node_from_vars(host, raw))
+    declaration in its variables: the preflight's (`known`, the host's gpukit_declaration)
+    when it validated these very variables, else validated now. InventoryError: the
+    declaration is invalid."""
+    return declaration.expected_resources(known, host_vars, host)

@@ -9,11 +9,14 @@ config's time-slicing replicas, and a warning when MIG devices would go unserved
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpukit.contracts.mig_parted import MigConfigEntry
+from gpukit.contracts.plugin_config import Config
 from gpukit.inventory import validate
+from gpukit.inventory.model import NodeDecl
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,9 @@ class SharingCheck:
         return not self.problems
 
 
+NO_CONFIGS = "gpukit_device_plugin_configs: must map config names to device plugin configs"
+
+
 def check(
     plugin_configs: Mapping[str, Any],
     plugin_config: str | None,
@@ -36,17 +42,29 @@ def check(
     """The inventory model's checks of these declarations (gpukit.inventory.validate.sharing:
     what the preflight checked), the time-slicing replicas of the selected config, and a
     warning when the selected layout's MIG devices would not be served."""
-    out = SharingCheck()
     if not isinstance(plugin_configs, Mapping) or not plugin_configs:
         # The role deploys these configs; the model alone would accept a host without any.
-        out.problems.append("gpukit_device_plugin_configs: must map config names to device "
-                            "plugin configs")
-        return out
+        return SharingCheck(problems=[NO_CONFIGS])
     name, config, layout, problems = validate.sharing(plugin_configs, plugin_config,
                                                       mig_configs, mig_config)
     if problems:
-        out.problems.extend(str(p) for p in problems)
-        return out
+        return SharingCheck(problems=[str(p) for p in problems])
+    return summary(name, config, layout, mig_config)
+
+
+def declared(decl: NodeDecl) -> SharingCheck:
+    """`check` of a declaration the model validated already (the preflight's): no parse."""
+    if not decl.plugin_configs:
+        return SharingCheck(problems=[NO_CONFIGS])
+    return summary(decl.plugin_config_name, decl.plugin_config, decl.mig_layout,
+                   decl.mig_config_name)
+
+
+def summary(name: str | None, config: Config, layout: Sequence[MigConfigEntry] | None,
+            mig_config: str | None) -> SharingCheck:
+    """What the gpu_sharing role reports of valid declarations: the selected config's
+    time-slicing replicas, and a warning when the layout's MIG devices go unserved."""
+    out = SharingCheck()
     for r in config.time_slicing.resources:
         out.time_slicing_replicas[r.name] = max(out.time_slicing_replicas.get(r.name, 0),
                                                 r.replicas)

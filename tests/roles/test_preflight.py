@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
+from counted_playbook import counts
 from labplay import BIN, REPO
 
 from gpukit import inventory
@@ -187,6 +188,30 @@ def test_declarations_given_with_extra_vars_are_checked(
         assert (f"host {host}: nvidia_driver_branch: '55x' is not a driver branch such as "
                 '"550"') in out, out  # fmt: skip
     assert "9 problem(s)" in out and "UNREACHABLE" not in out and not calls.exists()
+
+
+def test_the_preflight_validates_each_host_once_and_hands_it_its_declaration(
+    tmp_path: Path, fake_ssh: tuple[dict[str, str], Path]
+) -> None:
+    """Counted, not timed: the preflight validates every host once and parses each of its
+    device plugin configs once (9 hosts x 3 configs), then each host holds the model's result
+    as gpukit_declaration (the roles read it instead of validating again)."""
+    env, calls = fake_ssh
+    counted = tmp_path / "calls.txt"
+    r = subprocess.run([sys.executable, str(REPO / "tests/roles/counted_playbook.py"),
+                        str(counted), "-i", str(EXAMPLE), "gpukit.gpu.preflight", "-v"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = counted.read_text().splitlines()
+    assert sorted(ln.split()[1] for ln in lines if ln.startswith("node_from_vars ")) == ALL
+    configs = {h: len(inventory.load(EXAMPLE).node(h).plugin_configs) for h in ALL}
+    assert counts(counted)["parse_config"] == sum(configs.values()) == 27
+    assert counts(counted)["sharing"] == 0
+    # The second task hands each host its own result.
+    handed = re.findall(r"^ok: \[(\S+)\] => .*\n?", r.stdout, re.M)
+    assert sorted(set(handed)) == ALL, r.stdout[-3000:]
+    assert '"gpukit_declaration"' in r.stdout and '"expected_resources"' in r.stdout
+    assert not calls.exists()
 
 
 def test_the_preflight_playbook_passes_the_example_fleet(

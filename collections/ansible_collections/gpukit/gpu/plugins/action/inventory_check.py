@@ -1,6 +1,9 @@
 """gpukit.gpu.inventory_check: every GPU node's declaration validated on the controller before
 any host is touched (a thin adapter over gpukit.inventory.check, the code behind
-`gpukit inventory check`). Runs in the controller's Ansible process and opens no connection."""
+`gpukit inventory check`), once per play: its `declarations` (host -> the host's validated
+declaration and what it implies, gpukit.provision.declaration) become each host's
+gpukit_declaration, which the roles read. Runs in the controller's Ansible process and opens
+no connection."""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ class ActionModule(ActionBase):
         )
         try:
             from gpukit import inventory
+            from gpukit.provision import declaration
         except ImportError as e:
             raise AnsibleError(
                 f"gpukit is not importable on the controller ({e}): install gpukit's Python"
@@ -32,7 +36,8 @@ class ActionModule(ActionBase):
         problems = [str(p) for p in checked.problems]
         source = checked.inventory.source if checked.inventory else ",".join(sources)
         result.update(changed=False, problems=problems,
-                      nodes={n: dict(r) for n, r in checked.resources.items()})
+                      nodes={n: dict(r) for n, r in checked.resources.items()},
+                      declarations=declaration.facts(checked))
         if problems:
             # One line per problem, host, variable and value first: the play's output says it all.
             result.update(failed=True, msg=f"{source}: {len(problems)} problem(s) in the GPU "

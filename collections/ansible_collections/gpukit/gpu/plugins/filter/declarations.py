@@ -1,5 +1,6 @@
 """gpukit.gpu filters over a host's declaration as its play resolved it (gpukit.inventory, read
-by gpukit.provision.play_inputs). Documentation: <filter>.yml beside this file."""
+by gpukit.provision.play_inputs; the preflight's gpukit_declaration when it validated these
+very variables: gpukit.provision.declaration). Documentation: <filter>.yml beside this file."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ play_inputs = library("gpukit.provision.play_inputs")
 
 
 @gpukit_filter
-def expected_resources(hostvars, host):
-    return play_inputs.expected_resources(hostvars, host)
+def expected_resources(hostvars, host, *, declaration=None):
+    return play_inputs.expected_resources(hostvars, host, declaration)
 
 
 @gpukit_filter

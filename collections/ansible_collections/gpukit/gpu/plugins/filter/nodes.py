@@ -1,4 +1,5 @@
-"""gpukit.gpu filters for a node's labels and taints (gpukit.provision.nodes).
+"""gpukit.gpu filters for a node's labels and taints (gpukit.provision.nodes, or the
+preflight's result: gpukit.provision.declaration).
 Documentation: <filter>.yml beside this file (ansible-doc -t filter gpukit.gpu.<filter>)."""
 
 from __future__ import annotations
@@ -10,17 +11,19 @@ from ansible_collections.gpukit.gpu.plugins.plugin_utils.gpukit_filters import (
 )
 
 nodes = library("gpukit.provision.nodes")
+declared = library("gpukit.provision.declaration")
 
 
 @gpukit_filter
-def node_labels(extra, device_plugin_config=None, mig_config=None, deploy_device_plugin=True):
-    return nodes.declared_labels(extra, device_plugin_config or None, mig_config or None,
-                                 deploy_device_plugin)
+def node_labels(extra, device_plugin_config=None, mig_config=None, deploy_device_plugin=True, *,
+                declaration=None):
+    return declared.labels(declaration, extra, device_plugin_config or None, mig_config or None,
+                           deploy_device_plugin)
 
 
 @gpukit_filter
-def node_patch(node, labels, taints=None):
-    p = nodes.plan(node, labels, nodes.parse_taints(taints, "gpukit_node_taints"))
+def node_patch(node, labels, taints=None, *, declaration=None):
+    p = nodes.plan(node, labels, declared.taints(declaration, taints))
     return {"patch": p.patch, "changes": list(p.changes), "needed": p.changed}
 
 

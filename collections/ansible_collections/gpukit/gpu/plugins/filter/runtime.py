@@ -1,4 +1,5 @@
-"""gpukit.gpu filters for the container runtime's hardening (gpukit.provision.toolkit_config).
+"""gpukit.gpu filters for the container runtime's hardening (gpukit.provision.toolkit_config,
+through gpukit.provision.declaration).
 Documentation: <filter>.yml beside this file (ansible-doc -t filter gpukit.gpu.<filter>)."""
 
 from __future__ import annotations
@@ -9,13 +10,14 @@ from ansible_collections.gpukit.gpu.plugins.plugin_utils.gpukit_filters import (
     library,
 )
 
-toolkit_config = library("gpukit.provision.toolkit_config")
+declared = library("gpukit.provision.declaration")
 
 
 @gpukit_filter
-def runtime_hardening_problems(configs, accept_envvar_unprivileged=False, host=""):
-    return toolkit_config.hardening_problems(configs or {}, bool(accept_envvar_unprivileged),
-                                             str(host))
+def runtime_hardening_problems(configs, accept_envvar_unprivileged=False, host="", *,
+                               declaration=None):
+    return declared.hardening_problems(declaration, configs or {},
+                                       bool(accept_envvar_unprivileged), str(host))
 
 
 class FilterModule:

@@ -1,4 +1,5 @@
-"""gpukit.gpu filters for GPU sharing: a node's sharing declarations (gpukit.provision.sharing)
+"""gpukit.gpu filters for GPU sharing: a node's sharing declarations (gpukit.provision.sharing,
+or the preflight's result: gpukit.provision.declaration)
 and rolling a device plugin config's new content out (gpukit.provision.sharing_rollout, fed
 by gpukit.provision.play_inputs). Documentation: <filter>.yml beside this file."""
 
@@ -10,14 +11,15 @@ from ansible_collections.gpukit.gpu.plugins.plugin_utils.gpukit_filters import (
     library,
 )
 
-sharing = library("gpukit.provision.sharing")
+declared = library("gpukit.provision.declaration")
 play_inputs = library("gpukit.provision.play_inputs")
 
 
 @gpukit_filter
-def sharing_check(plugin_configs, plugin_config=None, mig_configs=None, mig_config=None):
-    c = sharing.check(plugin_configs or {}, plugin_config or None, mig_configs or {},
-                      mig_config or None)
+def sharing_check(plugin_configs, plugin_config=None, mig_configs=None, mig_config=None, *,
+                  declaration=None):
+    c = declared.sharing_check(declaration, plugin_configs or {}, plugin_config or None,
+                               mig_configs or {}, mig_config or None)
     return {"ok": c.ok, "problems": c.problems, "warnings": c.warnings,
             "time_slicing_replicas": c.time_slicing_replicas}
 

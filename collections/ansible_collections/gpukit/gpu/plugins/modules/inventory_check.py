@@ -37,6 +37,11 @@ EXAMPLES = r"""
 - name: Check every GPU node's declaration before touching any host
   gpukit.gpu.inventory_check:
   run_once: true
+  register: preflight
+
+- name: Hand each host its validated declaration
+  ansible.builtin.set_fact:
+    gpukit_declaration: "{{ preflight.declarations[inventory_hostname] }}"
 """
 
 RETURN = r"""
@@ -47,6 +52,16 @@ problems:
   elements: str
 nodes:
   description: Per Kubernetes node name, the resources it must advertise (resource -> count).
+  returned: always
+  type: dict
+declarations:
+  description:
+    - "Per inventory host, its declaration as the model validated it and what it implies
+      (C(gpukit.provision.declaration)): C(inputs) (the declaration variables validated),
+      C(node_name), C(device_plugin_config), C(mig_config), C(labels), C(taints),
+      C(expected_resources), C(expected_labels), C(sharing). Empty when there is a problem."
+    - The C(gpukit.gpu.preflight) playbook sets each host's C(gpukit_declaration) from it; the
+      roles read that instead of validating the declaration again.
   returned: always
   type: dict
 """
