@@ -29,7 +29,7 @@
 #define EVENTSET_MAGIC 0x45565354u
 /* What nvmlDeviceGetSupportedEventTypes answers: every event type nvml.h defines, i.e.
  * nvmlEventTypeAll (0xFF9F), as a real H100 does on driver 580.159.04 (65439 in
- * tests/nvml/data/h100-80gb-hbm3.driver-580.159.04.json). Spelled out rather than
+ * tests/lab/nvml/data/h100-80gb-hbm3.driver-580.159.04.json). Spelled out rather than
  * nvmlEventTypeAll so that a newer nvml.h does not silently change the answer. */
 #define SUPPORTED_EVENTS                                                                           \
     (nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError | nvmlEventTypePState |       \

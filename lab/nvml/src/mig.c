@@ -22,7 +22,7 @@
  *   MIG disabled too, on a MIG-capable GPU; a GPU that is not MIG capable answers
  *   NVML_ERROR_NOT_SUPPORTED. Creating instances needs MIG enabled.
  * The answers of a MIG-disabled H100 (driver 580.159.04) are recorded in
- * tests/nvml/data/h100-80gb-hbm3.driver-580.159.04.json and checked by tests/nvml/test_fidelity.py.
+ * tests/lab/nvml/data/h100-80gb-hbm3.driver-580.159.04.json and checked by tests/lab/nvml/test_fidelity.py.
  */
 #include "mock.h"
 
