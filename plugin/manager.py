@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -32,16 +33,18 @@ import grpc
 from gpukit.contracts import label_names as ln
 from gpukit.contracts.plugin_config import Config, ConfigError
 
-from . import cdi, last_good, nvml
+from . import cdi, last_good, nvml, podresources
 from .allocate import Allocator
 from .api import KUBELET_SOCKET_NAME
 from .config_source import ConfigSource, LoadedConfig
 from .devices import NodeDevices
+from .gpu_metrics import GpuMetricsCollector, GpuMetricsSources
 from .health import HealthMonitor, HealthTracker, effective_ignored_xids
 from .labels import compute_labels, label_changes, write_labels_file
 from .metrics import PluginMetrics
 from .mig.pause import PauseWatcher
 from .node_api import NodeClient
+from .nvml import telemetry
 from .resources import Resource, ResourceError, ResourceSet, Unit, build_resources
 from .server import DeviceView, PluginServer, ResourceState, inode, register
 
@@ -75,6 +78,16 @@ class PynvmlBackend:
     def shutdown(self) -> None:
         nvml.shutdown()
 
+    def read_gpu(self, uuid: str) -> telemetry.Reading:
+        return telemetry.read_gpu(uuid)
+
+    def read_mig(self, uuid: str) -> telemetry.Reading:
+        return telemetry.read_mig(uuid)
+
+
+def _no_reading(uuid: str) -> telemetry.Reading:
+    return telemetry.Reading()  # a backend without telemetry (tests' stand-ins)
+
 
 @dataclass
 class ManagerOptions:
@@ -93,6 +106,8 @@ class ManagerOptions:
     # A registered resource with no ListAndWatch stream for this long was dropped by the
     # kubelet: registered again (see `_dropped_by_kubelet`).
     stream_grace_seconds: float = 15.0
+    # How long the GPU metrics reuse the kubelet's PodResources answer (pod attribution).
+    pod_resources_ttl: float = podresources.DEFAULT_TTL
 
 
 RegisterFn = Callable[[str, str, str, float], None]
@@ -147,6 +162,15 @@ class PluginManager:
         self._last_cdi: dict[str, object] | None = None
         self.pause = PauseWatcher(self.options.pause_file) if self.options.pause_file else None
         self.metrics.readiness = self.readiness
+        self.pod_resources = podresources.PodResourcesCache(
+            lambda: podresources.list_holders(podresources.socket_path(self.kubelet_dir)),
+            ttl=self.options.pod_resources_ttl)
+        self.metrics.add_collector(GpuMetricsCollector(GpuMetricsSources(
+            devices=lambda: self.devices, nvml_ready=lambda: self.nvml_ready,
+            holders=self.pod_resources.holders, last_xid=self.metrics.last_xids,
+            hostname=self.source.node_name or socket.gethostname(),
+            read_gpu=getattr(backend, "read_gpu", _no_reading),
+            read_mig=getattr(backend, "read_mig", _no_reading))))
 
     # -- properties ---------------------------------------------------------------------------
 

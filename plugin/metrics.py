@@ -1,7 +1,9 @@
 """Prometheus metrics for the device plugin, on a registry of its own, and its readiness.
 
 Labels carry only resource names, device IDs (GPU/MIG UUIDs), XID numbers and error kinds:
-nothing from the config file or the environment, so the endpoint exposes no secrets.
+nothing from the config file or the environment, so the endpoint exposes no secrets. The GPU
+metrics (dcgm-exporter's names, attributed to pods: plugin/gpu_metrics.py) are a collector on
+the same registry, computed at each scrape.
 
 The same HTTP endpoint answers `/readyz` (the DaemonSet's readinessProbe): 200 when the
 `readiness` callable (set by the manager) says every resource is registered and served, else
@@ -20,6 +22,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from wsgiref.types import StartResponse, WSGIEnvironment
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
+from prometheus_client.registry import Collector
 
 from gpukit.contracts.plugin_config import parse_host_port
 
@@ -88,6 +91,8 @@ class PluginMetrics:
             "gpukit_plugin_labels_restored", "Owned node labels found drifted and restored",
             registry=r,
         )
+        # The last XID per device (GPU or MIG UUID), whatever its class: DCGM_FI_DEV_XID_ERRORS.
+        self.last_xid: dict[str, int] = {}
         self.readiness: Readiness | None = None
         self._metrics_app = make_wsgi_app(self.registry)
         self._server: WSGIServer | None = None
@@ -95,6 +100,14 @@ class PluginMetrics:
     def count_xid(self, device: str, xid: int, critical: bool) -> None:
         """Every XID event, also those whose log lines are summarised (health.XidLog)."""
         self.xids.labels(device=device, xid=str(xid), critical=str(critical).lower()).inc()
+        self.last_xid[device] = xid
+
+    def last_xids(self) -> dict[str, int]:
+        return dict(self.last_xid)
+
+    def add_collector(self, collector: Collector) -> None:
+        """A collector computed at scrape time (the GPU metrics, plugin/gpu_metrics.py)."""
+        self.registry.register(collector)
 
     def set_devices(self, counts: Mapping[str, Mapping[str, int]]) -> None:
         """counts: resource -> {"Healthy": n, "Unhealthy": m}; resources gone are zeroed."""

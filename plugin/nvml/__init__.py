@@ -4,6 +4,7 @@
 * ``discovery``  the node's GPUs, MIG devices and links (the types of plugin/devices.py)
 * ``events``     XID event sets and the GPU probe the health monitor uses
 * ``mig``        GPU and compute instances for the MIG manager
+* ``telemetry``  what a GPU or MIG device is doing now (the agent's GPU metrics)
 
 The node agent, the MIG manager and the facts module reach NVML only through these
 (tests/unit/test_nvml_access.py holds that); the conformance suite has its own ctypes probe on
