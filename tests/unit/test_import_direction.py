@@ -3,7 +3,9 @@
     contracts  <-  k8s (API access)  <-  plugin (node agent)
     plugin  <-  agent_manifests, provision, inventory  <-  cli
     contracts  <-  mig (MIG planning, no NVML)  <-  plugin, provision, inventory
-    contracts  <-  conformance (reads declarations; restates the agent's rules itself)
+    contracts, inventory (the model's types)  <-  conformance.expect (the oracle)
+    inventory, conformance.expect  <-  inventory.check (the declaration check)  <-  provision, cli
+    oracle  <-  conformance (the suite; restates the agent's rules itself)
     lab: may use everything; nothing in the product imports it
 
 Every import of every module is read, those inside functions too, so a lazy import cannot
@@ -29,12 +31,19 @@ ALLOWED: dict[str, set[str]] = {
     "gpukit.k8s": {"gpukit.contracts"},
     # `gpukit` alone: the package root's __version__.
     "gpukit.plugin": {"gpukit.contracts", "gpukit.k8s", "gpukit.mig", "gpukit"},
-    # The suite's oracle reads the declaration model and speaks the kubelet's published
-    # PodResources API (stubs generated from plugin/api); never the agent's builders.
+    # The suite reads the declaration model and speaks the kubelet's published PodResources
+    # API (stubs generated from plugin/api); never the agent's builders.
     "gpukit.conformance": {"gpukit.contracts", "gpukit.k8s", "gpukit.inventory",
                            "gpukit.plugin.api"},
+    # The suite's oracle: what a node must serve, from the declaration's types alone. It sits
+    # between the model and the declaration check, which hands its answers to the preflight,
+    # `gpukit inventory check` and the roles' waits (ORACLE_USERS: who may import it).
+    "gpukit.conformance.expect": {"gpukit.contracts", "gpukit.inventory.model",
+                                  "gpukit.inventory.problems"},
     "gpukit.agent_manifests": {"gpukit.contracts", "gpukit.plugin"},
     "gpukit.inventory": {"gpukit.contracts", "gpukit.mig", "gpukit.provision"},
+    # The declaration check: the model's validation and the oracle's answers for every host.
+    "gpukit.inventory.check": {"gpukit.contracts", "gpukit.inventory", "gpukit.conformance.expect"},
     "gpukit.provision": {"gpukit.contracts", "gpukit.mig", "gpukit.plugin",
                          "gpukit.agent_manifests", "gpukit.inventory", "gpukit"},
     "gpukit.manifests": {"gpukit.contracts", "gpukit.inventory", "gpukit.provision"},
@@ -50,11 +59,11 @@ EXCEPTIONS = {
     ("gpukit.conformance.test_workload", "gpukit.lab.agent"):
         "the workload check loads the lab's NVML only on a lab node",
     ("gpukit.conformance.test_workload", "gpukit.lab.nvml"): "as above",
-    ("gpukit.inventory.check", "gpukit.conformance.expect"):
-        "what a node must serve is the suite's oracle's to say (imported inside the functions): "
-        "the preflight refuses what it cannot serve, `gpukit inventory check` and the roles' "
-        "expected_resources filter print and wait for it",
 }
+# Who may import the oracle besides the suite (and the unrestricted lab and CLI): the one
+# module where the model meets it.
+ORACLE = "gpukit.conformance.expect"
+ORACLE_USERS = {"gpukit.inventory.check"}
 # Parts whose imports are not restricted: the command line and the lab sit on top.
 UNRESTRICTED = {"gpukit.cli", "gpukit.__main__", "gpukit.lab", "gpukit"}
 
@@ -167,3 +176,23 @@ def test_exceptions_are_still_needed() -> None:
     modules = _modules()
     used = {(m, t) for m, p in modules.items() for t in _imports(m, p, set(modules))}
     assert sorted(k for k in EXCEPTIONS if k not in used) == []
+
+
+def test_only_the_suite_and_the_declaration_check_ask_the_oracle() -> None:
+    # The model itself never does: the oracle is a layer above it, not a crossing.
+    modules = _modules()
+    askers = {m for m, p in modules.items() if ORACLE in _imports(m, p, set(modules))}
+    assert askers, "the oracle is asked by no one: the scan is wrong"
+    assert sorted(m for m in askers if _part(m) not in {"gpukit.conformance", *UNRESTRICTED}
+                  and m not in ORACLE_USERS) == []
+    assert askers >= ORACLE_USERS
+
+
+def test_the_model_does_not_reach_the_oracle_through_its_own_package() -> None:
+    # The declaration check is inside the model's package: the prefix rule alone would let a
+    # model module import it (and through it the oracle). Only the package's face may.
+    modules = _modules()
+    for module, path in modules.items():
+        if _part(module) == "gpukit.inventory" and module != "gpukit.inventory":
+            reads = _imports(module, path, set(modules))
+            assert not [t for t in reads if _part(t) == "gpukit.inventory.check"], module
