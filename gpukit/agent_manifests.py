@@ -487,15 +487,18 @@ def own_slices_policy(d: AgentDeployment) -> list[dict[str, Any]]:
             ],
             "validations": [
                 {"expression": f"'{key}' in request.userInfo.extra",
-                 "message": "the gpukit DRA plugin must use its pod's token (it names the node)"},
+                 "message": "the gpukit DRA plugin must use its pod's token (it names the node)",
+                 "reason": "Forbidden"},
                 {"expression": f"request.operation == 'CREATE' || ({on('oldObject')})",
                  "message": "the gpukit DRA plugin may change only its own node's "
-                            "ResourceSlices"},
+                            "ResourceSlices",
+                 "reason": "Forbidden"},
                 {"expression": f"request.operation == 'DELETE' || ({on('object')} && "
                                f"object.spec.driver == '{dra_names.DRIVER}' && "
                                f"object.spec.pool.name == {node})",
                  "message": "the gpukit DRA plugin may write only ResourceSlices of its own "
-                            f"node, driver {dra_names.DRIVER}, pool named after the node"},
+                            f"node, driver {dra_names.DRIVER}, pool named after the node",
+                 "reason": "Forbidden"},
             ],
         },
     }

@@ -82,6 +82,7 @@ class DraAgent:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._rescan = threading.Event()
+        self._resync = threading.Event()
         enabled, ignored = effective_ignored_xids(options.health)
         self.health_enabled = enabled
         self.tracker = HealthTracker(ignored, options.health.recovery_seconds)
@@ -132,6 +133,8 @@ class DraAgent:
         self.server.start()
         if self.health_enabled:
             self.health.start()
+        threading.Thread(target=self.publisher.watch_changes, name="gpukit-dra-slices",
+                         args=(self.request_resync, self._stop), daemon=True).start()
         kept = self.checkpoint.all()
         if kept:
             log.info("prepared claims from the checkpoint: %s", ", ".join(
@@ -164,6 +167,11 @@ class DraAgent:
     def request_rescan(self) -> None:
         self._rescan.set()
 
+    def request_resync(self) -> None:
+        """Someone changed or removed this node's slices: check them at once."""
+        self._resync.set()
+        self._rescan.set()  # wakes the loop
+
     def request_reload(self) -> None:
         self._rescan.set()
 
@@ -183,7 +191,8 @@ class DraAgent:
                     self._rescan.clear()
                     self.rescan()
                     next_rescan = now + self.options.rescan_interval
-                if now >= next_resync:
+                if now >= next_resync or self._resync.is_set():
+                    self._resync.clear()
                     self.publish(force_check=True)
                     next_resync = now + self.options.resync_interval
                 if not self.server.sockets_intact():

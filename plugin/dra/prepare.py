@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,10 +70,12 @@ class Preparer:
                 log.info("%s: already prepared (%s)", ref, ", ".join(
                     d.device for d in known.devices))
                 return known
+            started = time.monotonic()
             claim = self.read_claim(ref.namespace, ref.name)
             prepared = self._prepare(ref, claim)
             self.checkpoint.put(prepared)
-            log.info("%s: prepared %s", ref, ", ".join(d.device for d in prepared.devices))
+            log.info("%s: prepared %s in %.1f ms", ref, ", ".join(
+                d.device for d in prepared.devices), (time.monotonic() - started) * 1000)
             return prepared
 
     def _results(self, ref: ClaimRef, claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from kubernetes import client
+from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from .names import DRIVER
@@ -115,6 +116,27 @@ class SlicePublisher:
         except ApiException as exc:
             if exc.status != 404:
                 raise
+
+    def watch_changes(self, on_change: Callable[[], None], stop: threading.Event,
+                      timeout: int = 300) -> None:
+        """Call `on_change` whenever someone deletes or changes one of this node's slices
+        (the kubelet wiping them, a stray writer), until `stop`; the caller then syncs."""
+        selector = f"spec.nodeName={self.node},spec.driver={DRIVER}"
+        while not stop.is_set():
+            w = watch.Watch()
+            try:
+                for ev in w.stream(self.api.list_resource_slice, field_selector=selector,
+                                   timeout_seconds=timeout, _request_timeout=timeout + 10):
+                    if stop.is_set():
+                        w.stop()
+                        return
+                    managers = {m.manager for m in ev["object"].metadata.managed_fields or []}
+                    if ev["type"] == "DELETED" or FIELD_MANAGER not in managers or \
+                            len(managers) > 1:  # fmt: skip
+                        on_change()
+            except Exception as exc:  # the API went away for a while: watch again
+                log.debug("watching ResourceSlices: %s", exc)
+                stop.wait(5)
 
     def withdraw(self) -> None:
         """Delete every slice of this node and driver (the agent is going away for good)."""

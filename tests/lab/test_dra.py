@@ -1,0 +1,524 @@
+"""DRA on the real kubelet: gpukit's DRA plugin (driver gpu.nvidia.com) on both lab nodes, no
+device plugin, claims written as for NVIDIA's driver.
+
+The DRA plugin runs as its DaemonSet (gpukit.agent_manifests.dra_manifests); the scheduler
+allocates from its ResourceSlices, the kubelet calls NodePrepareResources and containerd
+injects the claim's CDI devices. Proven here: slices equal the node's GPUs (MIG devices after
+a MIG layout change on gpu-a100) with NVIDIA's attributes; a pod with a claim sees exactly its
+device, one without sees none; two containers and two pods on one claim see the same device;
+two claims get disjoint devices; CEL selectors by productName and memory pick the right nodes'
+devices; an unsatisfiable claim stays Pending with the scheduler's reason; an unchanged pod
+asking for nvidia.com/gpu is served through the DeviceClass's extended resource; an agent
+restart between prepare and unprepare neither loses nor prepares again; the own-slices
+admission policy refuses another node's slice. Every failure names node, claim, expected and
+observed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from labtools import MIG_CREATE, MIG_MODE, node_pynvml, wait_for
+
+from gpukit import agent_manifests
+from gpukit.agent_manifests import DRA_APP, AgentDeployment
+from gpukit.k8s import connect, objects, waits
+from gpukit.lab import agent, cluster, images, nodes
+from gpukit.lab.config import load_spec
+from gpukit.lab.controlplane import paths
+
+pytestmark = pytest.mark.lab
+
+NS = "default"
+DRIVER = "gpu.nvidia.com"
+A100, T4 = "gpu-a100", "gpu-t4"
+CONTROL = {"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"}
+SCRIPT = ('echo "DEV=$(ls /dev | grep nvidia | tr "\\n" " ")"; '
+          'echo "CAPS=$(ls /dev/nvidia-caps 2>/dev/null | tr "\\n" " ")"; '
+          'echo "ENV=$(env | grep -E "^(NVIDIA_VISIBLE_DEVICES|GPUKIT_DRA)" | sort | tr "\\n" " ")"; '
+          "exec sleep 3600")
+
+
+# -- fixtures ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def api(lab_cluster: object) -> Any:
+    return connect.api_client(paths().admin_kubeconfig)
+
+
+@pytest.fixture(scope="module")
+def core(api: Any) -> client.CoreV1Api:
+    return client.CoreV1Api(api)
+
+
+@pytest.fixture(scope="module")
+def resource(api: Any) -> client.ResourceV1Api:
+    return client.ResourceV1Api(api)
+
+
+def dra_objects(d: AgentDeployment) -> list[dict[str, Any]]:
+    return [agent_manifests.namespace(d), *agent_manifests.dra_manifests(d)]
+
+
+@pytest.fixture(scope="module")
+def deployed(api: Any, resource: client.ResourceV1Api) -> Iterator[AgentDeployment]:
+    d = replace(agent.lab_deployment({}), dra=True)
+    docs = dra_objects(d)
+    try:
+        objects.apply(api, docs, field_manager="gpukit-lab")
+        waits.daemonset_rolled_out(api, d.namespace, DRA_APP, 180)
+        for node in (A100, T4):
+            wait_for(f"node {node}: the kubelet registered the DRA plugin",
+                     lambda n=node: "the kubelet registered DRA driver" in plugin_log(n),
+                     timeout=120, explain=lambda n=node: diagnose(n))
+        yield d
+    finally:
+        objects.delete(api, docs, wait=120)
+
+
+@pytest.fixture
+def cleanup(core: client.CoreV1Api, resource: client.ResourceV1Api) -> Iterator[list[str]]:
+    """Names of pods and claims the test made; deleted afterwards."""
+    made: list[str] = []
+    yield made
+    for name in made:
+        for delete in (core.delete_namespaced_pod, resource.delete_namespaced_resource_claim):
+            try:
+                delete(name, NS, grace_period_seconds=0)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+    for name in made:
+        wait_for(f"pod {name} gone", lambda n=name: not _exists(core.read_namespaced_pod, n),
+                 timeout=90)
+
+
+def _exists(read: Any, name: str) -> bool:
+    try:
+        read(name, NS)
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+def diagnose(node: str) -> str:
+    core = connect.core(paths().admin_kubeconfig)
+    out = []
+    for p in core.list_namespaced_pod("gpukit-system",
+                                      field_selector=f"spec.nodeName={node}").items:
+        try:
+            log = core.read_namespaced_pod_log(p.metadata.name, "gpukit-system", tail_lines=30)
+        except ApiException as exc:
+            log = str(exc)
+        out.append(f"--- {p.metadata.name} {p.status.phase}\n{log}")
+    r = cluster.node_exec(load_spec().node(node), ["journalctl", "-u", "kubelet", "--no-pager",
+                                                   "-n", "300"])  # fmt: skip
+    lines = [ln for ln in r.stdout.splitlines() if "dra" in ln.lower() or "claim" in ln.lower()]
+    out.append("--- kubelet (DRA lines)\n" + "\n".join(lines[-25:]))
+    return "\n".join(out)
+
+
+def plugin_log(node: str) -> str:
+    core = connect.core(paths().admin_kubeconfig)
+    out = ""
+    for name in agent.agent_pods(node):
+        if name.startswith(DRA_APP):
+            try:
+                out += core.read_namespaced_pod_log(name, "gpukit-system")
+            except ApiException:
+                pass
+    return out
+
+
+def node_sh(node: str, command: str) -> str:
+    r = cluster.node_exec(load_spec().node(node), ["sh", "-c", command])
+    return r.stdout.strip()
+
+
+def slices(resource: client.ResourceV1Api, node: str) -> list[dict[str, Any]]:
+    resp = resource.list_resource_slice(field_selector=f"spec.nodeName={node},spec.driver={DRIVER}",
+                                        _preload_content=False)
+    items: list[dict[str, Any]] = json.loads(resp.data)["items"]
+    return items
+
+
+def slice_devices(resource: client.ResourceV1Api, node: str) -> dict[str, dict[str, Any]]:
+    return {d["name"]: d for s in slices(resource, node) for d in s["spec"].get("devices") or []}
+
+
+def claim_doc(name: str, cls: str = "gpu.nvidia.com", count: int = 1,
+              selectors: list[str] | None = None,
+              config: dict[str, Any] | None = None) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": cls, "allocationMode": "ExactCount",
+                               "count": count}
+    if selectors:
+        exactly["selectors"] = [{"cel": {"expression": e}} for e in selectors]
+    spec: dict[str, Any] = {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}
+    if config:
+        spec["devices"]["config"] = [{"requests": ["gpu"], "opaque": {
+            "driver": DRIVER, "parameters": config}}]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": NS}, "spec": spec}
+
+
+def pod_doc(name: str, node: str | None, claims: dict[str, str], containers: int = 1,
+            limits: dict[str, str] | None = None) -> dict[str, Any]:
+    """`claims`: pod claim name -> ResourceClaim name; every container uses every claim."""
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
+        "containers": [{"name": f"c{i}", "image": images.SHELL, "command": ["sh", "-c", SCRIPT],
+                        "resources": {"claims": [{"name": c} for c in claims],
+                                      **({"limits": limits} if limits else {})}}
+                       for i in range(containers)],
+        "resourceClaims": [{"name": c, "resourceClaimName": rc} for c, rc in claims.items()],
+    }
+    if node:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": NS, "labels": {"gpukit-test": "dra"}},
+            "spec": spec}
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def create_claim(resource: client.ResourceV1Api, made: list[str], doc: dict[str, Any]) -> str:
+    resource.create_namespaced_resource_claim(NS, doc)
+    made.append(doc["metadata"]["name"])
+    return str(doc["metadata"]["name"])
+
+
+def run_pod(core: client.CoreV1Api, made: list[str], doc: dict[str, Any],
+            timeout: float = 120) -> client.V1Pod:
+    core.create_namespaced_pod(NS, doc)
+    made.append(doc["metadata"]["name"])
+    name = doc["metadata"]["name"]
+    try:
+        pod = waits.pod_phase(core, NS, name, {"Running", "Failed", "Succeeded"}, timeout)
+    except TimeoutError as exc:
+        pod = core.read_namespaced_pod(name, NS)
+        pytest.fail(f"pod {name} (node {pod.spec.node_name}): expected Running, observed "
+                    f"{pod.status.phase} {conditions(pod)}: {exc}\n"
+                    f"{diagnose(pod.spec.node_name or A100)}")
+    assert pod.status.phase == "Running", (
+        f"pod {name} (node {pod.spec.node_name}): expected Running, observed {pod.status.phase}")
+    return pod
+
+
+def conditions(pod: client.V1Pod) -> str:
+    return "; ".join(f"{c.type}={c.status} {c.reason or ''} {c.message or ''}"
+                     for c in pod.status.conditions or [])
+
+
+def seen(core: client.CoreV1Api, pod: str, container: str = "c0") -> dict[str, set[str]]:
+    """What the container printed: its /dev/nvidia* entries, caps nodes and env."""
+    def read() -> str:
+        try:
+            return str(core.read_namespaced_pod_log(pod, NS, container=container))
+        except ApiException:
+            return ""
+    text = wait_for(f"pod {pod} container {container} output", lambda: "ENV=" in read() and read(),
+                    timeout=60)
+    out: dict[str, set[str]] = {}
+    for key in ("DEV", "CAPS", "ENV"):
+        m = re.search(rf"^{key}=(.*)$", text, re.M)
+        out[key] = set(m.group(1).split()) if m else set()
+    return out
+
+
+def allocated(resource: client.ResourceV1Api, claim: str) -> list[dict[str, Any]]:
+    resp = resource.read_namespaced_resource_claim(claim, NS, _preload_content=False)
+    doc = json.loads(resp.data)
+    results: list[dict[str, Any]] = (((doc.get("status") or {}).get("allocation") or {})
+                                     .get("devices") or {}).get("results") or []
+    return results
+
+
+def minor_of(resource: client.ResourceV1Api, node: str, device: str) -> int:
+    d = slice_devices(resource, node)[device]
+    key = "minor" if "minor" in d["attributes"] else "parentIndex"
+    return int(d["attributes"][key]["int"])
+
+
+def gpu_nodes(node_devs: set[str]) -> set[str]:
+    return {d for d in node_devs if re.fullmatch(r"nvidia\d+", d)}
+
+
+def checkpoint(node: str) -> dict[str, Any]:
+    text = node_sh(node, "cat /var/lib/kubelet/plugins/gpu.nvidia.com/checkpoint.json "
+                         "2>/dev/null")
+    claims: dict[str, Any] = json.loads(text)["claims"] if text else {}
+    return claims
+
+
+def cdi_spec_mtime(node: str, uid: str) -> str:
+    """The claim's CDI spec's modification time on the node ("" when there is none): /var/run
+    is the node's own tmpfs, read inside it."""
+    return node_sh(node, f"stat -c %y /var/run/cdi/k8s.gpu.nvidia.com-claim_{uid}.json "
+                         "2>/dev/null")
+
+
+# -- tests -----------------------------------------------------------------------------------
+
+
+def test_slices_equal_the_nodes_gpus_with_nvidias_attributes(
+        deployed: AgentDeployment, resource: client.ResourceV1Api) -> None:
+    for node, product, memory in ((A100, "NVIDIA A100-SXM4-40GB", "40Gi"),
+                                  (T4, "Tesla T4", "15Gi")):
+        uuids = nodes.gpu_uuids(load_spec().node(node))
+        expected = {f"gpu-{i}" for i in range(len(uuids))}
+        devs = wait_for(f"node {node}: devices {sorted(expected)} published",
+                        lambda n=node, e=expected: set(slice_devices(resource, n)) == e
+                        and slice_devices(resource, n), timeout=60,
+                        explain=lambda n=node: f"observed {sorted(slice_devices(resource, n))}")
+        assert set(devs) == expected, f"node {node}: expected devices {sorted(expected)}, " \
+            f"observed {sorted(devs)}"
+        for i, u in enumerate(uuids):
+            attrs = devs[f"gpu-{i}"]["attributes"]
+            got = {k: next(iter(v.values())) for k, v in attrs.items()}
+            for key, want in (("type", "gpu"), ("uuid", u), ("productName", product)):
+                assert got.get(key) == want, (f"node {node}, device gpu-{i}: attribute {key} "
+                                              f"expected {want!r}, observed {got.get(key)!r}")
+            for key in ("architecture", "cudaComputeCapability", "driverVersion",
+                        "cudaDriverVersion", "resource.kubernetes.io/pciBusID"):
+                assert key in got, f"node {node}, device gpu-{i}: attribute {key} missing " \
+                    f"(observed {sorted(got)})"
+            cap = devs[f"gpu-{i}"]["capacity"]["memory"]["value"]
+            # The profiles' memory_mib: 40960 (A100-SXM4-40GB), 15360 (T4).
+            assert cap == memory, f"node {node}, device gpu-{i}: capacity memory expected " \
+                f"{memory}, observed {cap}"
+        pools = {(s["spec"]["pool"]["name"], s["spec"]["pool"]["generation"],
+                  s["spec"]["nodeName"]) for s in slices(resource, node)}
+        assert len(pools) == 1 and next(iter(pools))[0] == node == next(iter(pools))[2], \
+            f"node {node}: expected one pool named after the node, observed {pools}"
+
+
+def test_a_pod_with_a_claim_sees_exactly_its_device_and_one_without_sees_none(
+        deployed: AgentDeployment, core: client.CoreV1Api, resource: client.ResourceV1Api,
+        cleanup: list[str]) -> None:
+    claim = create_claim(resource, cleanup, claim_doc(unique("one")))
+    pod = unique("claimed")
+    run_pod(core, cleanup, pod_doc(pod, T4, {"gpu": claim}))
+    results = allocated(resource, claim)
+    assert [r["pool"] for r in results] == [T4], f"claim {claim}: expected one device in " \
+        f"pool {T4}, observed {results}"
+    want = {f"nvidia{minor_of(resource, T4, results[0]['device'])}"}
+    got = seen(core, pod)
+    assert gpu_nodes(got["DEV"]) == want, (f"node {T4}, claim {claim}: expected GPU nodes "
+                                           f"{want}, observed {sorted(got['DEV'])}")
+    assert CONTROL & got["DEV"], f"node {T4}, claim {claim}: no control nodes in {got['DEV']}"
+    bare = unique("bare")
+    run_pod(core, cleanup, pod_doc(bare, T4, {}))
+    none = seen(core, bare)["DEV"]
+    assert none == set(), f"node {T4}, pod {bare} without a claim: expected no /dev/nvidia*, " \
+        f"observed {sorted(none)}"
+
+
+def test_two_containers_and_two_pods_on_one_claim_see_the_same_device(
+        deployed: AgentDeployment, core: client.CoreV1Api, resource: client.ResourceV1Api,
+        cleanup: list[str]) -> None:
+    claim = create_claim(resource, cleanup, claim_doc(unique("shared")))
+    first, second = unique("shared-a"), unique("shared-b")
+    run_pod(core, cleanup, pod_doc(first, None, {"gpu": claim}, containers=2))
+    run_pod(core, cleanup, pod_doc(second, None, {"gpu": claim}))
+    views = {(p, c): gpu_nodes(seen(core, p, c)["DEV"])
+             for p, c in ((first, "c0"), (first, "c1"), (second, "c0"))}
+    node = allocated(resource, claim)[0]["pool"]
+    assert len({frozenset(v) for v in views.values()}) == 1 and \
+        len(next(iter(views.values()))) == 1, (
+            f"node {node}, claim {claim}: expected one and the same GPU in every container, "
+            f"observed {views}")
+
+
+def test_two_claims_get_disjoint_devices(
+        deployed: AgentDeployment, core: client.CoreV1Api, resource: client.ResourceV1Api,
+        cleanup: list[str]) -> None:
+    a = create_claim(resource, cleanup, claim_doc(unique("disj-a")))
+    b = create_claim(resource, cleanup, claim_doc(unique("disj-b")))
+    pa, pb = unique("disj-a"), unique("disj-b")
+    run_pod(core, cleanup, pod_doc(pa, T4, {"gpu": a}))
+    run_pod(core, cleanup, pod_doc(pb, T4, {"gpu": b}))
+    da = {r["device"] for r in allocated(resource, a)}
+    db = {r["device"] for r in allocated(resource, b)}
+    assert da and db and not da & db, f"node {T4}, claims {a}, {b}: expected disjoint " \
+        f"devices, observed {da} and {db}"
+    sa, sb = gpu_nodes(seen(core, pa)["DEV"]), gpu_nodes(seen(core, pb)["DEV"])
+    assert len(sa) == len(sb) == 1 and not sa & sb, f"node {T4}, claims {a}, {b}: " \
+        f"expected different GPU nodes, observed {sa} and {sb}"
+
+
+def test_cel_selectors_by_product_and_memory_pick_the_right_devices(
+        deployed: AgentDeployment, core: client.CoreV1Api, resource: client.ResourceV1Api,
+        cleanup: list[str]) -> None:
+    attrs = f"device.attributes['{DRIVER}']"
+    cases = {
+        T4: [f"{attrs}.productName == 'Tesla T4'"],
+        A100: [f"device.capacity['{DRIVER}'].memory.compareTo(quantity('30Gi')) >= 0"],
+    }
+    for node, selectors in cases.items():
+        claim = create_claim(resource, cleanup, claim_doc(unique("cel"), selectors=selectors))
+        run_pod(core, cleanup, pod_doc(unique("cel"), None, {"gpu": claim}))
+        pools = {r["pool"] for r in allocated(resource, claim)}
+        assert pools == {node}, f"claim {claim} ({selectors[0]}): expected a device of " \
+            f"node {node}, observed pools {pools}"
+
+
+def test_an_unsatisfiable_claim_stays_pending_with_the_schedulers_reason(
+        deployed: AgentDeployment, core: client.CoreV1Api, resource: client.ResourceV1Api,
+        cleanup: list[str]) -> None:
+    claim = create_claim(resource, cleanup, claim_doc(unique("none"), count=3, selectors=[
+        f"device.attributes['{DRIVER}'].productName == 'Tesla T4'"]))
+    name = unique("pending")
+    core.create_namespaced_pod(NS, pod_doc(name, None, {"gpu": claim}))
+    cleanup.append(name)
+
+    def reason() -> str:
+        pod = core.read_namespaced_pod(name, NS)
+        for c in pod.status.conditions or []:
+            if c.type == "PodScheduled" and c.status == "False" and c.message:
+                return str(c.message)
+        return ""
+
+    message = wait_for(f"claim {claim}: the scheduler's reason on pod {name}", reason,
+                       timeout=60)
+    assert "claim" in message.lower(), f"claim {claim} (3 T4s, 2 exist): expected the " \
+        f"scheduler to name the claim it cannot allocate, observed {message!r}"
+    pod = core.read_namespaced_pod(name, NS)
+    assert pod.status.phase == "Pending" and not allocated(resource, claim), (
+        f"claim {claim}: expected Pending and unallocated, observed {pod.status.phase}, "
+        f"{allocated(resource, claim)}")
+
+
+def test_an_unchanged_pod_asking_for_nvidia_gpu_is_served_by_dra(
+        deployed: AgentDeployment, core: client.CoreV1Api, resource: client.ResourceV1Api,
+        cleanup: list[str]) -> None:
+    name = unique("extended")
+    pod = run_pod(core, cleanup, pod_doc(name, T4, {}, limits={"nvidia.com/gpu": "1"}))
+    devs = gpu_nodes(seen(core, name)["DEV"])
+    status = pod.status.extended_resource_claim_status
+    claim = status.resource_claim_name if status else None
+    assert claim and len(devs) == 1, (
+        f"node {T4}, pod {name} (nvidia.com/gpu: 1): expected a claim made for it and one GPU "
+        f"node, observed claim {claim}, nodes {devs}")
+
+
+def test_an_agent_restart_between_prepare_and_unprepare_loses_nothing(
+        deployed: AgentDeployment, core: client.CoreV1Api, resource: client.ResourceV1Api,
+        cleanup: list[str]) -> None:
+    claim = create_claim(resource, cleanup, claim_doc(unique("restart")))
+    pod = unique("restart")
+    run_pod(core, cleanup, pod_doc(pod, T4, {"gpu": claim}))
+    uid = resource.read_namespaced_resource_claim(claim, NS).metadata.uid
+    before = cdi_spec_mtime(T4, uid)
+    assert uid in checkpoint(T4) and before, f"node {T4}, claim {claim}: expected a " \
+        f"checkpoint entry and its CDI spec, observed entries {sorted(checkpoint(T4))}, " \
+        f"spec time {before!r}"
+    old = agent.agent_pods(T4)
+    plugin_pods = [p for p in old if p.startswith(DRA_APP)]
+    for p in plugin_pods:
+        core.delete_namespaced_pod(p, "gpukit-system")
+    wait_for(f"node {T4}: a new DRA plugin pod running", lambda: [
+        p for p in core.list_namespaced_pod(
+            "gpukit-system", field_selector=f"spec.nodeName={T4}").items
+        if p.metadata.name not in plugin_pods and p.status.phase == "Running"], timeout=120)
+    running = core.read_namespaced_pod(pod, NS)
+    assert running.status.phase == "Running", f"node {T4}, claim {claim}: pod {pod} " \
+        f"expected Running after the agent restart, observed {running.status.phase}"
+    wait_for(f"node {T4}: the new DRA plugin registered",
+             lambda: "the kubelet registered DRA driver" in plugin_log(T4), timeout=60)
+    entries = [u for u in checkpoint(T4) if u == uid]
+    after = cdi_spec_mtime(T4, uid)
+    assert entries == [uid] and after == before, (
+        f"node {T4}, claim {claim}: expected one checkpoint entry and the spec untouched, "
+        f"observed {entries}, spec time {before!r} -> {after!r}")
+    core.delete_namespaced_pod(pod, NS, grace_period_seconds=0)
+    wait_for(f"node {T4}, claim {claim}: CDI spec and checkpoint entry gone after the pod",
+             lambda: not cdi_spec_mtime(T4, uid) and uid not in checkpoint(T4), timeout=90,
+             explain=lambda: f"spec time {cdi_spec_mtime(T4, uid)!r}, checkpoint: "
+                             f"{sorted(checkpoint(T4))}\n{diagnose(T4)}")
+
+
+def test_the_policy_refuses_another_nodes_slice(deployed: AgentDeployment,
+                                                 core: client.CoreV1Api) -> None:
+    pods = [p for p in agent.agent_pods(T4) if p.startswith(DRA_APP)]
+    assert pods, f"node {T4}: no DRA plugin pod"
+    code = ("from kubernetes import client, config\n"
+            "config.load_incluster_config()\n"
+            "api = client.ResourceV1Api()\n"
+            f"body = {{'apiVersion': 'resource.k8s.io/v1', 'kind': 'ResourceSlice',"
+            f" 'metadata': {{'name': 'intruder'}}, 'spec': {{'driver': '{DRIVER}',"
+            f" 'nodeName': '{A100}', 'pool': {{'name': '{A100}', 'generation': 1,"
+            f" 'resourceSliceCount': 1}}, 'devices': []}}}}\n"
+            "try:\n    api.create_resource_slice(body); print('CREATED')\n"
+            "except client.exceptions.ApiException as e:\n    print('STATUS', e.status, e.body)\n")
+    kubectl = str(cluster.kubernetes_bindir(load_spec()) / "kubectl")
+    r = subprocess.run([kubectl, f"--kubeconfig={paths().admin_kubeconfig}", "-n",
+                        "gpukit-system", "exec", pods[0], "--", "python3", "-c", code],
+                       capture_output=True, text=True, timeout=60)
+    assert "STATUS 403" in r.stdout and "only ResourceSlices of its own node" in r.stdout, (
+        f"node {T4}'s DRA plugin writing a slice of {A100}: expected 403 from the own-slices "
+        f"policy, observed {r.stdout}{r.stderr}")
+
+
+def test_a_mig_layout_change_republishes_and_a_mig_claim_runs(
+        deployed: AgentDeployment, core: client.CoreV1Api, resource: client.ResourceV1Api,
+        cleanup: list[str]) -> None:
+    """GPU 0 of gpu-a100 into two 3g.20gb (no claim holds it): its slice device gives way to
+    the two MIG devices NVIDIA's driver would name, at placements 0 and 4; a mig.nvidia.com
+    claim gets one and its container its parent's node."""
+    generation = max(s["spec"]["pool"]["generation"] for s in slices(resource, A100))
+    node_pynvml(A100, MIG_MODE, "create")
+    nodes.nvml_cli(load_spec().node(A100), "reset", "--gpu", "0")
+    node_pynvml(A100, MIG_CREATE)
+    want = {"gpu-0-mig-3g20gb-9-0", "gpu-0-mig-3g20gb-9-4"} | {f"gpu-{i}" for i in range(1, 8)}
+    try:
+        wait_for(f"node {A100}: MIG devices {sorted(want)} published",
+                 lambda: set(slice_devices(resource, A100)) == want, timeout=90,
+                 explain=lambda: f"observed {sorted(slice_devices(resource, A100))}\n"
+                                 f"{diagnose(A100)}")
+        gens = {s["spec"]["pool"]["generation"] for s in slices(resource, A100)}
+        assert gens and min(gens) > generation, f"node {A100}: expected a generation above " \
+            f"{generation} after the MIG change, observed {gens}"
+        mig = slice_devices(resource, A100)["gpu-0-mig-3g20gb-9-4"]
+        attrs = {k: next(iter(v.values())) for k, v in mig["attributes"].items()}
+        assert (attrs["type"], attrs["profile"]) == ("mig", "3g.20gb"), \
+            f"node {A100}, gpu-0-mig-3g20gb-9-4: observed attributes {attrs}"
+        assert mig["capacity"]["multiprocessors"]["value"] == "42" and \
+            mig["capacity"]["memorySlice4"]["value"] == "1", \
+            f"node {A100}, gpu-0-mig-3g20gb-9-4: observed capacity {mig['capacity']}"
+        claim = create_claim(resource, cleanup, claim_doc(unique("mig"), cls="mig.nvidia.com"))
+        pod = unique("mig")
+        run_pod(core, cleanup, pod_doc(pod, A100, {"gpu": claim}))
+        got = seen(core, pod)
+        assert gpu_nodes(got["DEV"]) == {"nvidia0"}, f"node {A100}, claim {claim} (MIG): " \
+            f"expected its parent's node nvidia0, observed {sorted(got['DEV'])}"
+    finally:
+        for name in list(cleanup):
+            try:
+                core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
+            except ApiException:
+                pass
+        wait_for("MIG test pods gone", lambda: not [
+            p for p in cleanup if _exists(core.read_namespaced_pod, p)], timeout=90)
+        nodes.nvml_cli(load_spec().node(A100), "reset", "--gpu", "0")
+        node_pynvml(A100, MIG_MODE, "destroy")
+        nodes.nvml_cli(load_spec().node(A100), "reset", "--gpu", "0")
+        wait_for(f"node {A100}: 8 whole GPUs again",
+                 lambda: set(slice_devices(resource, A100)) == {f"gpu-{i}" for i in range(8)},
+                 timeout=90)
