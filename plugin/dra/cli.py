@@ -18,6 +18,7 @@ import sys
 import threading
 
 from gpukit import __version__
+from gpukit.contracts.plugin_config import HealthSettings
 
 from ..signals import INBOX, StopRequested
 from .names import CDI_DIR, PLUGIN_DIR, REGISTRY_DIR
@@ -55,6 +56,13 @@ def build_parser(prog: str = "gpukit-dra-plugin") -> argparse.ArgumentParser:
     p.add_argument("--rescan-interval", type=float,
                    default=float(env("GPUKIT_DRA_RESCAN_SECONDS", "10")),
                    help="seconds between GPU rescans [GPUKIT_DRA_RESCAN_SECONDS]")
+    p.add_argument("--health-recovery-seconds", type=float,
+                   default=float(env("GPUKIT_RECOVERY_SECONDS", "60")),
+                   help="seconds without a critical XID before a withdrawn device is published "
+                        "again [GPUKIT_RECOVERY_SECONDS]")
+    p.add_argument("--health-probe-interval", type=float,
+                   default=float(env("GPUKIT_HEALTH_PROBE_INTERVAL_SECONDS", "5")),
+                   help="seconds between GPU probes [GPUKIT_HEALTH_PROBE_INTERVAL_SECONDS]")
     p.add_argument("--log-level", default=env("GPUKIT_LOG_LEVEL", "INFO"))
     return p
 
@@ -75,10 +83,12 @@ def _main(argv: list[str] | None, prog: str) -> int:
     if not args.node_name:
         print("error: the node's name is needed (--node-name or NODE_NAME)", file=sys.stderr)
         return 1
-    if args.rescan_interval <= 0:
-        print(f"error: --rescan-interval: {args.rescan_interval} is not a positive number "
-              "of seconds", file=sys.stderr)
-        return 1
+    for flag in ("rescan_interval", "health_recovery_seconds", "health_probe_interval"):
+        value = getattr(args, flag)
+        if value <= 0:
+            print(f"error: --{flag.replace('_', '-')}: {value} is not a positive number of "
+                  "seconds", file=sys.stderr)
+            return 1
     from gpukit.k8s import connect
 
     from .agent import AgentOptions, DraAgent
@@ -87,7 +97,9 @@ def _main(argv: list[str] | None, prog: str) -> int:
         node=args.node_name, nvml_library=args.nvml_library, device_root=args.device_root,
         device_root_in_plugin=args.device_root_in_plugin or args.device_root,
         proc_root=args.proc_root, plugin_dir=args.plugin_dir, registry_dir=args.registry_dir,
-        cdi_dir=args.cdi_spec_dir, rescan_interval=args.rescan_interval)
+        cdi_dir=args.cdi_spec_dir, rescan_interval=args.rescan_interval,
+        health=HealthSettings(recovery_seconds=args.health_recovery_seconds,
+                              probe_interval_seconds=args.health_probe_interval))
     try:
         agent = DraAgent(options, connect.api_client(args.kubeconfig, in_cluster_first=True))
         agent.start()

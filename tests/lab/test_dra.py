@@ -41,6 +41,7 @@ pytestmark = pytest.mark.lab
 NS = "default"
 DRIVER = "gpu.nvidia.com"
 A100, T4 = "gpu-a100", "gpu-t4"
+RECOVERY_S = 15
 CONTROL = {"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"}
 SCRIPT = ('echo "DEV=$(ls /dev | grep nvidia | tr "\\n" " ")"; '
           'echo "CAPS=$(ls /dev/nvidia-caps 2>/dev/null | tr "\\n" " ")"; '
@@ -72,7 +73,8 @@ def dra_objects(d: AgentDeployment) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def deployed(api: Any, resource: client.ResourceV1Api) -> Iterator[AgentDeployment]:
-    d = replace(agent.lab_deployment({}), dra=True)
+    d = replace(agent.lab_deployment({}, GPUKIT_RECOVERY_SECONDS=str(RECOVERY_S),
+                                     GPUKIT_HEALTH_PROBE_INTERVAL_SECONDS="1"), dra=True)
     docs = dra_objects(d)
     try:
         objects.apply(api, docs, field_manager="gpukit-lab")
@@ -452,6 +454,59 @@ def test_an_agent_restart_between_prepare_and_unprepare_loses_nothing(
              lambda: not cdi_spec_mtime(T4, uid) and uid not in checkpoint(T4), timeout=90,
              explain=lambda: f"spec time {cdi_spec_mtime(T4, uid)!r}, checkpoint: "
                              f"{sorted(checkpoint(T4))}\n{diagnose(T4)}")
+
+
+def test_nvidias_time_slicing_config_reaches_the_container_and_a_bad_one_names_the_field(
+        deployed: AgentDeployment, core: client.CoreV1Api, resource: client.ResourceV1Api,
+        cleanup: list[str]) -> None:
+    def config(interval: str) -> dict[str, Any]:
+        return {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+                "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}}}
+
+    good = create_claim(resource, cleanup, claim_doc(unique("ts"), config=config("Long")))
+    pod = unique("ts")
+    run_pod(core, cleanup, pod_doc(pod, T4, {"gpu": good}))
+    env = seen(core, pod)["ENV"]
+    want = {"GPUKIT_DRA_SHARING_STRATEGY=TimeSlicing", "GPUKIT_DRA_TIMESLICE_INTERVAL=Long"}
+    assert want <= env, f"node {T4}, claim {good}: expected {sorted(want)} in the " \
+        f"container's environment, observed {sorted(env)}"
+    bad = create_claim(resource, cleanup, claim_doc(unique("ts-bad"), config=config("Fast")))
+    pod = unique("ts-bad")
+    core.create_namespaced_pod(NS, pod_doc(pod, T4, {"gpu": bad}))
+    cleanup.append(pod)
+
+    def prepare_error() -> str:
+        events = core.list_namespaced_event(NS, field_selector=f"involvedObject.name={pod}")
+        return " ".join(e.message or "" for e in events.items
+                        if "timeSlicingConfig" in (e.message or ""))
+
+    message = wait_for(f"node {T4}, claim {bad}: the prepare error on pod {pod}",
+                       prepare_error, timeout=90, explain=lambda: diagnose(T4))
+    assert "timeSlicingConfig.interval: 'Fast' is not one of Default, Short, Medium, Long" in \
+        message and bad in message, f"node {T4}, claim {bad}: expected the field and value " \
+        f"named, observed {message!r}"
+    assert core.read_namespaced_pod(pod, NS).status.phase == "Pending"
+
+
+def test_a_critical_xid_withdraws_the_gpu_until_it_recovers(
+        deployed: AgentDeployment, resource: client.ResourceV1Api) -> None:
+    node, gpu = T4, 1
+    lab_node = load_spec().node(node)
+
+    def withdrawn() -> bool:
+        if f"gpu-{gpu}" not in slice_devices(resource, node):
+            return True
+        # The monitor sees events raised after it registered: raise until one is seen.
+        nodes.nvml_cli(lab_node, "inject-xid", "--gpu", str(gpu), "--xid", "79")
+        return False
+
+    wait_for(f"node {node}: gpu-{gpu} withdrawn after XID 79", withdrawn, timeout=60, every=2,
+             explain=lambda: f"observed {sorted(slice_devices(resource, node))}\n"
+                             f"{diagnose(node)}")
+    assert set(slice_devices(resource, node)) == {"gpu-0"}, f"node {node}: expected only " \
+        f"gpu-0 left, observed {sorted(slice_devices(resource, node))}"
+    wait_for(f"node {node}: gpu-{gpu} published again {RECOVERY_S} s after the XID",
+             lambda: f"gpu-{gpu}" in slice_devices(resource, node), timeout=RECOVERY_S + 45)
 
 
 def test_the_policy_refuses_another_nodes_slice(deployed: AgentDeployment,

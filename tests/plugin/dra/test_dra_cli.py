@@ -1,0 +1,22 @@
+"""The DRA plugin's command line refuses what it cannot run with, naming it, before starting."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpukit.plugin.dra import cli
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    ([], "the node's name is needed (--node-name or NODE_NAME)"),
+    (["--node-name", "n", "--rescan-interval", "0"],
+     "--rescan-interval: 0.0 is not a positive number of seconds"),
+    (["--node-name", "n", "--health-recovery-seconds", "-1"],
+     "--health-recovery-seconds: -1.0 is not a positive number of seconds"),
+])
+def test_bad_arguments_are_refused_by_name(argv: list[str], message: str,
+                                           monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    assert cli.main(argv) == 1
+    assert message in capsys.readouterr().err
