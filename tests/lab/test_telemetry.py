@@ -1,0 +1,312 @@
+"""GPU telemetry on the real kubelet: the node agent's dcgm-style series follow the lab's GPU
+workload (gpu-work, lab/nvml/workload) and carry the pod, namespace and container the kubelet's
+PodResources API names.
+
+The agent is deployed with the kubelet's pod-resources directory mounted read-only (the mount
+gpukit.agent_manifests does not make yet) and one named config per case: whole GPUs, time-slicing
+(2 replicas) and MIG (mixed); DeviceSpecs put the device nodes into containers (runc, no NVIDIA
+runtime), which is what gpu-work looks at. gpu-work registers itself with the node's mock NVML
+through the clients directory (a hostPath) for as long as it runs.
+
+- a pod working on a GPU moves that GPU's DCGM_FI_DEV_GPU_UTIL and DCGM_FI_DEV_FB_USED, with
+  its pod/namespace/container labels, to what NVML on the node says; deleted, the series lose
+  its labels and fall back to idle;
+- three single-replica pods on gpu-t4 (2 GPUs x 2 replicas): the GPU two of them share has one
+  series per sharing container, each GPU's series name exactly the pods given its replicas;
+- a pod on a 3g.20gb MIG device: the device's FB_USED series (GPU_I_PROFILE, GPU_I_ID of its GPU
+  instance) carries the pod; the MIG-enabled GPU has no utilisation series (NVML: not
+  supported), as dcgm-exporter shows it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import labtools
+import pytest
+from kubernetes import client
+from labtools import wait_for
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpukit.agent_manifests import AgentDeployment, HostMount
+from gpukit.k8s import connect, waits
+from gpukit.lab import agent, cluster, nodes
+from gpukit.lab import nvml as mock
+from gpukit.lab.config import load_spec, state_dir
+from gpukit.lab.controlplane import paths
+from gpukit.lab.nvml import workload
+
+pytestmark = pytest.mark.lab
+
+A100, T4 = "gpu-a100", "gpu-t4"
+NS = "telemetry-test"
+CONFIG_LABEL = "nvidia.com/device-plugin.config"
+POD_RESOURCES = "/var/lib/kubelet/pod-resources"
+MIB = 1 << 20
+Sample = tuple[str, dict[str, str], float]
+
+
+def _config(mig: str = "none", replicas: int = 0) -> dict[str, Any]:
+    doc: dict[str, Any] = {"version": "v1", "flags": {"migStrategy": mig, "plugin": {
+        "passDeviceSpecs": True, "deviceListStrategy": "envvar", "deviceIDStrategy": "uuid"}}}
+    if replicas:
+        doc["sharing"] = {"timeSlicing": {"resources": [
+            {"name": "nvidia.com/gpu", "replicas": replicas}]}}
+    return doc
+
+
+CONFIGS = {"whole": _config(), "ts": _config(replicas=2), "mig": _config("mixed")}
+
+
+def sh(node: str, command: str, timeout: float = 120) -> str:
+    r = cluster.node_exec(load_spec().node(node), ["sh", "-c", command], timeout=timeout)
+    assert r.returncode == 0, f"{node}: {command}: {r.stdout}{r.stderr}"
+    return r.stdout
+
+
+def scrape(node: str) -> list[Sample]:
+    status, body = labtools.agent_http(node, "/metrics")
+    assert status == 200, body
+    return [(s.name, dict(s.labels), s.value) for f in text_string_to_metric_families(body)
+            for s in f.samples]
+
+
+def series(samples: list[Sample], name: str, **labels: str) -> list[Sample]:
+    return [s for s in samples
+            if s[0] == name and all(s[1].get(k) == v for k, v in labels.items())]
+
+
+def node_nvml(node: str) -> dict[str, dict[str, Any]]:
+    """What NVML on the node says now, per UUID (GPUs and MIG devices): utilisation (None where
+    not supported), memory used, processes."""
+    code = r"""
+import json, pynvml as n
+n.nvmlInit()
+out = {}
+def dev(h):
+    d = {"used": n.nvmlDeviceGetMemoryInfo(h).used,
+         "procs": [p.pid for p in n.nvmlDeviceGetComputeRunningProcesses(h)]}
+    try:
+        d["util"] = n.nvmlDeviceGetUtilizationRates(h).gpu
+    except n.NVMLError:
+        d["util"] = None
+    return d
+for i in range(n.nvmlDeviceGetCount()):
+    h = n.nvmlDeviceGetHandleByIndex(i)
+    out[n.nvmlDeviceGetUUID(h)] = dev(h)
+    try:
+        mig = n.nvmlDeviceGetMigMode(h)[0]
+    except n.NVMLError:
+        mig = 0
+    for j in range(n.nvmlDeviceGetMaxMigDeviceCount(h) if mig else 0):
+        try:
+            m = n.nvmlDeviceGetMigDeviceHandleByIndex(h, j)
+        except n.NVMLError:
+            continue
+        out[n.nvmlDeviceGetUUID(m)] = dev(m)
+print(json.dumps(out))
+"""
+    root = nodes.root(load_spec().node(node))
+    env = mock.env(root / "etc/gpukit-lab/nvml/profile.yaml", root / "var/lib/gpukit-lab/nvml")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       check=True, timeout=60)
+    got: dict[str, dict[str, Any]] = json.loads(r.stdout)
+    return got
+
+
+def resources(core: client.CoreV1Api, node: str) -> dict[str, int]:
+    alloc = core.read_node(node).status.allocatable or {}
+    return {k: int(v) for k, v in alloc.items() if k.startswith("nvidia.com/")}
+
+
+def allocated(node: str, pod: client.V1Pod) -> list[str]:
+    """The device IDs the kubelet gave the pod (its device manager checkpoint)."""
+    text = sh(node, "cat /var/lib/kubelet/device-plugins/kubelet_internal_checkpoint")
+    ids: list[str] = []
+    for e in json.loads(text)["Data"]["PodDeviceEntries"] or []:
+        if e["PodUID"] == pod.metadata.uid:
+            for per_numa in e["DeviceIDs"].values():
+                ids += per_numa
+    return ids
+
+
+@pytest.fixture(scope="module")
+def core(lab_cluster: object) -> Iterator[client.CoreV1Api]:
+    api = connect.core(paths().admin_kubeconfig)
+    api.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NS)))
+    yield api
+    api.delete_namespace(NS)
+
+
+@pytest.fixture(scope="module")
+def deployed(core: client.CoreV1Api) -> Iterator[AgentDeployment]:
+    spec = load_spec()
+    archive = workload.build_image(state_dir() / "shared" / "images")
+    for node in (A100, T4):
+        sh(node, f"ctr -n k8s.io images import /opt/gpukit-lab/images/{archive.name}")
+    base = agent.lab_deployment(CONFIGS, default_config="whole")
+    d = replace(base, host_mounts=(*base.host_mounts, HostMount(
+        "pod-resources", POD_RESOURCES, POD_RESOURCES, read_only=True)))
+    try:
+        agent.apply(spec, d)
+        agent.wait_rolled_out(spec, d, timeout=180)
+        wait_for(f"{A100}: 8 nvidia.com/gpu",
+                 lambda: resources(core, A100).get("nvidia.com/gpu") == 8, timeout=180,
+                 explain=lambda: agent.diagnose(spec, A100))
+        yield d
+    finally:
+        agent.remove(spec, d)
+        for node in (A100, T4):
+            core.patch_node(node, {"metadata": {"labels": {CONFIG_LABEL: None}}})
+
+
+def select(core: client.CoreV1Api, node: str, config: str, want: dict[str, int]) -> None:
+    core.patch_node(node, {"metadata": {"labels": {CONFIG_LABEL: config}}})
+    wait_for(f"{node} to advertise {want} ({config})",
+             lambda: all(resources(core, node).get(k) == v for k, v in want.items())
+             and labtools.agent_http(node, "/readyz")[0] == 200, timeout=120)
+
+
+@pytest.fixture
+def pods(core: client.CoreV1Api) -> Iterator[list[str]]:
+    created: list[str] = []
+    yield created
+    for name in created:
+        try:
+            core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
+        except client.ApiException:
+            pass
+    names = set(created)
+    wait_for("the test pods gone", lambda: not names & {
+        p.metadata.name for p in core.list_namespaced_pod(NS).items}, timeout=90)
+
+
+def run_work(core: client.CoreV1Api, pods: list[str], node: str, resource: str, mem_mb: int,
+             util: int) -> client.V1Pod:
+    name = f"work-{uuid.uuid4().hex[:6]}"
+    volume = workload.pod_volume("/var/lib/gpukit-lab/nvml")
+    pod = client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name),
+        spec=client.V1PodSpec(
+            node_selector={"kubernetes.io/hostname": node}, restart_policy="Never",
+            termination_grace_period_seconds=2,
+            volumes=[client.V1Volume(name=volume["name"], host_path=client.V1HostPathVolumeSource(
+                path=volume["hostPath"]["path"], type="DirectoryOrCreate"))],
+            containers=[client.V1Container(
+                name="trainer", image=workload.IMAGE, image_pull_policy="Never",
+                args=workload.args(mem_mb, util),
+                volume_mounts=[client.V1VolumeMount(name=volume["name"],
+                                                    mount_path=workload.CLIENTS_IN_POD)],
+                resources=client.V1ResourceRequirements(limits={resource: "1"}))]))
+    core.create_namespaced_pod(NS, pod)
+    pods.append(name)
+    return waits.pod_phase(core, NS, name, {"Running"}, 120)
+
+
+def test_a_working_pod_moves_its_gpus_series_and_they_stop_when_it_ends(
+        core: client.CoreV1Api, deployed: AgentDeployment, pods: list[str]) -> None:
+    select(core, A100, "whole", {"nvidia.com/gpu": 8})
+    pod = run_work(core, pods, A100, "nvidia.com/gpu", mem_mb=3000, util=60)
+    (gpu,) = allocated(A100, pod)
+    labels = {"UUID": gpu, "pod": pod.metadata.name, "namespace": NS, "container": "trainer"}
+
+    def moved() -> list[Sample]:
+        got = scrape(A100)
+        util = series(got, "DCGM_FI_DEV_GPU_UTIL", **labels)
+        return got if util and util[0][2] == 60.0 else []
+
+    got = wait_for(f"{gpu}'s utilisation series with the pod's labels at 60 %", moved,
+                   timeout=60, every=1)
+    nvml = node_nvml(A100)[gpu]
+    (used,) = series(got, "DCGM_FI_DEV_FB_USED", **labels)
+    assert nvml["util"] == 60 and used[2] == nvml["used"] / MIB >= 3000, (used, nvml)
+    assert len(nvml["procs"]) == 1  # gpu-work, by its pid on the node
+    (temp,) = series(got, "DCGM_FI_DEV_GPU_TEMP", **labels)
+    assert temp[1]["Hostname"] == A100 and temp[1]["device"].startswith("nvidia")
+    others = [s for s in series(got, "DCGM_FI_DEV_GPU_UTIL") if s[1]["UUID"] != gpu]
+    assert len(others) == 7 and all(s[2] == 0 and "pod" not in s[1] for s in others)
+
+    core.delete_namespaced_pod(pod.metadata.name, NS, grace_period_seconds=0)
+
+    def stopped() -> bool:
+        util = series(scrape(A100), "DCGM_FI_DEV_GPU_UTIL", UUID=gpu)
+        return len(util) == 1 and util[0][2] == 0.0 and "pod" not in util[0][1]
+
+    wait_for(f"{gpu}'s series back to idle without the pod", stopped, timeout=60, every=1)
+    assert node_nvml(A100)[gpu]["procs"] == []
+
+
+def test_a_time_sliced_gpu_has_one_series_per_sharing_container(
+        core: client.CoreV1Api, deployed: AgentDeployment, pods: list[str]) -> None:
+    select(core, T4, "ts", {"nvidia.com/gpu": 4})
+    started = [run_work(core, pods, T4, "nvidia.com/gpu", mem_mb=500, util=30)
+               for _ in range(3)]
+    by_gpu: dict[str, set[str]] = {}
+    for pod in started:
+        (replica,) = allocated(T4, pod)
+        by_gpu.setdefault(replica.split("::")[0], set()).add(pod.metadata.name)
+    shared = [g for g, names in by_gpu.items() if len(names) == 2]
+    assert shared, by_gpu  # three pods on two GPUs: one is shared
+
+    def attributed() -> bool:
+        got = scrape(T4)
+        return all({s[1].get("pod") for s in series(got, "DCGM_FI_DEV_FB_USED", UUID=g)}
+                   == names for g, names in by_gpu.items())
+
+    wait_for(f"FB_USED series per sharing pod {by_gpu}", attributed, timeout=60, every=1)
+    got = scrape(T4)
+    nvml = node_nvml(T4)
+    for g, names in by_gpu.items():
+        util = series(got, "DCGM_FI_DEV_GPU_UTIL", UUID=g)
+        assert {s[1]["pod"] for s in util} == names
+        assert {s[2] for s in util} == {float(nvml[g]["util"])} == {30.0 * len(names)}
+        assert len(nvml[g]["procs"]) == len(names)
+
+
+@pytest.fixture
+def mig_gpu0(core: client.CoreV1Api, deployed: AgentDeployment) -> Iterator[None]:
+    cli = load_spec().node(A100)
+    labtools.node_pynvml(A100, labtools.MIG_MODE, "create")
+    nodes.nvml_cli(cli, "reset", "--gpu", "0")
+    labtools.node_pynvml(A100, labtools.MIG_CREATE)
+    try:
+        yield
+    finally:
+        select(core, A100, "whole", {})
+        nodes.nvml_cli(cli, "reset", "--gpu", "0")
+        labtools.node_pynvml(A100, labtools.MIG_MODE, "destroy")
+        nodes.nvml_cli(cli, "reset", "--gpu", "0")
+        wait_for(f"{A100} back to 8 whole GPUs",
+                 lambda: resources(core, A100).get("nvidia.com/gpu") == 8, timeout=120)
+
+
+def test_a_mig_pod_is_attributed_on_its_mig_device(
+        core: client.CoreV1Api, deployed: AgentDeployment, mig_gpu0: None,
+        pods: list[str]) -> None:
+    select(core, A100, "mig", {"nvidia.com/mig-3g.20gb": 2, "nvidia.com/gpu": 7})
+    pod = run_work(core, pods, A100, "nvidia.com/mig-3g.20gb", mem_mb=1500, util=100)
+    (mig,) = allocated(A100, pod)
+    status = json.loads(nodes.nvml_cli(load_spec().node(A100), "status"))
+    gpu0 = status["gpus"][0]
+    gi_id = next(gi["id"] for gi in gpu0["mig"]["gpu_instances"]
+                 for ci in gi["compute_instances"] if ci["uuid"] == mig)
+
+    def attributed() -> list[Sample]:
+        return series(scrape(A100), "DCGM_FI_DEV_FB_USED", pod=pod.metadata.name)
+
+    (used,) = wait_for(f"the MIG device {mig}'s FB_USED with the pod's labels", attributed,
+                       timeout=60, every=1)
+    assert used[1]["GPU_I_PROFILE"] == "3g.20gb" and used[1]["GPU_I_ID"] == str(gi_id)
+    assert used[1]["UUID"] == gpu0["uuid"] and used[1]["gpu"] == "0"  # the parent's, as dcgm
+    assert used[2] == node_nvml(A100)[mig]["used"] / MIB >= 1500
+    got = scrape(A100)
+    assert series(got, "DCGM_FI_DEV_GPU_UTIL", gpu="0") == []  # not supported with MIG on
+    other = [s for s in series(got, "DCGM_FI_DEV_FB_USED", gpu="0", GPU_I_PROFILE="3g.20gb")
+             if "pod" not in s[1]]
+    assert len(other) == 1 and other[0][2] < 1500  # the second instance: nobody's
