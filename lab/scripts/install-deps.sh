@@ -3,6 +3,7 @@
 set -euo pipefail
 # buildah builds the node agent's image from the Containerfile (lab/images.py).
 PKGS=(busybox-static file dpkg-dev apt-utils gnupg debootstrap etcd-server iproute2 iptables libyaml-dev gcc make openssl psmisc util-linux buildah)
+PKGS+=(prometheus)  # promtool: tests check the shipped alert rules and dashboard queries (deploy/monitoring)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -41,6 +41,10 @@ ALLOWED: dict[str, set[str]] = {
     "gpukit.conformance.expect": {"gpukit.contracts", "gpukit.inventory.model",
                                   "gpukit.inventory.problems"},
     "gpukit.agent_manifests": {"gpukit.contracts", "gpukit.plugin"},
+    # Alert rules and the dashboard (package data) over the agent's metrics; the Prometheus
+    # operator's objects for them (PodMonitor, ServiceMonitor, PrometheusRule).
+    "gpukit.monitoring": set(),
+    "gpukit.telemetry_manifests": {"gpukit.agent_manifests", "gpukit.monitoring"},
     "gpukit.inventory": {"gpukit.contracts", "gpukit.mig", "gpukit.provision"},
     # The declaration check: the model's validation and the oracle's answers for every host.
     "gpukit.inventory.check": {"gpukit.contracts", "gpukit.inventory", "gpukit.conformance.expect"},
