@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             "boot": ctl.boot,
         }
         ops[args.command]()
-    except (MockNvmlError, NotTheMockError, FileNotFoundError) as e:
+    except (MockNvmlError, NotTheMockError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0
