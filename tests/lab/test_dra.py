@@ -311,6 +311,22 @@ def test_slices_equal_the_nodes_gpus_with_nvidias_attributes(
             f"node {node}: expected one pool named after the node, observed {pools}"
 
 
+def test_a_stale_slice_of_the_node_is_deleted_and_a_wiped_one_written_again(
+        deployed: AgentDeployment, resource: client.ResourceV1Api) -> None:
+    stale = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+             "metadata": {"name": f"{T4}-{DRIVER}-stale"},
+             "spec": {"driver": DRIVER, "nodeName": T4, "devices": [],
+                      "pool": {"name": T4, "generation": 1, "resourceSliceCount": 1}}}
+    resource.create_resource_slice(stale)
+    wait_for(f"node {T4}: the stale slice {stale['metadata']['name']} deleted by the plugin",
+             lambda: [s["metadata"]["name"] for s in slices(resource, T4)] ==
+             [f"{T4}-{DRIVER}-0"], timeout=30,
+             explain=lambda: str([s["metadata"]["name"] for s in slices(resource, T4)]))
+    resource.delete_resource_slice(f"{T4}-{DRIVER}-0")  # as the kubelet wipes a driver's
+    wait_for(f"node {T4}: its slice written again after a wipe",
+             lambda: set(slice_devices(resource, T4)) == {"gpu-0", "gpu-1"}, timeout=30)
+
+
 def test_a_pod_with_a_claim_sees_exactly_its_device_and_one_without_sees_none(
         deployed: AgentDeployment, core: client.CoreV1Api, resource: client.ResourceV1Api,
         cleanup: list[str]) -> None:
