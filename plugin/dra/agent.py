@@ -60,9 +60,9 @@ class AgentOptions:
     health: HealthSettings = field(default_factory=HealthSettings)
 
 
-def placements(devices: NodeDevices) -> dict[tuple[str, int], Placement]:
-    """(GPU UUID, GPU instance id) -> placement, for every MIG-enabled GPU."""
-    reader = MigReader()
+def placements(devices: NodeDevices, reader: MigReader) -> dict[tuple[str, int], Placement]:
+    """(GPU UUID, GPU instance id) -> placement, for every MIG-enabled GPU. One reader for
+    the agent's life: it checks each GPU's MIG table once and logs what it found once."""
     out: dict[tuple[str, int], Placement] = {}
     for gpu in devices.gpus:
         if gpu.mig_enabled:
@@ -94,6 +94,7 @@ class DraAgent:
             cdi_dir=options.cdi_dir, device_root=options.device_root)
         self.server = self._new_server()
         self._published: list[dict[str, Any]] | None = None
+        self._mig_reader = MigReader()
 
     # -- what the preparer asks ------------------------------------------------------------
 
@@ -142,7 +143,7 @@ class DraAgent:
 
     def rescan(self) -> None:
         found = nvml.discover(with_topology=False)
-        devices = {d.name: d for d in node_slice_devices(found, placements(found),
+        devices = {d.name: d for d in node_slice_devices(found, placements(found, self._mig_reader),
                                                          self.options.proc_root)}
         with self._lock:
             self._node_devices, self._devices = found, devices
