@@ -34,6 +34,8 @@ from prometheus_client.registry import Collector
 from gpukit.contracts.device_ids import strip_replica
 
 from .devices import Gpu, MigDevice, NodeDevices
+from .dra.names import DRIVER as DRA_DRIVER
+from .dra.slice_devices import gpu_name
 from .nvml.telemetry import Reading, read_gpu, read_mig
 from .podresources import Holder
 
@@ -107,14 +109,20 @@ def attribution(holders: Iterable[Holder], devices: NodeDevices
                 ) -> dict[str, list[tuple[str, str, str]]]:
     """Physical device UUID (GPU or MIG device) -> the (container, namespace, pod) holding it,
     each once, in a stable order. Device IDs are UUIDs, time-sliced replicas of them
-    (`<uuid>::<n>`) or, with deviceIDStrategy index, index IDs (`0`, `0:1`)."""
+    (`<uuid>::<n>`) or, with deviceIDStrategy index, index IDs (`0`, `0:1`); a DRA claim's
+    whole GPU is its ResourceSlice device name (`gpu-<minor>`; MIG devices of DRA claims are
+    not attributed yet: their names carry a placement the devices here do not)."""
     by_index = {str(g.index): g.uuid for g in devices.gpus}
     by_index.update((m.index_id, m.uuid) for m in devices.mig_devices())
+    by_dra_name = {gpu_name(g): g.uuid for g in devices.gpus}
     uuids = set(by_index.values())
     out: dict[str, list[tuple[str, str, str]]] = {}
     for h in holders:
-        device = strip_replica(h.device_id)
-        uuid = device if device in uuids else by_index.get(device)
+        if h.resource == DRA_DRIVER:
+            uuid = by_dra_name.get(h.device_id)
+        else:
+            device = strip_replica(h.device_id)
+            uuid = device if device in uuids else by_index.get(device)
         if uuid is None:
             continue
         who = (h.container, h.namespace, h.pod)

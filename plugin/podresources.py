@@ -20,6 +20,7 @@ import grpc
 from gpukit.contracts.label_names import RESOURCE_PREFIX
 
 from .api import podresources_grpc, podresources_pb2
+from .dra.names import DRIVER as DRA_DRIVER
 
 log = logging.getLogger(__name__)
 SOCKET_NAME = "kubelet.sock"
@@ -29,7 +30,9 @@ TIMEOUT = 5.0
 
 @dataclass(frozen=True)
 class Holder:
-    """A container that was given a device ID of an `nvidia.com/...` resource."""
+    """A container that was given a device ID of an `nvidia.com/...` resource, or a device of
+    a DRA claim allocated by NVIDIA's driver name (resource `gpu.nvidia.com`, the device's
+    name in its ResourceSlice, e.g. `gpu-3`)."""
 
     pod: str
     namespace: str
@@ -62,6 +65,11 @@ def holders_of(answer: podresources_pb2.ListPodResourcesResponse) -> list[Holder
                 out.extend(Holder(pod.name, pod.namespace, container.name,
                                   devices.resource_name, device_id)
                            for device_id in devices.device_ids)
+            for claim in container.dynamic_resources:
+                out.extend(Holder(pod.name, pod.namespace, container.name, DRA_DRIVER,
+                                  device.device_name)
+                           for device in claim.claim_resources
+                           if device.driver_name == DRA_DRIVER)
     return out
 
 

@@ -129,6 +129,23 @@ def test_attribution_whole_time_sliced_mig_and_index_ids() -> None:
     assert "pod" not in series(got, "DCGM_FI_DEV_POWER_USAGE", gpu="2")[0][1]
 
 
+def test_a_dra_claims_whole_gpu_is_attributed_by_its_slice_name() -> None:
+    """PodResources' dynamic resources: a claim's device allocated by gpu.nvidia.com, named as
+    in the ResourceSlice (gpu-<minor>); another driver's devices are not ours."""
+    answer = pr.ListPodResourcesResponse(pod_resources=[pr.PodResources(
+        name="dra-pod", namespace="team-c", containers=[pr.ContainerResources(
+            name="c", dynamic_resources=[pr.DynamicResource(
+                claim_name="gpu", claim_namespace="team-c", claim_resources=[
+                    pr.ClaimResource(driver_name="gpu.nvidia.com", pool_name="gpu-a100",
+                                     device_name="gpu-2"),
+                    pr.ClaimResource(driver_name="example.com", device_name="gpu-3")])])])])
+    holders = podresources.holders_of(answer)
+    assert [(h.pod, h.resource, h.device_id) for h in holders] == [
+        ("dra-pod", "gpu.nvidia.com", "gpu-2")]
+    got = scrape(collector(make_inventory([make_gpu(i) for i in range(4)]), holders))
+    assert {s[1]["gpu"] for s in series(got, "DCGM_FI_DEV_GPU_UTIL", pod="dra-pod")} == {"2"}
+
+
 def test_a_failing_query_drops_its_series_a_lost_gpu_all_but_lost() -> None:
     devices = make_inventory([make_gpu(0), make_gpu(1)])
     partial = dict(IDLE)
