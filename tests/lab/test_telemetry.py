@@ -310,3 +310,29 @@ def test_a_mig_pod_is_attributed_on_its_mig_device(
     other = [s for s in series(got, "DCGM_FI_DEV_FB_USED", gpu="0", GPU_I_PROFILE="3g.20gb")
              if "pod" not in s[1]]
     assert len(other) == 1 and other[0][2] < 1500  # the second instance: nobody's
+
+
+def test_an_injected_xid_and_ecc_error_reach_the_series(
+        core: client.CoreV1Api, deployed: AgentDeployment) -> None:
+    """The node's driver reports XID 79 on gpu-t4's GPU 1 and an uncorrectable ECC error on its
+    GPU 0: DCGM_FI_DEV_XID_ERRORS shows the last XID (from the agent's health monitor), the
+    agent counts it critical, the volatile double-bit ECC counter is 1; a T4 (Turing) has no
+    row remapping, so that series is absent, not 0."""
+    cli = load_spec().node(T4)
+    select(core, T4, "whole", {"nvidia.com/gpu": 2})
+    nodes.nvml_cli(cli, "inject-xid", "--gpu", "1", "--xid", "79")
+    nodes.nvml_cli(cli, "inject-xid", "--gpu", "0", "--xid", "0", "--type", "double-bit-ecc")
+    try:
+        def seen() -> list[Sample]:
+            got = scrape(T4)
+            xid = series(got, "DCGM_FI_DEV_XID_ERRORS", gpu="1")
+            ecc = series(got, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", gpu="0")
+            return got if xid and xid[0][2] == 79 and ecc and ecc[0][2] == 1 else []
+
+        got = wait_for("XID 79 and the ECC error in the series", seen, timeout=60, every=1)
+        assert series(got, "DCGM_FI_DEV_XID_ERRORS", gpu="0")[0][2] == 0
+        counted = series(got, "gpukit_plugin_xid_events_total", xid="79", critical="true")
+        assert counted and counted[0][2] >= 1
+        assert series(got, "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS") == []
+    finally:
+        nodes.nvml_cli(cli, "reset", "--gpu", "0")  # volatile ECC counts end with a reset
