@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import tomlkit
 import yaml
+from counted_playbook import counts
 from kubernetes import client, config
 from labplay import BIN, LAB_VARS, REPO, PlayResult, branch_version, run_playbook
 
@@ -170,10 +171,13 @@ def lab(lab_cluster: object) -> Lab:
     return Lab(spec, inventory, hostvars_of(inventory), wh.archive, client.CoreV1Api())
 
 
-def test_site_converges_both_nodes(lab: Lab) -> None:
-    r = lab.play()
+def test_site_converges_both_nodes(lab: Lab, tmp_path: Path) -> None:
+    calls = tmp_path / "calls.txt"  # the declaration model's entries, counted through the play
+    r = lab.play(command=(sys.executable, str(REPO / "tests/roles/counted_playbook.py"),
+                          str(calls)))  # fmt: skip
     TIMINGS["first"] = r.seconds
     assert r.rc == 0 and not r.failed, r.describe()
+    assert_validated_once(lab, calls)
     for name, hv in lab.hostvars.items():
         branch = str(hv["nvidia_driver_branch"])
         version = branch_version(branch)
@@ -221,6 +225,21 @@ def test_site_converges_both_nodes(lab: Lab) -> None:
         if hv.get("gpukit_mig_config"):
             assert labels["nvidia.com/mig.config"] == hv["gpukit_mig_config"]
     assert expected_allocatable(lab.hostvars["gpu-t4"]) == {"nvidia.com/gpu": 8}
+
+
+def assert_validated_once(lab: Lab, calls: Path) -> None:
+    """site.yml validated each host's declaration once, in the preflight: one host validation
+    per host, one parse per host and config; the roles read the preflight's result. The only
+    other parse is the node agent's ConfigMap check of the merged configs (once per play)."""
+    lines = calls.read_text().splitlines()
+    hosts = sorted(lab.hostvars)
+    assert sorted(ln.split()[1] for ln in lines if ln.startswith("node_from_vars ")) == hosts
+    per_host = sum(len(hv["gpukit_device_plugin_configs"]) for hv in lab.hostvars.values())
+    merged = {name for hv in lab.hostvars.values() for name in hv["gpukit_device_plugin_configs"]}
+    configmap = [ln for ln in lines if ln.startswith("parse_config gpukit_device_plugin_configs[")]
+    assert len(configmap) == len(merged), lines
+    assert counts(calls)["parse_config"] == per_host + len(merged), lines
+    assert counts(calls)["sharing"] == 0, lines
 
 
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
