@@ -94,12 +94,18 @@ class Kube:
     api_client: Any
     runtime_class: str | None = None  # every pod's, when the nodes' default runtime is not it
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
-    _exec_lock: threading.Lock = field(default_factory=threading.Lock)
+    _exec_clients: threading.local = field(default_factory=threading.local)
 
     def __post_init__(self) -> None:
         self.core = client.CoreV1Api(self.api_client)
-        # `stream` swaps the transport of the ApiClient it is given: keep it apart.
-        self._exec_core = client.CoreV1Api(_clone(self.api_client))
+
+    def _exec_core(self) -> Any:
+        """`stream` swaps the transport of the ApiClient it is given while it runs: each
+        thread (the tests', the node workers') execs through an ApiClient of its own."""
+        core = getattr(self._exec_clients, "core", None)
+        if core is None:
+            core = self._exec_clients.core = client.CoreV1Api(_clone(self.api_client))
+        return core
 
     # ---- nodes
 
@@ -270,25 +276,24 @@ class Kube:
 
     def exec(self, namespace: str, pod: str, command: list[str], timeout: float = 30,
              container: str | None = None) -> ExecResult:
-        with self._exec_lock:
-            kwargs: dict[str, Any] = {"command": command, "stderr": True, "stdin": False,
-                                      "stdout": True, "tty": False, "_preload_content": False}
-            if container:
-                kwargs["container"] = container
-            resp = stream(self._exec_core.connect_get_namespaced_pod_exec, pod, namespace,
-                          **kwargs)
-            try:
-                resp.run_forever(timeout=timeout)
-                timed_out = resp.is_open()
-                out = resp.read_stdout(timeout=0)
-                err = resp.read_stderr(timeout=0)
-                rc = 124 if timed_out else resp.returncode
-            finally:
-                resp.close()
-            if timed_out:
-                err += f"exec timed out after {timeout:.0f}s"
-            return ExecResult(rc=int(rc if rc is not None else -1), stdout=str(out),
-                              stderr=str(err))
+        kwargs: dict[str, Any] = {"command": command, "stderr": True, "stdin": False,
+                                  "stdout": True, "tty": False, "_preload_content": False}
+        if container:
+            kwargs["container"] = container
+        resp = stream(self._exec_core().connect_get_namespaced_pod_exec, pod, namespace,
+                      **kwargs)
+        try:
+            resp.run_forever(timeout=timeout)
+            timed_out = resp.is_open()
+            out = resp.read_stdout(timeout=0)
+            err = resp.read_stderr(timeout=0)
+            rc = 124 if timed_out else resp.returncode
+        finally:
+            resp.close()
+        if timed_out:
+            err += f"exec timed out after {timeout:.0f}s"
+        return ExecResult(rc=int(rc if rc is not None else -1), stdout=str(out),
+                          stderr=str(err))
 
     def logs(self, namespace: str, pod: str) -> str:
         text: str = self.core.read_namespaced_pod_log(pod, namespace)

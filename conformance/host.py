@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import sys
+import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpukit.contracts import mig_profiles
+from gpukit.inventory import NodeDecl
 
 PROBE_SOURCE = Path(__file__).with_name("nvml_probe.py")
 
@@ -149,3 +153,107 @@ def run_probe(host: Any) -> NvmlSeen:
         raise RuntimeError(f"NVML probe failed (rc {cmd.rc}): {cmd.stderr.strip() or cmd.stdout}")
     doc: dict[str, Any] = json.loads(lines[-1])
     return parse_probe(doc)
+
+
+# ---- what the host area reads on a node (the `host` stage of conformance.schedule)
+
+RUNTIME_SERVICES = {"containerd": "containerd", "crio": "crio"}
+RUNTIME_CONFIGS = {
+    "containerd": ["/etc/containerd/config.toml", "/etc/containerd/conf.d/*.toml"],
+    "crio": ["/etc/crio/crio.conf", "/etc/crio/crio.conf.d/*"],
+}
+CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
+# containerd's CRI runtime settings: config version 3 (containerd 2) and version 2 (1.x).
+CRI_RUNTIME_TABLES = ("io.containerd.cri.v1.runtime", "io.containerd.grpc.v1.cri")
+
+
+@dataclass(frozen=True)
+class ContainerdView:
+    """What containerd itself says it runs with (`containerd config dump`: the files merged,
+    imports applied, defaults filled in), not what one file says."""
+
+    enable_cdi: bool
+    nvidia_runtimes: tuple[str, ...]  # runtimes whose BinaryName is the NVIDIA runtime
+    default_runtime: str
+
+
+@dataclass(frozen=True)
+class HostView:
+    """Everything the host checks read on one node, read once (tests assert on it)."""
+
+    service: str
+    service_running: bool
+    service_enabled: bool
+    containerd: ContainerdView | str | None = None  # str: why it cannot be read
+    runtime_config: str = ""  # CRI-O's files, concatenated
+    kernel_version: str | None = None  # /proc/driver/nvidia/version (None: absent)
+    cdi_dirs: tuple[str, ...] = ()
+    cdi_kinds: tuple[str, ...] | None = None  # None: no CDI strategy, not read
+    sockets: dict[str, tuple[str, str]] = field(default_factory=dict)  # resource: (path, state)
+
+
+def containerd_view(host: Any) -> ContainerdView | str:
+    """The effective CRI settings, or why they cannot be read."""
+    out = host.run("containerd config dump")
+    if out.rc != 0:
+        return f"`containerd config dump` failed: {(out.stderr or out.stdout).strip()[:200]}"
+    try:
+        plugins = tomllib.loads(out.stdout).get("plugins", {})
+    except tomllib.TOMLDecodeError as e:
+        return f"`containerd config dump` is not TOML: {e}"
+    cri = next((plugins[k] for k in CRI_RUNTIME_TABLES if k in plugins), None)
+    if not isinstance(cri, dict):
+        return "`containerd config dump` has no CRI runtime plugin"
+    runtimes = (cri.get("containerd") or {}).get("runtimes") or {}
+    nvidia = tuple(sorted(
+        name for name, rt in runtimes.items()
+        if str(((rt or {}).get("options") or {}).get("BinaryName", "")).endswith(
+            "nvidia-container-runtime")
+    ))  # fmt: skip
+    return ContainerdView(enable_cdi=cri.get("enable_cdi") is True, nvidia_runtimes=nvidia,
+                          default_runtime=str((cri.get("containerd") or {}).get(
+                              "default_runtime_name", "")))  # fmt: skip
+
+
+def read_view(host: Any, decl: NodeDecl, resources: Iterable[str], mock: bool) -> HostView:
+    """Read what the host checks compare (the NVML probe aside): the runtime's service and
+    effective config, the kernel module's version file (not on the lab's mock), the CDI specs
+    (for CDI strategies), the device plugin's sockets per resource."""
+    svc = host.service(RUNTIME_SERVICES[decl.container_runtime])
+    containerd: ContainerdView | str | None = None
+    config = ""
+    if decl.container_runtime == "containerd":
+        containerd = containerd_view(host)
+    else:
+        paths = " ".join(RUNTIME_CONFIGS[decl.container_runtime])
+        config = str(host.run(f"cat {paths} 2>/dev/null").stdout)
+    version = None
+    if not mock:
+        f = host.file("/proc/driver/nvidia/version")
+        version = f.content_string if f.exists else None
+    strategies = set(decl.plugin_config.flags.plugin.device_list_strategy)
+    dirs = tuple(sorted({*CDI_DIRS, decl.plugin_config.gpukit.cdi_spec_dir}))
+    kinds: tuple[str, ...] | None = None
+    if strategies & {"cdi-annotations", "cdi-cri"}:
+        out = host.run("cat " + " ".join(f"{shlex.quote(d)}/*.json" for d in dirs)
+                       + " 2>/dev/null")  # fmt: skip
+        found = []
+        for chunk in out.stdout.replace("}\n{", "}\0{").split("\0"):
+            try:
+                found.append(str(json.loads(chunk).get("kind", "")))
+            except ValueError:
+                continue
+        kinds = tuple(found)
+    base = decl.plugin_config.gpukit.kubelet_dir.rstrip("/")
+    listening = str(host.run("ss -xlH 2>/dev/null").stdout).replace("///", "/").replace("//", "/")
+    sockets: dict[str, tuple[str, str]] = {}
+    for resource in resources:
+        path = f"{base}/gpukit-{resource.partition('/')[2]}.sock"
+        f = host.file(path)
+        state = ("listening" if f.exists and f.is_socket and path in listening
+                 else "present, not listening" if f.exists else "absent")  # fmt: skip
+        sockets[resource] = (path, state)
+    return HostView(service=str(svc.name), service_running=bool(svc.is_running),
+                    service_enabled=bool(svc.is_enabled), containerd=containerd,
+                    runtime_config=config, kernel_version=version, cdi_dirs=dirs,
+                    cdi_kinds=kinds, sockets=sockets)  # fmt: skip

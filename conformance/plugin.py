@@ -12,6 +12,7 @@ modules are collected: the plugin is installed for every pytest run of the envir
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import signal
@@ -27,6 +28,7 @@ from gpukit.contracts import label_names as ln
 
 from .checks import AREAS, CNCF_BY_AREA, Check, Row
 from .report import ALL_NODES, Result, write
+from .schedule import DEFAULT_NODE_PARALLELISM, NEEDS, Use, plan
 
 SUITE_DIR = Path(__file__).resolve().parent
 SUITE_KEY = pytest.StashKey["Any"]()
@@ -48,6 +50,8 @@ EXTRA_MARKERS = {
     "cncf(requirement_id)": "CNCF Kubernetes AI Conformance requirement id",
     "cuda": "needs a real NVIDIA GPU (skipped on the lab's mock NVML)",
     "needs_inventory": "compares with the inventory; skipped without --inventory",
+    "stages(*names)": "per-node work the test reads (conformance.schedule: probe, helper, "
+                      "fill, release, gt1, workload), done ahead with --node-parallelism",
 }
 
 
@@ -80,6 +84,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 "reach the state waited for (default 90)")
     g.addoption("--max-fill-pods", type=int, default=32, help="most pods used to fill one "
                 "resource of a node (default 32)")
+    g.addoption("--api-only", action="store_true", help="the nodes have no kubelet (a "
+                "simulated fleet): checks that need one, or the host, are skipped naming what "
+                "they need; the API-side checks (discovery, labels) run")
+    g.addoption("--node-parallelism", type=_parallelism, default=DEFAULT_NODE_PARALLELISM,
+                help="nodes whose pods, probes and exclusive workloads are worked at once, "
+                f"ahead of the tests (default {DEFAULT_NODE_PARALLELISM}; 1: each at the test "
+                "that first needs it); the report is the same")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -117,7 +128,32 @@ def _options(config: pytest.Config) -> Any:
         max_fill_pods=int(config.getoption("--max-fill-pods")),
         report_html=config.getoption("--report-html"),
         runtime_class=config.getoption("--runtime-class") or None,
+        node_parallelism=int(config.getoption("--node-parallelism")),
     )
+
+
+def _parallelism(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(
+            f"--node-parallelism: {text!r} is not a whole number of nodes >= 1")
+    return int(text)
+
+
+def stage_uses(items: list[pytest.Item]) -> list[Use]:
+    """The suite's collected tests (in run order) as uses of per-node stages."""
+    uses: list[Use] = []
+    for item in items:
+        mark = item.get_closest_marker("stages")
+        callspec = getattr(item, "callspec", None)
+        node = callspec.params.get("node") if callspec else None
+        if mark is None or not _is_suite_path(item.path) or not isinstance(node, str):
+            continue
+        if item.get_closest_marker("skip") is not None:  # --api-only: nothing to work ahead
+            continue
+        assert callspec is not None
+        uses.append(Use(node, str(callspec.params.get("resource", "")),
+                        tuple(str(a) for a in mark.args)))
+    return uses
 
 
 def _lab(config: pytest.Config) -> bool:
@@ -230,6 +266,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ))
     for pos, (_, item) in zip(positions, ranked, strict=True):
         items[pos] = item
+    if config.getoption("--api-only", False):
+        for item in mine:
+            why = needs_a_node(item)
+            if why:
+                callspec = getattr(item, "callspec", None)
+                node = callspec.params.get("node", ALL_NODES) if callspec else ALL_NODES
+                item.add_marker(pytest.mark.skip(
+                    reason=f"node {node}: --api-only (no kubelet): needs {why}"))
+
+
+def needs_a_node(item: pytest.Item) -> str:
+    """What of a real node a test needs beyond the API ("" when nothing): its stages', the
+    host area's SSH, the CUDA sample's GPU."""
+    mark = item.get_closest_marker("stages")
+    needs = [NEEDS[s] for s in (mark.args if mark else ()) if s in NEEDS]
+    if area_of(item) == "host":
+        needs.insert(0, "the host over SSH")
+    if item.get_closest_marker("cuda"):
+        needs.append("a real GPU")
+    return ", ".join(dict.fromkeys(needs))
 
 
 @pytest.fixture(scope="session")
@@ -243,6 +299,7 @@ def gpukit_suite(request: pytest.FixtureRequest) -> Iterator[Any]:
 
         previous = signal.signal(signal.SIGTERM, on_term)
     try:
+        suite.start_workers(plan(stage_uses(request.session.items)))
         yield suite
     finally:
         try:

@@ -18,9 +18,11 @@ from gpukit.conformance import expect
 from gpukit.k8s.names import dns_name
 from gpukit.k8s.nodes import allocatable
 
+from . import exclusive
 from . import fill as fill_mod
 from .cluster import Kube, load_api_client, pod_manifest
-from .host import NvmlSeen, connect, run_probe
+from .host import HostView, NvmlSeen, connect, read_view, run_probe
+from .schedule import DEFAULT_NODE_PARALLELISM, StageKey, Stages, key_for
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,7 @@ class Options:
     max_fill_pods: int = 32
     report_html: str | None = None
     runtime_class: str | None = None
+    node_parallelism: int = DEFAULT_NODE_PARALLELISM
 
 
 @dataclass
@@ -106,11 +109,9 @@ class Suite:
         self._kube: Kube | None = None
         self._namespace: str | None = None
         self._own_namespace = False
-        self._lock = threading.RLock()
-        self._probes: dict[str, NvmlSeen | str] = {}
+        self._lock = threading.RLock()  # the run's own state; nodes' work is in self.stages
+        self.stages = Stages()
         self._hosts: dict[str, Any] = {}
-        self._helpers: dict[str, str] = {}
-        self._fills: dict[str, fill_mod.NodeFill] = {}
         self._names: dict[str, int] = {}
         self._expect_errors: dict[str, str] = {}
         self._collection_nodes: dict[str, Any] | None = None
@@ -268,46 +269,63 @@ class Suite:
             return self._hosts[node]
 
     def probe(self, node: str) -> NvmlSeen | None:
-        """NVML on the node (cached); None when the node cannot be probed (see probe_error)."""
-        with self._lock:
-            if node not in self._probes:
-                try:
-                    self._probes[node] = run_probe(self.host(node))
-                except Exception as exc:  # SSH, inventory, python3 missing: a reason, not a crash
-                    self._probes[node] = f"{type(exc).__name__}: {exc}"
-            got = self._probes[node]
-            return got if isinstance(got, NvmlSeen) else None
+        """NVML on the node (once); None when the node cannot be probed (see probe_error)."""
+        got = self._probed(node)
+        return got if isinstance(got, NvmlSeen) else None
 
     def probe_error(self, node: str) -> str:
-        got = self._probes.get(node)
+        if not self.stages.done(node, key_for("probe")):
+            return ""
+        got = self._probed(node)
         return got if isinstance(got, str) else ""
+
+    def _probed(self, node: str) -> NvmlSeen | str:
+        def compute() -> NvmlSeen | str:
+            try:
+                return run_probe(self.host(node))
+            except Exception as exc:  # SSH, inventory, python3 missing: a reason, not a crash
+                return f"{type(exc).__name__}: {exc}"
+
+        return self.stages.once(node, key_for("probe"), compute)
+
+    def host_view(self, node: str) -> HostView:
+        """What the host checks read on the node (once; after its probe: the lab's mock has
+        no kernel module to read)."""
+        def compute() -> HostView:
+            decl = self.decl(node)
+            if decl is None:
+                raise LookupError("host checks need --inventory (the nodes are reached through "
+                                  "it)")
+            probe = self.probe(node)
+            return read_view(self.host(node), decl, self.expected_resources(node) or {},
+                             mock=bool(probe and probe.mock))
+
+        return self.stages.once(node, key_for("host"), compute)
 
     # ---- the kubelet's PodResources API, read on the node
 
     def helper(self, node: str) -> str:
         """A pod on the node that can read the PodResources socket (gpukit's agent image)."""
-        with self._lock:
-            if node in self._helpers:
-                return self._helpers[node]
-            if not self.options.agent_image:
-                raise LookupError("reading the kubelet's PodResources API needs --agent-image "
-                                  "(gpukit's node-agent image: python3, grpcio, gpukit)")
-            name = self.pod_name("podresources", node)
-            self.kube.create_pod(self.namespace, pod_manifest(
-                name, run_id=self.kube.run_id, role="helper", node=node,
-                image=self.options.agent_image,
-                # PID 1 ignores SIGTERM unless it handles it: exit at once when deleted.
-                command=["python3", "-c", "import signal, sys, time; signal.signal("
-                         "signal.SIGTERM, lambda *a: sys.exit(0)); time.sleep(10**7)"],
-                host_network=self.options.host_network,
-                host_paths=[("pod-resources", POD_RESOURCES_DIR, "Directory")],
-            ))
-            state = self.kube.wait_pods(self.namespace, [name], self.options.pod_timeout)[name]
-            if state.state != "Running":
-                raise RuntimeError(f"PodResources reader pod {name} is {state} "
-                                   "(expected Running)")
-            self._helpers[node] = name
-            return name
+        return self.stages.once(node, key_for("helper"), lambda: self._start_helper(node))
+
+    def _start_helper(self, node: str) -> str:
+        if not self.options.agent_image:
+            raise LookupError("reading the kubelet's PodResources API needs --agent-image "
+                              "(gpukit's node-agent image: python3, grpcio, gpukit)")
+        name = self.pod_name("podresources", node)
+        self.kube.create_pod(self.namespace, pod_manifest(
+            name, run_id=self.kube.run_id, role="helper", node=node,
+            image=self.options.agent_image,
+            # PID 1 ignores SIGTERM unless it handles it: exit at once when deleted.
+            command=["python3", "-c", "import signal, sys, time; signal.signal("
+                     "signal.SIGTERM, lambda *a: sys.exit(0)); time.sleep(10**7)"],
+            host_network=self.options.host_network,
+            host_paths=[("pod-resources", POD_RESOURCES_DIR, "Directory")],
+        ))
+        state = self.kube.wait_pods(self.namespace, [name], self.options.pod_timeout)[name]
+        if state.state != "Running":
+            raise RuntimeError(f"PodResources reader pod {name} is {state} (expected Running)")
+        return name
 
     def podresources(self, node: str) -> tuple[PodResourcesView | None, str]:
         try:
@@ -325,20 +343,80 @@ class Suite:
     # ---- filled nodes
 
     def fill(self, node: str) -> fill_mod.NodeFill:
-        with self._lock:
-            if node not in self._fills:
-                self._fills[node] = fill_mod.run(self, node)
-            return self._fills[node]
+        """The node filled with pods (once): the record stays after release."""
+        return self.stages.once(node, key_for("fill"), lambda: fill_mod.run(self, node))
 
     def release(self, node: str) -> None:
-        """Give the node's devices back (delete its fill pods) before tests that need them."""
-        with self._lock:
-            done = self._fills.pop(node, None)
-            if done is not None and done.pods:
-                left = self.kube.delete_pods(self.namespace, done.pods, self.options.pod_timeout)
-                if left:
-                    raise RuntimeError(f"node {node}: pods {left} were not deleted within "
-                                       f"{self.options.pod_timeout:.0f}s")
+        """Give the node's devices back (delete its fill pods, once) before tests that need
+        them."""
+        self.stages.once(node, key_for("release"), lambda: self._release(node))
+
+    def _release(self, node: str) -> None:
+        if not self.stages.done(node, key_for("fill")):
+            return
+        try:
+            done = self.fill(node)
+        except Exception:  # the fill failed: whatever it created goes with the run's pods
+            return
+        if done.pods:
+            left = self.kube.delete_pods(self.namespace, done.pods, self.options.pod_timeout)
+            if left:
+                raise RuntimeError(f"node {node}: pods {left} were not deleted within "
+                                   f"{self.options.pod_timeout:.0f}s")
+
+    # ---- pods that need the node's devices free
+
+    def request_above_one(self, node: str, resource: str) -> exclusive.PodRun:
+        def compute() -> exclusive.PodRun:
+            self.release(node)
+            return exclusive.request_above_one(self, node, resource)
+
+        return self.stages.once(node, key_for("gt1", resource), compute)
+
+    def workload(self, node: str, resource: str, lab: bool) -> exclusive.PodRun:
+        def compute() -> exclusive.PodRun:
+            self.release(node)
+            return exclusive.workload(self, node, resource, lab)
+
+        return self.stages.once(node, key_for("workload", resource), compute)
+
+    # ---- working nodes ahead of the tests
+
+    def run_stage(self, node: str, key: StageKey) -> object:
+        """One stage of the plan, for a node worker (conformance.schedule)."""
+        from .common import lab_mode
+
+        if key.stage == "probe":
+            return self.probe(node)
+        if key.stage == "host":
+            return self.host_view(node)
+        if key.stage == "helper":
+            return self.helper(node)
+        if key.stage == "fill":
+            return self.fill(node)
+        if key.stage == "release":
+            self.release(node)
+            return None
+        if key.stage == "gt1":
+            return self.request_above_one(node, key.resource)
+        if key.stage == "workload":
+            return self.workload(node, key.resource, lab_mode(self, node))
+        raise ValueError(f"unknown stage {key}")
+
+    def start_workers(self, steps: dict[str, list[StageKey]]) -> None:
+        """Work the nodes' stages ahead of the tests, --node-parallelism nodes at once; only
+        what their tests will ask for (those skip before the exclusive pods on an undeclared
+        node, and before the workload without an agent image)."""
+        def wanted(node: str, key: StageKey) -> bool:
+            if key.stage in ("probe", "host", "gt1", "workload") and self.decl(node) is None:
+                return False
+            if key.stage in ("probe", "host") and not self.options.host_access:
+                return False
+            return not (key.stage == "workload" and not self.options.agent_image)
+
+        steps = {n: [k for k in keys if wanted(n, k)] for n, keys in steps.items()}
+        self.stages.start({n: k for n, k in steps.items() if k}, self.run_stage,
+                          self.options.node_parallelism)
 
     # ---- the end
 
@@ -348,6 +426,7 @@ class Suite:
         if self.closed:
             return
         self.closed = True
+        self.stages.stop()
         try:
             if self._namespace is not None and self._kube is not None:
                 left = self._kube.delete_run_pods(self._namespace, self.options.pod_timeout)

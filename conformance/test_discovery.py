@@ -51,6 +51,7 @@ def test_no_undeclared_resources(gpukit_suite: Any, node: str, check: Check) -> 
     check.verify()
 
 
+@pytest.mark.stages("helper")
 def test_kubelet_sees_the_same_devices(gpukit_suite: Any, node: str, check: Check) -> None:
     """The kubelet's PodResources GetAllocatableResources lists as many device IDs per resource
     as the node object's allocatable."""

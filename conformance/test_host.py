@@ -5,28 +5,18 @@ serves its sockets."""
 
 from __future__ import annotations
 
-import json
-import shlex
-import tomllib
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from gpukit.conformance.checks import Check
 from gpukit.conformance.common import need_decl, need_expected, need_host, need_probe
+from gpukit.conformance.host import ContainerdView
 from gpukit.contracts import label_names as ln
 
 pytestmark = pytest.mark.host
 
-RUNTIME_SERVICES = {"containerd": "containerd", "crio": "crio"}
-RUNTIME_CONFIGS = {
-    "containerd": ["/etc/containerd/config.toml", "/etc/containerd/conf.d/*.toml"],
-    "crio": ["/etc/crio/crio.conf", "/etc/crio/crio.conf.d/*"],
-}
-CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
-
-
+@pytest.mark.stages("probe")
 def test_nvml_answers_with_the_declared_gpus(gpukit_suite: Any, node: str,
                                              check: Check) -> None:
     decl = need_decl(gpukit_suite, node)
@@ -45,6 +35,7 @@ def test_nvml_answers_with_the_declared_gpus(gpukit_suite: Any, node: str,
     check.verify()
 
 
+@pytest.mark.stages("probe")
 def test_driver_branch(gpukit_suite: Any, node: str, check: Check) -> None:
     decl = need_decl(gpukit_suite, node)
     need_host(gpukit_suite, node)
@@ -56,6 +47,7 @@ def test_driver_branch(gpukit_suite: Any, node: str, check: Check) -> None:
     check.verify()
 
 
+@pytest.mark.stages("probe")
 def test_driver_version(gpukit_suite: Any, node: str, check: Check) -> None:
     """The exact version `nvidia_driver_version` pins. The inventory model refuses a version
     outside the declared branch, so this never contradicts test_driver_branch."""
@@ -69,6 +61,7 @@ def test_driver_version(gpukit_suite: Any, node: str, check: Check) -> None:
     check.verify()
 
 
+@pytest.mark.stages("probe", "host")
 def test_kernel_driver(gpukit_suite: Any, node: str, check: Check) -> None:
     """The loaded kernel module: its version's branch and flavour (open / proprietary)."""
     decl = need_decl(gpukit_suite, node)
@@ -76,12 +69,10 @@ def test_kernel_driver(gpukit_suite: Any, node: str, check: Check) -> None:
     probe = need_probe(gpukit_suite, node)
     if probe.mock:
         check.skip(f"NVML here is the gpukit lab mock ({probe.library}): no kernel driver")
-    host = gpukit_suite.host(node)
-    version = host.file("/proc/driver/nvidia/version")
+    text = gpukit_suite.host_view(node).kernel_version
     check.equal("/proc/driver/nvidia/version", "present",
-                "present" if version.exists else "absent (kernel module not loaded)")
-    if version.exists:
-        text = version.content_string
+                "present" if text is not None else "absent (kernel module not loaded)")
+    if text is not None:
         if decl.driver_branch:
             check.true("kernel module branch", f" {decl.driver_branch}." in text,
                        decl.driver_branch, text.splitlines()[0] if text else "")
@@ -91,70 +82,30 @@ def test_kernel_driver(gpukit_suite: Any, node: str, check: Check) -> None:
     check.verify()
 
 
+@pytest.mark.stages("host")
 def test_container_runtime_running(gpukit_suite: Any, node: str, check: Check) -> None:
-    decl = need_decl(gpukit_suite, node)
+    need_decl(gpukit_suite, node)
     need_host(gpukit_suite, node)
-    host = gpukit_suite.host(node)
-    svc = host.service(RUNTIME_SERVICES[decl.container_runtime])
-    check.equal(f"{svc.name} service", "running", "running" if svc.is_running else "not running")
-    check.equal(f"{svc.name} service enabled", True, bool(svc.is_enabled))
+    view = gpukit_suite.host_view(node)
+    check.equal(f"{view.service} service", "running",
+                "running" if view.service_running else "not running")
+    check.equal(f"{view.service} service enabled", True, view.service_enabled)
     check.verify()
 
 
-def _runtime_config(host: Any, runtime: str) -> str:
-    paths = " ".join(RUNTIME_CONFIGS[runtime])
-    return str(host.run(f"cat {paths} 2>/dev/null").stdout)
-
-
-# containerd's CRI runtime settings: config version 3 (containerd 2) and version 2 (1.x).
-CRI_RUNTIME_TABLES = ("io.containerd.cri.v1.runtime", "io.containerd.grpc.v1.cri")
-
-
-@dataclass(frozen=True)
-class ContainerdView:
-    """What containerd itself says it runs with (`containerd config dump`: the files merged,
-    imports applied, defaults filled in), not what one file says."""
-
-    enable_cdi: bool
-    nvidia_runtimes: tuple[str, ...]  # runtimes whose BinaryName is the NVIDIA runtime
-    default_runtime: str
-
-
-def _containerd_view(host: Any) -> ContainerdView | str:
-    """The effective CRI settings, or why they cannot be read."""
-    out = host.run("containerd config dump")
-    if out.rc != 0:
-        return f"`containerd config dump` failed: {(out.stderr or out.stdout).strip()[:200]}"
-    try:
-        plugins = tomllib.loads(out.stdout).get("plugins", {})
-    except tomllib.TOMLDecodeError as e:
-        return f"`containerd config dump` is not TOML: {e}"
-    cri = next((plugins[k] for k in CRI_RUNTIME_TABLES if k in plugins), None)
-    if not isinstance(cri, dict):
-        return "`containerd config dump` has no CRI runtime plugin"
-    runtimes = (cri.get("containerd") or {}).get("runtimes") or {}
-    nvidia = tuple(sorted(
-        name for name, rt in runtimes.items()
-        if str(((rt or {}).get("options") or {}).get("BinaryName", "")).endswith(
-            "nvidia-container-runtime")
-    ))  # fmt: skip
-    return ContainerdView(enable_cdi=cri.get("enable_cdi") is True, nvidia_runtimes=nvidia,
-                          default_runtime=str((cri.get("containerd") or {}).get(
-                              "default_runtime_name", "")))  # fmt: skip
-
-
+@pytest.mark.stages("probe", "host")
 def test_runtime_configured_for_nvidia(gpukit_suite: Any, node: str, check: Check) -> None:
     """The runtime can hand the device plugin's devices to containers: CDI enabled for the CDI
     strategies; for envvar/volume-mounts the NVIDIA runtime (real GPUs) or device specs."""
     decl = need_decl(gpukit_suite, node)
     need_host(gpukit_suite, node)
     probe = need_probe(gpukit_suite, node)
-    host = gpukit_suite.host(node)
+    host = gpukit_suite.host_view(node)
     plugin = decl.plugin_config.flags.plugin
     strategies = set(plugin.device_list_strategy)
+    view = host.containerd
     if decl.container_runtime == "containerd":
-        view = _containerd_view(host)
-        if isinstance(view, str):
+        if not isinstance(view, ContainerdView):
             check.equal("containerd's effective config", "readable", view)
             check.verify()
             return
@@ -163,7 +114,7 @@ def test_runtime_configured_for_nvidia(gpukit_suite: Any, node: str, check: Chec
                         view.enable_cdi)  # fmt: skip
         nvidia_runtime = bool(view.nvidia_runtimes)
     else:
-        nvidia_runtime = "nvidia-container-runtime" in _runtime_config(host, "crio")
+        nvidia_runtime = "nvidia-container-runtime" in host.runtime_config
     if strategies & {"envvar", "volume-mounts"}:
         if probe.mock:
             check.equal("devices reach containers as DeviceSpecs (passDeviceSpecs, lab mock)",
@@ -171,13 +122,14 @@ def test_runtime_configured_for_nvidia(gpukit_suite: Any, node: str, check: Chec
         else:
             check.equal("NVIDIA container runtime configured", True, nvidia_runtime)
             if nvidia_runtime and decl.container_runtime == "containerd":
-                assert not isinstance(view, str)
+                assert isinstance(view, ContainerdView)
                 check.true("the NVIDIA runtime is containerd's default (containerd config dump)",
                            view.default_runtime in view.nvidia_runtimes, view.nvidia_runtimes,
                            f"default_runtime_name is {view.default_runtime!r}")  # fmt: skip
     check.verify()
 
 
+@pytest.mark.stages("host")
 def test_cdi_spec_present(gpukit_suite: Any, node: str, check: Check) -> None:
     decl = need_decl(gpukit_suite, node)
     need_host(gpukit_suite, node)
@@ -185,33 +137,21 @@ def test_cdi_spec_present(gpukit_suite: Any, node: str, check: Check) -> None:
     if not strategies & {"cdi-annotations", "cdi-cri"}:
         check.skip(f"config {decl.plugin_config_name!r} uses {sorted(strategies)}: no CDI spec "
                    "expected")
-    host = gpukit_suite.host(node)
-    dirs = sorted({*CDI_DIRS, decl.plugin_config.gpukit.cdi_spec_dir})
-    out = host.run("cat " + " ".join(f"{shlex.quote(d)}/*.json" for d in dirs) + " 2>/dev/null")
-    kinds: list[str] = []
-    for chunk in out.stdout.replace("}\n{", "}\0{").split("\0"):
-        try:
-            kinds.append(str(json.loads(chunk).get("kind", "")))
-        except ValueError:
-            continue
+    view = gpukit_suite.host_view(node)
+    kinds = list(view.cdi_kinds or ())
     check.true("CDI spec of kind nvidia.com/gpu", ln.GPU_RESOURCE in kinds,
-               f"a spec in {dirs}", kinds or "none")
+               f"a spec in {list(view.cdi_dirs)}", kinds or "none")
     check.verify()
 
 
+@pytest.mark.stages("host")
 def test_device_plugin_serves_its_sockets(gpukit_suite: Any, node: str, check: Check) -> None:
     """One listening socket per declared resource in the kubelet's device-plugins directory."""
-    decl = need_decl(gpukit_suite, node)
+    need_decl(gpukit_suite, node)
     need_host(gpukit_suite, node)
     expected = need_expected(gpukit_suite, node)
-    host = gpukit_suite.host(node)
-    base = decl.plugin_config.gpukit.kubelet_dir.rstrip("/")
-    listening = str(host.run("ss -xlH 2>/dev/null").stdout)
+    sockets = gpukit_suite.host_view(node).sockets
     for resource in expected:
-        path = f"{base}/gpukit-{resource.partition('/')[2]}.sock"
-        f = host.file(path)
-        state = "listening" if f.exists and f.is_socket and path in listening.replace(
-            "///", "/").replace("//", "/") else ("present, not listening" if f.exists
-                                                 else "absent")
+        path, state = sockets[resource]
         check.equal(f"device plugin socket {path}", "listening", state, resource)
     check.verify()

@@ -34,6 +34,7 @@ def _running(f: NodeFill, resource: str, check: Check) -> list[Seen]:
     return seen
 
 
+@pytest.mark.stages("fill")
 @pytest.mark.per_resource("all")
 def test_node_fills_to_capacity(gpukit_suite: Any, node: str, resource: str,
                                 check: Check) -> None:
@@ -49,6 +50,7 @@ def test_node_fills_to_capacity(gpukit_suite: Any, node: str, resource: str,
     check.verify()
 
 
+@pytest.mark.stages("fill", "probe")
 @pytest.mark.per_resource("all")
 def test_devices_are_disjoint(gpukit_suite: Any, node: str, resource: str,
                               check: Check) -> None:
@@ -76,6 +78,7 @@ def test_devices_are_disjoint(gpukit_suite: Any, node: str, resource: str,
     check.verify()
 
 
+@pytest.mark.stages("fill", "probe")
 @pytest.mark.per_resource("all")
 def test_containers_see_only_their_devices(gpukit_suite: Any, node: str, resource: str,
                                            check: Check) -> None:
@@ -116,6 +119,7 @@ def test_containers_see_only_their_devices(gpukit_suite: Any, node: str, resourc
     check.verify()
 
 
+@pytest.mark.stages("fill", "probe")
 @pytest.mark.per_resource("all")
 def test_kubelet_podresources_agrees(gpukit_suite: Any, node: str, resource: str,
                                      check: Check) -> None:
@@ -136,6 +140,7 @@ def test_kubelet_podresources_agrees(gpukit_suite: Any, node: str, resource: str
     check.verify()
 
 
+@pytest.mark.stages("fill")
 @pytest.mark.per_resource("all")
 def test_over_request_stays_pending(gpukit_suite: Any, node: str, resource: str,
                                     check: Check) -> None:
@@ -155,6 +160,7 @@ def test_over_request_stays_pending(gpukit_suite: Any, node: str, resource: str,
     check.verify()
 
 
+@pytest.mark.stages("fill", "probe")
 @pytest.mark.per_resource("all")
 def test_freed_devices_are_reused(gpukit_suite: Any, node: str, resource: str,
                                   check: Check) -> None:
@@ -178,6 +184,7 @@ def test_freed_devices_are_reused(gpukit_suite: Any, node: str, resource: str,
     check.verify()
 
 
+@pytest.mark.stages("fill")
 def test_pod_without_gpu_sees_none(gpukit_suite: Any, node: str, check: Check) -> None:
     """A pod requesting no GPU (even with NVIDIA_VISIBLE_DEVICES=all, as CUDA images set it)
     gets no NVIDIA device node."""

@@ -26,6 +26,7 @@ def _need_layout(suite: Any, node: str, check: Check) -> inv.NodeDecl:
     return decl
 
 
+@pytest.mark.stages("probe")
 def test_gpus_carry_the_declared_layout(gpukit_suite: Any, node: str, check: Check) -> None:
     """MIG mode and the GPU instance profiles of every GPU, as NVML on the node reports them."""
     decl = _need_layout(gpukit_suite, node, check)
@@ -63,6 +64,7 @@ def test_mig_resources_match_the_layout(gpukit_suite: Any, node: str, check: Che
     check.verify()
 
 
+@pytest.mark.stages("probe", "fill")
 @pytest.mark.per_resource("mig")
 def test_mig_devices_belong_to_declared_parents(gpukit_suite: Any, node: str, resource: str,
                                                 check: Check) -> None:

@@ -12,9 +12,7 @@ import pytest
 from gpukit import inventory as inv
 from gpukit.conformance import expect
 from gpukit.conformance.checks import Check
-from gpukit.conformance.cluster import pod_manifest
 from gpukit.conformance.common import allocated_units, need_decl, need_expected
-from gpukit.conformance.fill import HOLD
 from gpukit.contracts.device_ids import ReplicaId, strip_replica
 from gpukit.k8s.nodes import allocatable
 
@@ -25,6 +23,7 @@ def _units(decl: inv.NodeDecl, resource: str) -> list[expect.ExpectedUnit]:
     return [u for u in expect.expected_units(decl) if u.resource == resource]
 
 
+@pytest.mark.stages("helper")
 @pytest.mark.per_resource("shared")
 def test_replica_counts(gpukit_suite: Any, node: str, resource: str, check: Check) -> None:
     """allocatable = sum of replicas; the kubelet's device IDs are `<device>::<n>`, n from 0,
@@ -70,6 +69,7 @@ def test_shared_resource_names(gpukit_suite: Any, node: str, check: Check) -> No
     check.verify()
 
 
+@pytest.mark.stages("fill", "probe")
 @pytest.mark.per_resource("shared")
 def test_replicas_spread_over_gpus(gpukit_suite: Any, node: str, resource: str,
                                    check: Check) -> None:
@@ -100,24 +100,15 @@ def test_replicas_spread_over_gpus(gpukit_suite: Any, node: str, resource: str,
 
 
 @pytest.mark.exclusive
+@pytest.mark.stages("release", "gt1")
 @pytest.mark.per_resource("shared")
 def test_request_above_one(gpukit_suite: Any, node: str, resource: str, check: Check) -> None:
     """A container asking for 2 replicas fails admission with UnexpectedAdmissionError when
     failRequestsGreaterThanOne is set, and runs otherwise."""
     decl = need_decl(gpukit_suite, node)
     fail_gt_one = decl.plugin_config.time_slicing.fail_requests_greater_than_one
-    gpukit_suite.release(node)
-    suite, kube = gpukit_suite, gpukit_suite.kube
-    name = suite.pod_name("gt1", node, resource)
-    kube.create_pod(suite.namespace, pod_manifest(
-        name, run_id=kube.run_id, role="gt1", node=node, image=suite.options.shell_image,
-        command=["sh", "-c", HOLD], limits={resource: 2},
-        host_network=suite.options.host_network,
-    ))
-    try:
-        state = kube.wait_pods(suite.namespace, [name], suite.options.pod_timeout)[name]
-    finally:
-        kube.delete_pods(suite.namespace, [name], suite.options.pod_timeout)
+    run = gpukit_suite.request_above_one(node, resource)
+    name, state = run.pod, run.state
     if fail_gt_one:
         check.equal(f"pod {name} requesting 2 (failRequestsGreaterThanOne: true)",
                     "Failed (UnexpectedAdmissionError)",

@@ -60,9 +60,9 @@ EXCEPTIONS = {
     ("gpukit.conformance.suite", "gpukit.lab.inventory"): "as above",
     ("gpukit.conformance.suite", "gpukit.lab.pytest_provider"):
         "`--lab N` brings the lab up (imported only when the option is given)",
-    ("gpukit.conformance.test_workload", "gpukit.lab.agent"):
+    ("gpukit.conformance.exclusive", "gpukit.lab.agent"):
         "the workload check loads the lab's NVML only on a lab node",
-    ("gpukit.conformance.test_workload", "gpukit.lab.nvml"): "as above",
+    ("gpukit.conformance.exclusive", "gpukit.lab.nvml"): "as above",
 }
 # Who may import the oracle besides the suite (and the unrestricted lab and CLI): the one
 # module where the model meets it.
