@@ -22,6 +22,7 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -32,6 +33,7 @@ from labtools import MIG_CREATE, MIG_MODE, node_pynvml, wait_for
 from gpukit import agent_manifests
 from gpukit.agent_manifests import DRA_APP, AgentDeployment
 from gpukit.k8s import connect, objects, waits
+from gpukit.k8s.nodes import reported_after
 from gpukit.lab import agent, cluster, images, nodes
 from gpukit.lab.config import load_spec
 from gpukit.lab.controlplane import paths
@@ -71,8 +73,45 @@ def dra_objects(d: AgentDeployment) -> list[dict[str, Any]]:
     return [agent_manifests.namespace(d), *agent_manifests.dra_manifests(d)]
 
 
+GPU_RESOURCE = "nvidia.com/gpu"
+KUBELET_DP_CHECKPOINT = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+
+
+def leave_the_device_plugin(core: client.CoreV1Api, node: str) -> None:
+    """Move a node that served nvidia.com/gpu through a device plugin (an earlier module's
+    agent, gone now, its GPU pods too) to DRA, as the kubelet needs it:
+    - its device manager checkpoint still holds the plugin's allocations, pods long gone:
+      while it does, the kubelet takes nvidia.com/gpu for a device plugin resource and fails
+      a pod DRA serves through the extended resource ("endpoint not found in cache for a
+      registered resource"), across kubelet restarts too: cleared with the kubelet stopped;
+    - the node's status still lists nvidia.com/gpu (the kubelet no longer manages it once
+      the checkpoint is gone): the scheduler would place such a pod through the extended
+      resource's old count and the container would get no GPU. Removed from the status, as
+      Kubernetes documents removing an extended resource."""
+    if '"ResourceName":"nvidia.com/' in node_sh(node, f"cat {KUBELET_DP_CHECKPOINT} "
+                                                     "2>/dev/null"):
+        since = datetime.now(UTC)
+        node_sh(node, f"systemctl stop kubelet && rm -f {KUBELET_DP_CHECKPOINT} && "
+                      "systemctl start kubelet")
+        wait_for(f"node {node}: the kubelet back after clearing its device plugin checkpoint",
+                 lambda: reported_after(core.read_node(node), since), timeout=90)
+    status = core.read_node(node).status
+    patch = [{"op": "remove", "path": f"/status/{field}/{name.replace('/', '~1')}"}
+             for field, values in (("capacity", status.capacity), ("allocatable",
+                                                                   status.allocatable))
+             for name in values or {} if name == GPU_RESOURCE]
+    if patch:
+        core.patch_node_status(node, patch)
+    wait_for(f"node {node}: no {GPU_RESOURCE} in its status",
+             lambda: GPU_RESOURCE not in (core.read_node(node).status.allocatable or {}),
+             timeout=30)
+
+
 @pytest.fixture(scope="module")
-def deployed(api: Any, resource: client.ResourceV1Api) -> Iterator[AgentDeployment]:
+def deployed(api: Any, core: client.CoreV1Api, resource: client.ResourceV1Api
+             ) -> Iterator[AgentDeployment]:
+    for node in (A100, T4):
+        leave_the_device_plugin(core, node)
     d = replace(agent.lab_deployment({}, GPUKIT_RECOVERY_SECONDS=str(RECOVERY_S),
                                      GPUKIT_HEALTH_PROBE_INTERVAL_SECONDS="1"), dra=True)
     docs = dra_objects(d)
