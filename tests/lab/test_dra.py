@@ -576,11 +576,18 @@ def test_the_policy_refuses_another_nodes_slice(deployed: AgentDeployment,
             f" 'nodeName': '{A100}', 'pool': {{'name': '{A100}', 'generation': 1,"
             f" 'resourceSliceCount': 1}}, 'devices': []}}}}\n"
             "try:\n    api.create_resource_slice(body); print('CREATED')\n"
-            "except client.exceptions.ApiException as e:\n    print('STATUS', e.status, e.body)\n")
+            "except client.exceptions.ApiException as e:\n    print('STATUS', e.status, e.body)\n"
+            "try:\n"
+            f"    api.delete_resource_slice('{A100}-{DRIVER}-0'); print('DELETED')\n"
+            "except client.exceptions.ApiException as e:\n"
+            "    print('DELETE STATUS', e.status, e.body)\n")
     kubectl = str(cluster.kubernetes_bindir(load_spec()) / "kubectl")
     r = subprocess.run([kubectl, f"--kubeconfig={paths().admin_kubeconfig}", "-n",
                         "gpukit-system", "exec", pods[0], "--", "python3", "-c", code],
                        capture_output=True, text=True, timeout=60)
+    assert "DELETE STATUS 403" in r.stdout and "only its own node's" in r.stdout, (
+        f"node {T4}'s DRA plugin deleting {A100}'s slice: expected 403 from the own-slices "
+        f"policy, observed {r.stdout}{r.stderr}")
     assert "STATUS 403" in r.stdout and "only ResourceSlices of its own node" in r.stdout, (
         f"node {T4}'s DRA plugin writing a slice of {A100}: expected 403 from the own-slices "
         f"policy, observed {r.stdout}{r.stderr}")
