@@ -7,6 +7,7 @@ it without kube-proxy and nothing routes off the machine.
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 from pathlib import Path
 
@@ -26,7 +27,13 @@ def netns_path(node: NodeSpec, lab: LabSpec | None = None) -> Path:
 
 
 def _host_if(lab: LabSpec, node: NodeSpec) -> str:
-    return f"gk{lab.instance}-{node.name}"[:15]
+    """The host end of the node's veth: `gk<instance>-<node>`, or, where that passes the
+    kernel's 15 characters, a digest of the node name (cut names collided: gpu-a100-80 and
+    gpu-a100-80-b, and the second node's setup deleted the first one's link)."""
+    name = f"gk{lab.instance}-{node.name}"
+    if len(name) <= 15:
+        return name
+    return f"gk{lab.instance}-{hashlib.sha256(node.name.encode()).hexdigest()[:10]}"
 
 
 def _link_exists(name: str, netns: str | None = None) -> bool:

@@ -71,3 +71,15 @@ def test_a_regenerated_inventory_drops_nodes_no_longer_in_the_lab(
     two = LabSpec(nodes=parse_nodes("n1=a100-sxm4-40gb-x8,n4=t4-x2"), instance=8)
     fleet = inv.load(lab_inventory.for_instance(two))
     assert sorted(fleet.node_names()) == ["n1", "n4"]
+
+
+def test_node_links_have_distinct_names_within_the_kernels_limit() -> None:
+    from gpukit.lab import network
+
+    spec = LabSpec(nodes=parse_nodes(
+        "gpu-a100=a100-sxm4-40gb-x8,gpu-a100-80=a100-80gb-x4,gpu-a100-80-b=a100-80gb-x4,"
+        "gpu-a100-80-c=a100-80gb-x4,gpu-h100-b=h100-80gb-x8"), instance=8)
+    names = [network._host_if(spec, n) for n in spec.nodes]
+    assert len(set(names)) == len(names)  # cut to 15, two of them were gk8-gpu-a100-80
+    assert all(len(n) <= 15 for n in names)
+    assert names[:2] == ["gk8-gpu-a100", "gk8-gpu-a100-80"]  # names that fit are kept
