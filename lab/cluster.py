@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpukit.lab import cgroups, controlplane, images, network, nodes
+from gpukit.lab import cgroups, controlplane, images, network, nodes, pki
 from gpukit.lab.config import LabSpec, NodeSpec, cache_dir, state_dir
 from gpukit.lab.controlplane import COMPONENTS, LabError, paths
 from gpukit.lab.packages import containerd
@@ -473,15 +473,11 @@ def _check_runtime_unchanged(lab: LabSpec, node: NodeSpec) -> None:
         )
 
 
-def up(lab: LabSpec, say: Progress = _say, timeout: float = 180) -> Path:
-    """Bring the lab to all nodes Ready; repair what is missing; no-op when up."""
-    check_prerequisites(lab)
-    t0 = time.monotonic()
-    st = status(lab)
-    if st.up:
-        ensure_images(lab, say)  # the checkout may have changed since the lab came up
-        say("lab is up (nothing to do)")
-        return paths().admin_kubeconfig
+def start_control_plane(lab: LabSpec, say: Progress = _say, t0: float | None = None) -> pki.CA:
+    """The lab's bridge, PKI, etcd and control plane, started where not running; its CA.
+    Alone (no node booted), it is what the simulated fleet (gpukit.lab.fleet) registers its
+    API-only nodes with."""
+    t0 = time.monotonic() if t0 is None else t0
     t = table()
     apply_sysctls(lab)
     network.ensure_bridge(lab)
@@ -495,6 +491,20 @@ def up(lab: LabSpec, say: Progress = _say, timeout: float = 180) -> Path:
         if c == "kube-apiserver":
             controlplane.wait_ready(lab)
             say(f"kube-apiserver ready ({time.monotonic() - t0:.1f}s)")
+    return ca
+
+
+def up(lab: LabSpec, say: Progress = _say, timeout: float = 180) -> Path:
+    """Bring the lab to all nodes Ready; repair what is missing; no-op when up."""
+    check_prerequisites(lab)
+    t0 = time.monotonic()
+    st = status(lab)
+    if st.up:
+        ensure_images(lab, say)  # the checkout may have changed since the lab came up
+        say("lab is up (nothing to do)")
+        return paths().admin_kubeconfig
+    t = table()
+    ca = start_control_plane(lab, say, t0)
     _write_shared(lab)
     for n in lab.nodes:
         network.ensure_node_netns(lab, n)
