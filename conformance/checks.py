@@ -14,18 +14,25 @@ from typing import Any
 
 import pytest
 
-AREAS = ("discovery", "labels", "host", "isolation", "mig", "timeslicing", "workload")
+AREAS = (
+    "discovery", "labels", "host", "isolation", "mig", "timeslicing", "workload",
+    "dra", "metrics", "tenancy",
+)
 
 # CNCF Kubernetes AI Conformance requirement ids (cncf/k8s-ai-conformance, AIConformance-1.34+).
 SECURE_ACCELERATOR_ACCESS = "secure_accelerator_access"
 GPU_SHARING = "gpu_sharing"
 DRIVER_RUNTIME_MANAGEMENT = "driver_runtime_management"
+DRA_SUPPORT = "dra_support"
+ACCELERATOR_METRICS = "accelerator_metrics"
 CNCF_BY_AREA = {
     "isolation": SECURE_ACCELERATOR_ACCESS,
     "workload": SECURE_ACCELERATOR_ACCESS,
     "mig": GPU_SHARING,
     "timeslicing": GPU_SHARING,
     "host": DRIVER_RUNTIME_MANAGEMENT,
+    "dra": DRA_SUPPORT,
+    "metrics": ACCELERATOR_METRICS,
 }
 
 

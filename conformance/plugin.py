@@ -43,6 +43,9 @@ MARKERS = {
     "mig": "MIG partitioning matches the declared layout",
     "timeslicing": "time-slicing replicas, rename, >1 rejection, spread",
     "workload": "workloads see exactly their devices (pynvml; CUDA on real GPUs)",
+    "dra": "DRA: ResourceSlices, claims and their isolation match the declaration",
+    "metrics": "GPU metrics per device, attributed to pods, agreeing with NVML",
+    "tenancy": "GPU quotas, LimitRanges and PriorityClasses per namespace as declared",
 }
 EXTRA_MARKERS = {
     "per_resource(kind)": "parametrize by (node, resource); kind: all, mig, shared",
