@@ -112,7 +112,7 @@ matrix: deps venv protos nvml rootfs
 
 # On a machine with a real NVIDIA GPU and driver (not collected by `make test`): gpukit's
 # discovery, labels, facts and device plugin against the driver, and the driver's NVML answers
-# recorded for the mock's fidelity test (tests/nvml/test_fidelity.py).
+# recorded for the mock's fidelity test (tests/lab/nvml/test_fidelity.py).
 hardware: venv protos
 	mkdir -p $(RESULTS) && GPUKIT_HARDWARE=1 GPUKIT_FIDELITY_OUT=$(RESULTS)/nvml-record.json \
 	  $(PY) -m pytest tests/hardware -v --junitxml=$(RESULTS)/hardware.xml

@@ -145,7 +145,7 @@ def test_the_plugin_serves_the_real_gpus_to_a_kubelet(
 
 def test_record_the_driver_answers_for_the_mock(tmp_path: Path) -> None:
     """The fidelity record (gpukit.lab.nvml.fidelity) of this GPU: written for the repository
-    (tests/nvml/data) where GPUKIT_FIDELITY_OUT says, and sane against nvidia-smi."""
+    (tests/lab/nvml/data) where GPUKIT_FIDELITY_OUT says, and sane against nvidia-smi."""
     import pynvml
 
     record = fidelity.record(pynvml)
