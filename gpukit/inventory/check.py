@@ -16,6 +16,7 @@ from typing import Any
 
 from gpukit.conformance import expect
 
+from . import quotas
 from .load import load
 from .model import GpuInventory, NodeDecl
 from .problems import InventoryError, Problem
@@ -53,6 +54,9 @@ def check(
             labels[decl.node_name] = expected_labels(decl)
         except InventoryError as exc:
             problems += exc.problems
+    if not problems:  # GPU quotas name resources some node serves
+        served = {r for counts in resources.values() for r, n in counts.items() if n}
+        problems += quotas.served_problems(gpus.tenancy, served)
     return CheckResult(gpus, resources, tuple(problems), labels)
 
 

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import quotas
 from .model import GPU_GROUP, VARIABLES, GpuInventory, NodeDecl
 from .problems import MISSING, InventoryError, Problem, short
 from .validate import node_from_vars
@@ -55,6 +56,7 @@ def load(
     if problems:
         raise InventoryError(problems, source)
     nodes: list[NodeDecl] = []
+    tenancy_vars: dict[str, dict[str, Any]] = {}  # cluster-wide, seen by every GPU host
     for host in members:
         hv = variables.get_vars(host=host)
         templar = Templar(loader=loader, variables=hv)
@@ -71,6 +73,8 @@ def load(
                 return default
 
         raw = {name: value(name) for name in VARIABLES}
+        tenancy_vars[host.name] = {
+            n: v for n in quotas.VARIABLES if (v := value(n)) is not MISSING}
         given = (host_vars or {}).get(host.name, {})
         raw.update({k: plain(v) for k, v in given.items()})
         problems.extend(_group_conflicts(loader, inv, host, set(given), group_vars))
@@ -80,6 +84,8 @@ def load(
             nodes.append(node_from_vars(host.name, raw))
         except InventoryError as exc:
             problems.extend(exc.problems)
+    tenancy, tenancy_problems = quotas.from_hosts(tenancy_vars)
+    problems.extend(tenancy_problems)
     if problems:
         raise InventoryError(problems, source)
     seen: dict[str, str] = {}
@@ -97,7 +103,7 @@ def load(
             raise InventoryError([Problem(None, "nodes", sorted(unknown), "are not GPU nodes "
                                           f"of this inventory (known: {sorted(seen)})")], source)
         nodes = [n for n in nodes if n.node_name in wanted or n.host in wanted]
-    return GpuInventory(source=source, nodes=tuple(nodes))
+    return GpuInventory(source=source, nodes=tuple(nodes), tenancy=tenancy)
 
 
 # The declaration variables but the kubeconfig (model.VARIABLES): what a host may declare.

@@ -19,6 +19,8 @@ from gpukit.mig.declared import GpuMig as GpuMig  # what a declared layout means
 from gpukit.provision.driver import FLAVOURS
 from gpukit.provision.toolkit_config import OPT_OUT_VARIABLE
 
+from .quotas import Tenancy
+
 GPU_GROUP = "gpu_nodes"
 GPU_RESOURCE = ln.GPU_RESOURCE
 RUNTIMES = ("containerd", "crio")
@@ -117,6 +119,7 @@ class GpuInventory:
 
     source: str
     nodes: tuple[NodeDecl, ...]
+    tenancy: Tenancy = field(default_factory=Tenancy)  # cluster-wide: quotas.py
 
     def node(self, name: str) -> NodeDecl:
         """By Kubernetes node name or inventory host name."""
