@@ -197,10 +197,19 @@ class Kube:
             body["spec"] = {**body["spec"], "runtimeClassName": self.runtime_class}
         self.core.create_namespaced_pod(namespace, body)
 
-    def delete_pods(self, namespace: str, names: Iterable[str], timeout: float) -> list[str]:
+    def _selector(self, node: str | None) -> str:
+        """The run's pods; with `node`, only those pinned to it: a node's waits then decode
+        only its own pods' events (with nodes worked in parallel, every watch decoded every
+        node's events, and the suite spent its CPU on that)."""
+        selector = f"{RUN_LABEL}={self.run_id}"
+        return f"{selector},{NODE_LABEL}={dns_name(node)}" if node else selector
+
+    def delete_pods(self, namespace: str, names: Iterable[str], timeout: float,
+                    node: str | None = None) -> list[str]:
         """Delete pods (graceful) and wait until the API no longer has them; returns those
-        still present at the deadline."""
+        still present at the deadline. `node`: the pods are all pinned to that node."""
         pending = set(names)
+        selector = self._selector(node)
         for name in list(pending):
             try:
                 self.core.delete_namespaced_pod(name, namespace)
@@ -211,14 +220,13 @@ class Kube:
                     raise
         deadline = time.monotonic() + timeout
         while pending and time.monotonic() < deadline:
-            listing = self.core.list_namespaced_pod(namespace,
-                                                    label_selector=f"{RUN_LABEL}={self.run_id}")
+            listing = self.core.list_namespaced_pod(namespace, label_selector=selector)
             pending &= {p.metadata.name for p in listing.items}
             if not pending:
                 break
             w = watch.Watch()
             for ev in w.stream(self.core.list_namespaced_pod, namespace,
-                               label_selector=f"{RUN_LABEL}={self.run_id}",
+                               label_selector=selector,
                                resource_version=listing.metadata.resource_version,
                                timeout_seconds=max(1, int(deadline - time.monotonic()))):
                 if ev["type"] == "DELETED":
@@ -235,6 +243,7 @@ class Kube:
     def wait_pods(
         self, namespace: str, names: Iterable[str], timeout: float,
         done: Callable[[PodState], bool] = lambda s: s.state != "Pending",
+        node: str | None = None,
     ) -> dict[str, PodState]:
         """Watch the pods until `done` holds for each (default: left Pending) or the deadline;
         returns each pod's last state (`Pending`, or `Missing`, for those that never got
@@ -242,7 +251,7 @@ class Kube:
         wanted = set(names)
         states: dict[str, PodState] = {n: PodState(n, "Missing") for n in wanted}
         deadline = time.monotonic() + timeout
-        selector = f"{RUN_LABEL}={self.run_id}"
+        selector = self._selector(node)
 
         def open_names() -> set[str]:
             return {n for n in wanted if not done(states[n])}

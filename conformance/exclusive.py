@@ -87,10 +87,11 @@ def run_to_end(suite: Suite, node: str, resource: str, role: str, image: str,
     kube.create_pod(suite.namespace, manifest)
     try:
         state = kube.wait_pods(suite.namespace, [name], timeout,
-                               done=lambda s: s.state not in ("Pending", "Running"))[name]
+                               done=lambda s: s.state not in ("Pending", "Running"),
+                               node=node)[name]
         logs = kube.logs(suite.namespace, name) if state.state in ("Succeeded", "Failed") else ""
     finally:
-        kube.delete_pods(suite.namespace, [name], timeout)
+        kube.delete_pods(suite.namespace, [name], timeout, node=node)
     return PodRun(name, state, logs)
 
 
@@ -113,7 +114,8 @@ def request_above_one(suite: Suite, node: str, resource: str) -> PodRun:
         host_network=suite.options.host_network,
     ))
     try:
-        state = kube.wait_pods(suite.namespace, [name], suite.options.pod_timeout)[name]
+        state = kube.wait_pods(suite.namespace, [name], suite.options.pod_timeout,
+                               node=node)[name]
     finally:
-        kube.delete_pods(suite.namespace, [name], suite.options.pod_timeout)
+        kube.delete_pods(suite.namespace, [name], suite.options.pod_timeout, node=node)
     return PodRun(name, state)

@@ -147,7 +147,7 @@ def run(suite: Suite, node: str) -> NodeFill:
     ))
     fill.pods.append(nogpu_name)
     fill.nogpu = Seen(nogpu_name, "", 0, PodState(nogpu_name, "Missing"))
-    states = kube.wait_pods(ns, fill.pods, opts.pod_timeout)
+    states = kube.wait_pods(ns, fill.pods, opts.pod_timeout, node=node)
     for resource, seen in created.items():
         for s in seen:
             s.state = states[s.pod]
@@ -176,7 +176,7 @@ def run(suite: Suite, node: str) -> NodeFill:
         extras[resource] = Seen(name, resource, 1, PodState(name, "Missing"))
     if not extras:
         return fill
-    states = kube.wait_pods(ns, [s.pod for s in extras.values()], opts.pod_timeout)
+    states = kube.wait_pods(ns, [s.pod for s in extras.values()], opts.pod_timeout, node=node)
     for resource, s in extras.items():
         s.state = states[s.pod]
         fill.extra[resource] = Seen(s.pod, resource, 1, s.state)
@@ -187,13 +187,13 @@ def run(suite: Suite, node: str) -> NodeFill:
             to_free[resource] = fill.running(resource)[0]
     if not to_free:
         return fill
-    left = kube.delete_pods(ns, [s.pod for s in to_free.values()], opts.pod_timeout)
+    left = kube.delete_pods(ns, [s.pod for s in to_free.values()], opts.pod_timeout, node=node)
     for resource, s in to_free.items():
         fill.freed[resource] = s
         if s.pod in left:
             fill.error(resource, f"filler pod {s.pod} was not deleted within "
                                  f"{opts.pod_timeout:.0f}s")
-    states = kube.wait_pods(ns, [extras[r].pod for r in to_free], opts.pod_timeout)
+    states = kube.wait_pods(ns, [extras[r].pod for r in to_free], opts.pod_timeout, node=node)
     for resource in to_free:
         s = extras[resource]
         s.state = states[s.pod]

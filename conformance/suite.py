@@ -322,7 +322,8 @@ class Suite:
             host_network=self.options.host_network,
             host_paths=[("pod-resources", POD_RESOURCES_DIR, "Directory")],
         ))
-        state = self.kube.wait_pods(self.namespace, [name], self.options.pod_timeout)[name]
+        state = self.kube.wait_pods(self.namespace, [name], self.options.pod_timeout,
+                                    node=node)[name]
         if state.state != "Running":
             raise RuntimeError(f"PodResources reader pod {name} is {state} (expected Running)")
         return name
@@ -359,7 +360,8 @@ class Suite:
         except Exception:  # the fill failed: whatever it created goes with the run's pods
             return
         if done.pods:
-            left = self.kube.delete_pods(self.namespace, done.pods, self.options.pod_timeout)
+            left = self.kube.delete_pods(self.namespace, done.pods, self.options.pod_timeout,
+                                         node=node)
             if left:
                 raise RuntimeError(f"node {node}: pods {left} were not deleted within "
                                    f"{self.options.pod_timeout:.0f}s")

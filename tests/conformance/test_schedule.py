@@ -246,3 +246,18 @@ def test_api_only_skips_what_needs_a_kubelet_naming_it_and_works_nothing_ahead()
     assert rec.steps == {}  # nothing is worked ahead for skipped tests
     ran = [n for n, why in s.items() if not why]
     assert len(ran) >= 15 and len(ran) < len(s)
+
+
+def test_a_nodes_waits_watch_only_its_own_pods() -> None:
+    from kubernetes import client
+
+    from gpukit.conformance.cluster import NODE_LABEL, RUN_LABEL, Kube, pod_manifest
+
+    kube = Kube(client.ApiClient())
+    selector = kube._selector("gpu-a100-80-b")
+    labels = pod_manifest("p", run_id=kube.run_id, role="fill", node="gpu-a100-80-b",
+                          image="x", command=["true"])["metadata"]["labels"]
+    wanted = dict(term.split("=") for term in selector.split(","))
+    assert wanted == {RUN_LABEL: kube.run_id, NODE_LABEL: "gpu-a100-80-b"}
+    assert wanted.items() <= labels.items()
+    assert kube._selector(None) == f"{RUN_LABEL}={kube.run_id}"  # the run's cleanup: all
