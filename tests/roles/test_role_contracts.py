@@ -34,6 +34,9 @@ LIBRARY_CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
         "gpukit.provision.runtime_plan:CONTAINERD_MODES",
     ),
     ("device_plugin", "device_plugin_image_pull_policy"): ("gpukit.provision.agent:PULL_POLICIES",),
+    ("gpu_quotas", "gpu_quotas_priority_classes.preemption_policy"): (
+        "gpukit.inventory.quotas:PREEMPTION_POLICIES",
+    ),
     ("node_labels", "node_labels_taints.effect"): (
         "gpukit.inventory:TAINT_EFFECTS", "gpukit.provision.nodes:EFFECTS",
     ),
