@@ -46,6 +46,9 @@ DEFAULT_NVML_LIBRARY = f"{DRIVER_ROOT_IN_CONTAINER}/usr/lib/x86_64-linux-gnu/lib
 STATE_DIR = "/var/lib/gpukit/agent"  # on the host and in the container
 LAST_GOOD_CONFIG = f"{STATE_DIR}/last-good-config.json"
 SYSFS_IN_CONTAINER = "/host/sys"
+# The kubelet's PodResources socket's directory (beside device-plugins), host and container.
+POD_RESOURCES_DIR = posixpath.join(posixpath.dirname(DEFAULT_KUBELET_DIR.rstrip("/")),
+                                   "pod-resources")
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,9 @@ class AgentDeployment:
     default_config: str | None = None
     driver_root: str = "/"
     nvml_library: str | None = None  # path in the container; None: DEFAULT_NVML_LIBRARY
-    metrics_address: str = "127.0.0.1:9402"
+    # Every interface of the node (hostNetwork): a Prometheus off the node scrapes it; the
+    # readiness probe still asks 127.0.0.1 (gpukit_metrics_listen_address narrows it).
+    metrics_address: str = "0.0.0.0:9402"
     node_labels: bool = True
     node_selector: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
@@ -230,6 +235,13 @@ def readiness_probe(d: AgentDeployment) -> dict[str, Any] | None:
     }
 
 
+def metrics_port(d: AgentDeployment) -> dict[str, Any]:
+    """The container port a PodMonitor scrapes by name (`metrics`); on the host's network
+    the host port is the same port."""
+    _, port = parse_host_port(d.env.get("GPUKIT_METRICS_ADDRESS", d.metrics_address))
+    return {"name": "metrics", "containerPort": port, "hostPort": port, "protocol": "TCP"}
+
+
 def _is_host_root(path: str) -> bool:
     return posixpath.normpath(path or "/") == "/"
 
@@ -276,6 +288,8 @@ def agent_mounts(d: AgentDeployment) -> tuple[list[dict[str, Any]], list[dict[st
     - the host's /sys, read-only at /host/sys: GFD's gpu.mode, gpu.machine and vgpu labels
       read each GPU's PCI entry and the DMI product name (a container's own /sys shows
       neither the node's PCI tree nor, in the lab, the node's stand-in entries);
+    - the kubelet's pod-resources directory, read-only at the same path: the GPU metrics
+      name the pod, namespace and container using each device (PodResources API);
     - the deployment's own host_mounts (the lab's simulated GPU state).
     The agent reads /proc/driver/nvidia from its own /proc (the kernel's, not a mount).
     """
@@ -298,6 +312,7 @@ def agent_mounts(d: AgentDeployment) -> tuple[list[dict[str, Any]], list[dict[st
         {"name": "cdi-specs", "mountPath": cdi_dir},
         {"name": "agent-state", "mountPath": STATE_DIR},
         {"name": "host-sys", "mountPath": SYSFS_IN_CONTAINER, **ro},
+        {"name": "pod-resources", "mountPath": POD_RESOURCES_DIR, "readOnly": True},
     ]  # fmt: skip
     volumes += [
         {"name": "configs", "configMap": {"name": f"{APP}-configs"}},
@@ -305,6 +320,7 @@ def agent_mounts(d: AgentDeployment) -> tuple[list[dict[str, Any]], list[dict[st
         _host_path("cdi-specs", cdi_dir, "DirectoryOrCreate"),
         _host_path("agent-state", STATE_DIR, "DirectoryOrCreate"),
         _host_path("host-sys", "/sys", "Directory"),
+        _host_path("pod-resources", POD_RESOURCES_DIR, "DirectoryOrCreate"),
     ]
     host_mounts, host_volumes = _deployment_host_mounts(d)
     return mounts + host_mounts, volumes + host_volumes
@@ -384,6 +400,7 @@ def daemonset(d: AgentDeployment) -> dict[str, Any]:
     probe = readiness_probe(d)
     if probe is not None:
         container["readinessProbe"] = probe
+        container["ports"] = [metrics_port(d)]
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",

@@ -20,8 +20,8 @@ from typing import Any
 import yaml
 
 from gpukit.contracts import label_names
-from gpukit.inventory import GPU_GROUP, plain
-from gpukit.provision import agent
+from gpukit.inventory import GPU_GROUP, InventoryError, plain
+from gpukit.provision import agent, telemetry
 
 
 class ManifestsError(ValueError):
@@ -47,6 +47,7 @@ ROLE_DEFAULTS: dict[str, Any] = {
     "device_plugin_node_selector": {label_names.DEPLOY_DEVICE_PLUGIN: "true"},
 }
 DEFAULT_CONFIG = "device_plugin_default_config"  # 'default' when the host's configs have one
+METRICS_ADDRESS = "device_plugin_metrics_address"  # from gpukit_metrics_* (inventory.metrics)
 # agent.render's arguments, as daemonset.yml passes them (configs: the merged ones).
 RENDER_ARGS = {
     "image": "device_plugin_image",
@@ -57,6 +58,7 @@ RENDER_ARGS = {
     "node_selector": "device_plugin_node_selector",
     "env": "device_plugin_env",
     "host_mounts": "device_plugin_host_mounts",
+    "metrics_address": METRICS_ADDRESS,
     "image_pull_policy": "device_plugin_image_pull_policy",
 }
 
@@ -74,6 +76,11 @@ def role_vars(host: str, hostvars: Mapping[str, Any]) -> dict[str, Any]:
                              "mapping of config names to device plugin configs")
     out[DEFAULT_CONFIG] = hostvars.get(DEFAULT_CONFIG,
                                        "default" if "default" in configs else None)
+    try:
+        out[METRICS_ADDRESS] = hostvars.get(METRICS_ADDRESS,
+                                            telemetry.agent_address(host, hostvars))
+    except InventoryError as e:
+        raise ManifestsError(str(e)) from e
     return out
 
 
@@ -137,7 +144,7 @@ def play_vars(
         raise ManifestsError(f"{source}: no host of {GPU_GROUP!r} matches the limit "
                              f"{', '.join(limit)!r}")
     wanted = (*FROM_INVENTORY, *(v for v, _ in FROM_INVENTORY.values()), *ROLE_DEFAULTS,
-              DEFAULT_CONFIG)  # fmt: skip
+              DEFAULT_CONFIG, METRICS_ADDRESS, *telemetry.VARIABLES)  # fmt: skip
     play: list[tuple[str, dict[str, Any]]] = []
     for host in hosts:
         hv = {**variables.get_vars(host=host), **extra}

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import quotas
+from . import metrics, quotas
 from .model import GPU_GROUP, VARIABLES, GpuInventory, NodeDecl
 from .problems import MISSING, InventoryError, Problem, short
 from .validate import node_from_vars
@@ -94,6 +94,7 @@ def load(
             problems.append(Problem(n.host, "gpukit_node_name", n.node_name,
                                     f"is also the node name of host {seen[n.node_name]}"))
         seen[n.node_name] = n.host
+    problems += metrics.cluster_problems([(n.host, n.metrics) for n in nodes])
     if problems:
         raise InventoryError(problems, source)
     if hosts:

@@ -15,7 +15,7 @@ from gpukit.mig import declared
 from gpukit.provision import toolkit_config
 from gpukit.provision.driver import DriverSpec, DriverSpecError
 
-from . import node_meta
+from . import metrics, node_meta
 from .model import (
     KERNEL_MODULES,
     RUNTIMES,
@@ -125,6 +125,8 @@ def node_from_vars(host: str, raw: Mapping[str, Any]) -> NodeDecl:
     taints = _taints(v)
     kubeconfig = v.string("gpukit_kubeconfig", v.get("gpukit_kubeconfig"))
     address = v.get("ansible_host")
+    served, metric_problems = metrics.declared(host, raw)
+    v.problems += metric_problems
     if v.problems:
         raise InventoryError(v.problems)
     assert gpu is not None
@@ -136,7 +138,7 @@ def node_from_vars(host: str, raw: Mapping[str, Any]) -> NodeDecl:
         plugin_config_name=config_name, plugin_config=config, plugin_configs=configs,
         mig_config_name=mig_name,
         mig_layout=layout, mig_gpus=mig_gpus, labels=labels, taints=taints,
-        kubeconfig=kubeconfig,
+        kubeconfig=kubeconfig, metrics=served,
         declared={k: raw[k] for k in VARIABLES if raw.get(k, MISSING) is not MISSING},
     )
 

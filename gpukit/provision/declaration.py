@@ -41,6 +41,7 @@ def fact(decl: NodeDecl, resources: Mapping[str, int], labels: Mapping[str, str]
         "taints": [t.as_dict() for t in decl.taints],
         "expected_resources": dict(resources),
         "expected_labels": dict(labels),
+        "metrics": decl.metrics.as_dict(),
         "sharing": {"problems": shares.problems, "warnings": shares.warnings,
                     "time_slicing_replicas": shares.time_slicing_replicas},
     }

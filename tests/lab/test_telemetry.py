@@ -2,8 +2,8 @@
 workload (gpu-work, lab/nvml/workload) and carry the pod, namespace and container the kubelet's
 PodResources API names.
 
-The agent is deployed with the kubelet's pod-resources directory mounted read-only (the mount
-gpukit.agent_manifests does not make yet) and one named config per case: whole GPUs, time-slicing
+The agent is deployed as gpukit.agent_manifests has it (the kubelet's pod-resources directory
+mounted read-only, the metrics port on every interface) and one named config per case: whole GPUs, time-slicing
 (2 replicas) and MIG (mixed); DeviceSpecs put the device nodes into containers (runc, no NVIDIA
 runtime), which is what gpu-work looks at. gpu-work registers itself with the node's mock NVML
 through the clients directory (a hostPath) for as long as it runs.
@@ -25,7 +25,6 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import Any
 
 import labtools
@@ -34,7 +33,7 @@ from kubernetes import client
 from labtools import wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpukit.agent_manifests import AgentDeployment, HostMount
+from gpukit.agent_manifests import AgentDeployment
 from gpukit.k8s import connect, waits
 from gpukit.lab import agent, cluster, nodes
 from gpukit.lab import nvml as mock
@@ -47,7 +46,6 @@ pytestmark = pytest.mark.lab
 A100, T4 = "gpu-a100", "gpu-t4"
 NS = "telemetry-test"
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
-POD_RESOURCES = "/var/lib/kubelet/pod-resources"
 MIB = 1 << 20
 Sample = tuple[str, dict[str, str], float]
 
@@ -150,9 +148,8 @@ def deployed(core: client.CoreV1Api) -> Iterator[AgentDeployment]:
     archive = workload.build_image(state_dir() / "shared" / "images")
     for node in (A100, T4):
         sh(node, f"ctr -n k8s.io images import /opt/gpukit-lab/images/{archive.name}")
-    base = agent.lab_deployment(CONFIGS, default_config="whole")
-    d = replace(base, host_mounts=(*base.host_mounts, HostMount(
-        "pod-resources", POD_RESOURCES, POD_RESOURCES, read_only=True)))
+    # The agent's manifest mounts the kubelet's pod-resources directory itself.
+    d = agent.lab_deployment(CONFIGS, default_config="whole")
     try:
         agent.apply(spec, d)
         agent.wait_rolled_out(spec, d, timeout=180)

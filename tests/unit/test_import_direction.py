@@ -50,6 +50,10 @@ ALLOWED: dict[str, set[str]] = {
     "gpukit.inventory.check": {"gpukit.contracts", "gpukit.inventory", "gpukit.conformance.expect"},
     "gpukit.provision": {"gpukit.contracts", "gpukit.mig", "gpukit.plugin",
                          "gpukit.agent_manifests", "gpukit.inventory", "gpukit"},
+    # The telemetry role's Prometheus config carries the shipped alert rules.
+    "gpukit.provision.telemetry": {"gpukit.agent_manifests", "gpukit.inventory", "gpukit",
+                                   "gpukit.provision", "gpukit.monitoring",
+                                   "gpukit.telemetry_manifests"},
     "gpukit.manifests": {"gpukit.contracts", "gpukit.inventory", "gpukit.provision"},
     "gpukit.summary": {"gpukit"},
 }

@@ -160,7 +160,9 @@ def test_the_wheel_leaves_the_lab_out(wheel: Path) -> None:
     assert not [n for n in names if n.startswith("gpukit/lab/")], names
     assert not [n for n in names if n.endswith((".c", ".h"))], names
     assert {"gpukit/contracts/mig_profiles.yaml", "gpukit/plugin/api/podresources_v1.proto",
-            "gpukit/conformance/deploy/job.yaml", "gpukit/conformance/plugin.py"} <= set(names)
+            "gpukit/conformance/deploy/job.yaml", "gpukit/conformance/plugin.py",
+            "gpukit/monitoring/gpu-alerts.rules.yaml",
+            "gpukit/monitoring/gpu-dashboard.json"} <= set(names)
 
 
 def test_the_nodes_wheel_is_built_from_the_wheels_files(wheel: Path) -> None:

@@ -50,6 +50,10 @@ options:
     type: list
     elements: dict
     default: []
+  metrics_address:
+    description: host:port of the agent's metrics endpoint, '' for none.
+    type: str
+    default: "0.0.0.0:9402"
   image_pull_policy:
     description: Image pull policy.
     type: str

@@ -1,0 +1,44 @@
+"""gpukit.gpu filters for the GPU telemetry (gpukit.provision.telemetry): the agent's metrics
+address for the device_plugin role's DaemonSet, and the Prometheus config of role gpu_telemetry.
+Documentation: <filter>.yml beside this file (ansible-doc -t filter gpukit.gpu.<filter>)."""
+
+from __future__ import annotations
+
+from ansible_collections.gpukit.gpu.plugins.plugin_utils.gpukit_filters import (
+    filter_map,
+    gpukit_filter,
+    library,
+)
+
+telemetry = library("gpukit.provision.telemetry")
+
+
+@gpukit_filter
+def metrics_agent_address(hostvars, host):
+    return telemetry.agent_address(host, hostvars or {})
+
+
+@gpukit_filter
+def metrics_prometheus_config(gpu_hosts, hostvars, rules_dir="/etc/prometheus"):
+    return telemetry.prometheus_config(list(gpu_hosts or []), hostvars, rules_dir)
+
+
+@gpukit_filter
+def metrics_alert_rules(_ignored=None):
+    return telemetry.alert_rules()
+
+
+@gpukit_filter
+def metrics_cluster(gpu_hosts, hostvars):
+    return telemetry.cluster(list(gpu_hosts or []), hostvars)
+
+
+@gpukit_filter
+def metrics_operator_manifests(namespace, mode, port, interval):
+    return telemetry.operator_manifests(namespace, mode, int(port), interval)
+
+
+class FilterModule:
+    def filters(self):
+        return filter_map(metrics_agent_address, metrics_prometheus_config, metrics_alert_rules,
+                          metrics_cluster, metrics_operator_manifests)
