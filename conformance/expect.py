@@ -153,7 +153,10 @@ def _pick(base: list[ExpectedUnit], positions: list[int], chosen: list[int], ref
 
 
 def expected_resources(decl: NodeDecl) -> dict[str, int]:
-    """Resource name -> count the node's capacity and allocatable must show."""
+    """Resource name -> count the node's capacity and allocatable must show (none on a DRA
+    node: its GPUs are ResourceSlice devices, `expected_dra_devices`)."""
+    if decl.dra:
+        return {}
     out: dict[str, int] = {}
     for u in expected_units(decl):
         out[u.resource] = out.get(u.resource, 0) + u.replicas
@@ -203,7 +206,7 @@ def _sharing_of(decl: NodeDecl, resource: str) -> tuple[int, bool]:
 def expected_labels(decl: NodeDecl) -> dict[str, str]:
     """GFD labels the node must carry (those the declaration determines), name -> value."""
     gpu = decl.gpu
-    if gpu.count == 0:
+    if gpu.count == 0 or decl.dra:  # DRA: the device plugin's GFD labels are not served
         return {}
     strategy = decl.mig_strategy
     units = _base_units(decl)  # raises for inconsistent declarations
@@ -265,3 +268,73 @@ def _mig_labels(decl: NodeDecl, resource: str, profile: str, count: int) -> dict
     }
     return {f"{resource}.{k}": v for k, v in values.items()}
 
+
+# -- DRA: the node's ResourceSlice devices (driver gpu.nvidia.com) ---------------------------
+
+DRA_DRIVER = "gpu.nvidia.com"
+
+
+@dataclass(frozen=True)
+class ExpectedDraDevice:
+    """One device a DRA node's ResourceSlices must publish, as NVIDIA's driver describes it:
+    a whole GPU (`gpu-<minor>`) or a MIG device of the declared layout
+    (`gpu-<minor>-mig-<profile without dots>-<GI profile id>-<placement start>`). The minor
+    and the placement are the node's; the rest follows from the declaration."""
+
+    type: str  # "gpu" | "mig"
+    gpu_index: int  # the GPU, or the MIG device's parent
+    product: str
+    profile: str | None = None
+    memory_mib: int | None = None  # capacity `memory`, when the declaration implies it
+    multiprocessors: int | None = None
+    name_pattern: str = ""  # a regular expression the device's name must match
+
+    def attributes(self) -> dict[str, dict[str, object]]:
+        """Attributes the device must carry, in the ResourceSlice's form."""
+        out: dict[str, dict[str, object]] = {"type": {"string": self.type},
+                                             "productName": {"string": self.product}}
+        if self.type == "gpu":
+            out["index"] = {"int": self.gpu_index}
+        else:
+            out["parentIndex"] = {"int": self.gpu_index}
+            out["profile"] = {"string": self.profile}
+        return out
+
+    def capacity(self) -> dict[str, str]:
+        """Capacity values (BinarySI quantities as the API writes them) it must carry."""
+        out: dict[str, str] = {}
+        if self.memory_mib:
+            out["memory"] = (f"{self.memory_mib // 1024}Gi" if self.memory_mib % 1024 == 0
+                             else f"{self.memory_mib}Mi")
+        if self.multiprocessors is not None:
+            out["multiprocessors"] = str(self.multiprocessors)
+        return out
+
+    def describe(self) -> str:
+        return (f"GPU {self.gpu_index} ({self.product})" if self.type == "gpu"
+                else f"MIG {self.profile} on GPU {self.gpu_index}")
+
+
+def expected_dra_devices(decl: NodeDecl) -> list[ExpectedDraDevice]:
+    """The devices a DRA node's ResourceSlices must publish: each GPU whole, a MIG-enabled
+    GPU's MIG devices of the declared layout instead (the device plugin config's migStrategy
+    does not apply). None for a device plugin node."""
+    if not decl.dra:
+        return []
+    gpu = decl.gpu
+    gpus = decl.mig_gpus or tuple(GpuMig(i, False) for i in range(gpu.count))
+    table = gpu.mig_table
+    out: list[ExpectedDraDevice] = []
+    for g in gpus:
+        if not g.mig_enabled:
+            out.append(ExpectedDraDevice("gpu", g.index, gpu.product, None, gpu.memory_mib,
+                                         None, r"gpu-\d+"))
+            continue
+        assert table is not None  # the model refuses MIG on a product without a table
+        for name in g.profiles:
+            p = table.gpu_instance_profile(name)
+            part = re.sub(r"[^a-z0-9-]", "-", name.replace(".", "").lower()).strip("-")
+            out.append(ExpectedDraDevice("mig", g.index, gpu.product, name, p.memory_mb,
+                                         p.multiprocessors,
+                                         rf"gpu-\d+-mig-{re.escape(part)}-{p.driver_id}-\d+"))
+    return out

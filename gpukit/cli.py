@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import importlib.util
+from collections import Counter
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -181,6 +182,10 @@ def inventory_check(
     for decl in gpus.nodes:
         resources = result.resources.get(decl.node_name, {})
         served = ", ".join(f"{r}={n}" for r, n in sorted(resources.items()) if n) or "no GPUs"
+        if decl.dra:
+            kinds = Counter(d["profile"] or "gpu" for d in inv.expected_dra_devices(decl))
+            served = "DRA gpu.nvidia.com: " + (", ".join(
+                f"{k}={n}" for k, n in sorted(kinds.items())) or "no GPUs")
         print(f"  {decl.node_name:24} {served}")
 
 

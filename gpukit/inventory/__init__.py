@@ -19,7 +19,13 @@ What a node must then serve is the conformance suite's oracle, gpukit.conformanc
 (`expected_resources` and `expected_labels` here hand over to it).
 """
 
-from .check import CheckResult, check, expected_labels, expected_resources
+from .check import (
+    CheckResult,
+    check,
+    expected_dra_devices,
+    expected_labels,
+    expected_resources,
+)
 from .load import DECLARED_VARIABLES, declared_vars, load, plain
 from .model import (
     DEVICE_PLUGIN_CONFIG_LABEL,
@@ -42,6 +48,6 @@ __all__ = [
     "DECLARED_VARIABLES", "DEVICE_PLUGIN_CONFIG_LABEL", "GPU_GROUP", "GPU_RESOURCE",
     "KERNEL_MODULES", "MIG_CONFIG_LABEL", "RUNTIMES", "TAINT_EFFECTS", "CheckResult",
     "GpuDecl", "GpuInventory", "GpuMig", "InventoryError", "NodeDecl", "Problem", "Taint",
-    "check", "declared_vars", "expected_labels", "expected_resources", "load", "node_from_vars",
-    "plain",
+    "check", "declared_vars", "expected_dra_devices", "expected_labels", "expected_resources",
+    "load", "node_from_vars", "plain",
 ]

@@ -66,6 +66,14 @@ def expected_resources(decl: NodeDecl) -> dict[str, int]:
     return expect.expected_resources(decl)
 
 
+def expected_dra_devices(decl: NodeDecl) -> list[dict[str, Any]]:
+    """The ResourceSlice devices a DRA node must publish (none on a device plugin node), as
+    plain values (a fact travels so): the oracle's `expected_dra_devices`."""
+    return [{"type": d.type, "gpu_index": d.gpu_index, "profile": d.profile,
+             "name_pattern": d.name_pattern, "attributes": d.attributes(),
+             "capacity": d.capacity()} for d in expect.expected_dra_devices(decl)]
+
+
 def expected_labels(decl: NodeDecl) -> dict[str, str]:
     """The labels `decl`'s node must carry: the suite's oracle's (as above)."""
     return expect.expected_labels(decl)

@@ -19,7 +19,6 @@ from gpukit.mig.declared import GpuMig as GpuMig  # what a declared layout means
 from gpukit.provision.driver import FLAVOURS
 from gpukit.provision.toolkit_config import OPT_OUT_VARIABLE
 
-from . import metrics
 from .quotas import Tenancy
 
 GPU_GROUP = "gpu_nodes"
@@ -29,13 +28,17 @@ KERNEL_MODULES = FLAVOURS  # nvidia_driver_kernel_modules
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 DEVICE_PLUGIN_CONFIG_LABEL = ln.DEVICE_PLUGIN_CONFIG
 MIG_CONFIG_LABEL = ln.MIG_CONFIG
+# gpukit_gpu_allocation: which kubelet API serves a node's GPUs, the device plugin
+# (nvidia.com/ extended resources) or DRA (ResourceSlices of driver gpu.nvidia.com); never both.
+GPU_ALLOCATIONS = ("device-plugin", "dra")
+DEFAULT_GPU_ALLOCATION = GPU_ALLOCATIONS[0]
 # The variables a node's declaration is made of (inventories/README.md).
 VARIABLES = (
     "gpukit_kubeconfig", "gpukit_node_name", "gpukit_gpu", "nvidia_driver_branch",
     "nvidia_driver_version", "nvidia_driver_kernel_modules", "gpukit_container_runtime",
     "gpukit_device_plugin_configs", "gpukit_device_plugin_config", "gpukit_mig_configs",
     "gpukit_mig_config", "gpukit_node_labels", "gpukit_node_taints", OPT_OUT_VARIABLE,
-    *metrics.VARIABLES,
+    "gpukit_gpu_allocation",
 )
 
 
@@ -91,7 +94,7 @@ class NodeDecl:
     labels: Mapping[str, str] = field(default_factory=dict)
     taints: tuple[Taint, ...] = ()
     kubeconfig: str | None = None
-    metrics: metrics.MetricsDecl = field(default_factory=metrics.MetricsDecl)
+    gpu_allocation: str = DEFAULT_GPU_ALLOCATION  # one of GPU_ALLOCATIONS
     # The declaration variables as validated (plain values; absent ones left out): what a
     # role compares its own inputs with before it trusts this declaration.
     declared: Mapping[str, Any] = field(default_factory=dict)
@@ -99,6 +102,11 @@ class NodeDecl:
     @property
     def mig_strategy(self) -> str:
         return self.plugin_config.flags.mig_strategy
+
+    @property
+    def dra(self) -> bool:
+        """DRA serves this node's GPUs (`gpukit_gpu_allocation: dra`), not the device plugin."""
+        return self.gpu_allocation == "dra"
 
     @property
     def mig_declared(self) -> bool:

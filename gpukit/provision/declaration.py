@@ -41,7 +41,8 @@ def fact(decl: NodeDecl, resources: Mapping[str, int], labels: Mapping[str, str]
         "taints": [t.as_dict() for t in decl.taints],
         "expected_resources": dict(resources),
         "expected_labels": dict(labels),
-        "metrics": decl.metrics.as_dict(),
+        "gpu_allocation": decl.gpu_allocation,
+        "expected_dra_devices": inventory.expected_dra_devices(decl),
         "sharing": {"problems": shares.problems, "warnings": shares.warnings,
                     "time_slicing_replicas": shares.time_slicing_replicas},
     }
