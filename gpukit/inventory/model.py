@@ -19,6 +19,7 @@ from gpukit.mig.declared import GpuMig as GpuMig  # what a declared layout means
 from gpukit.provision.driver import FLAVOURS
 from gpukit.provision.toolkit_config import OPT_OUT_VARIABLE
 
+from . import metrics
 from .quotas import Tenancy
 
 GPU_GROUP = "gpu_nodes"
@@ -39,6 +40,7 @@ VARIABLES = (
     "gpukit_device_plugin_configs", "gpukit_device_plugin_config", "gpukit_mig_configs",
     "gpukit_mig_config", "gpukit_node_labels", "gpukit_node_taints", OPT_OUT_VARIABLE,
     "gpukit_gpu_allocation",
+    *metrics.VARIABLES,
 )
 
 
@@ -95,6 +97,7 @@ class NodeDecl:
     taints: tuple[Taint, ...] = ()
     kubeconfig: str | None = None
     gpu_allocation: str = DEFAULT_GPU_ALLOCATION  # one of GPU_ALLOCATIONS
+    metrics: metrics.MetricsDecl = field(default_factory=metrics.MetricsDecl)
     # The declaration variables as validated (plain values; absent ones left out): what a
     # role compares its own inputs with before it trusts this declaration.
     declared: Mapping[str, Any] = field(default_factory=dict)

@@ -15,7 +15,7 @@ from gpukit.mig import declared
 from gpukit.provision import toolkit_config
 from gpukit.provision.driver import DriverSpec, DriverSpecError
 
-from . import node_meta
+from . import metrics, node_meta
 from .model import (
     DEFAULT_GPU_ALLOCATION,
     GPU_ALLOCATIONS,
@@ -129,6 +129,8 @@ def node_from_vars(host: str, raw: Mapping[str, Any]) -> NodeDecl:
     allocation = v.string("gpukit_gpu_allocation", v.get("gpukit_gpu_allocation"),
                           default=DEFAULT_GPU_ALLOCATION, choices=GPU_ALLOCATIONS)
     address = v.get("ansible_host")
+    served, metric_problems = metrics.declared(host, raw)
+    v.problems += metric_problems
     if v.problems:
         raise InventoryError(v.problems)
     assert gpu is not None
@@ -140,7 +142,7 @@ def node_from_vars(host: str, raw: Mapping[str, Any]) -> NodeDecl:
         plugin_config_name=config_name, plugin_config=config, plugin_configs=configs,
         mig_config_name=mig_name,
         mig_layout=layout, mig_gpus=mig_gpus, labels=labels, taints=taints,
-        kubeconfig=kubeconfig,
+        kubeconfig=kubeconfig, metrics=served,
         gpu_allocation=allocation or DEFAULT_GPU_ALLOCATION,
         declared={k: raw[k] for k in VARIABLES if raw.get(k, MISSING) is not MISSING},
     )

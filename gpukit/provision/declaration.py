@@ -43,6 +43,7 @@ def fact(decl: NodeDecl, resources: Mapping[str, int], labels: Mapping[str, str]
         "expected_labels": dict(labels),
         "gpu_allocation": decl.gpu_allocation,
         "expected_dra_devices": inventory.expected_dra_devices(decl),
+        "metrics": decl.metrics.as_dict(),
         "sharing": {"problems": shares.problems, "warnings": shares.warnings,
                     "time_slicing_replicas": shares.time_slicing_replicas},
     }

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -116,10 +117,18 @@ def test_inventory_check_prints_what_a_dra_node_serves(tmp_path: Path) -> None:
     root = tmp_path / "lab"
     shutil.copytree(LAB, root)
     (root / "host_vars").mkdir(exist_ok=True)
-    (root / "host_vars" / "gpu-a100.yml").write_text("gpukit_gpu_allocation: dra\n")
+    # gpu-t4 on DRA: the lab's quotas name only resources gpu-a100 still serves
+    (root / "host_vars" / "gpu-t4.yml").write_text("gpukit_gpu_allocation: dra\n")
     result = CliRunner().invoke(app, ["inventory", "check", str(root)])
     out = result.output
     assert result.exit_code == 0, out
-    assert re.search(r"gpu-a100 +DRA gpu\.nvidia\.com: 1g\.5gb=4, 2g\.10gb=2, 3g\.20gb=2, "
-                     r"gpu=6", out), out
-    assert re.search(r"gpu-t4 +nvidia\.com/gpu=8", out), out
+    assert re.search(r"gpu-t4 +DRA gpu\.nvidia\.com: gpu=2", out), out
+    assert re.search(r"gpu-a100 +nvidia\.com/gpu=6, nvidia\.com/mig-1g\.5gb=4", out), out
+
+
+def test_a_dra_mig_layout_is_printed_per_profile() -> None:
+    layout = [{"devices": [0], "mig-enabled": True, "mig-devices": {"3g.20gb": 1, "1g.5gb": 2}}]
+    d = _decl(gpukit_gpu={"product": A100, "count": 2}, gpukit_mig_configs={"l": layout},
+              gpukit_mig_config="l", gpukit_gpu_allocation="dra")
+    assert Counter(x["profile"] or "gpu" for x in inv.expected_dra_devices(d)) == {
+        "1g.5gb": 2, "3g.20gb": 1, "gpu": 1}
