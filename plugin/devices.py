@@ -55,6 +55,7 @@ class Gpu:
     compute_major: int = 0
     compute_minor: int = 0
     architecture: str = ""
+    brand: str = ""  # nvmlDeviceGetBrand as NVIDIA's tools name it ("Tesla"); "" unknown
     mig_capable: bool = False
     mig_enabled: bool = False
     mig_devices: tuple[MigDevice, ...] = ()

@@ -86,6 +86,8 @@ def mig_name(parent: Gpu, profile: str, driver_profile_id: int, start: int) -> s
 
 def _common(gpu: Gpu, node: NodeDevices) -> dict[str, dict[str, Any]]:
     attrs: dict[str, dict[str, Any]] = {"productName": {"string": gpu.name}}
+    if gpu.brand:
+        attrs["brand"] = {"string": gpu.brand}
     if gpu.architecture:
         attrs["architecture"] = {"string": ARCHITECTURES.get(gpu.architecture,
                                                              gpu.architecture.capitalize())}

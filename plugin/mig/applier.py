@@ -11,7 +11,7 @@ at its next tick, see mig/pause.py), and the next apply removes it too.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpukit.contracts import mig_profiles
@@ -37,6 +37,16 @@ class ProcessesRunning(ApplyError):
                          for i, pids in sorted(blocking.items()))
         super().__init__(f"GPU processes are running on GPUs that must change ({gpus}); stop "
                          "them (drain the node) or apply with force")
+
+
+class ClaimsHeld(ApplyError):
+    """Prepared DRA claims hold GPUs that must change (gpukit.plugin.mig.dra_claims)."""
+
+    def __init__(self, held: dict[int, tuple[str, ...]]) -> None:
+        self.held = held
+        gpus = "; ".join(f"GPU {i}: claim {', '.join(c)}" for i, c in sorted(held.items()))
+        super().__init__(f"prepared DRA claims hold GPUs that must change ({gpus}); delete "
+                         "their pods (drain the node) or apply with force")
 
 
 class VerifyError(ApplyError):
@@ -167,9 +177,11 @@ def apply(
     reporter: StateReporter | None = None,
     pauser: PluginPause | None = None,
     on_action: Callable[[Action], None] | None = None,
+    claims: Mapping[int, Sequence[str]] | None = None,
 ) -> ApplyResult:
     """Make the node match ``selected``. Raises MigConfigError / LayoutError (nothing touched),
-    ProcessesRunning (nothing touched), ApplyError / VerifyError / ResetError / NvmlError /
+    ProcessesRunning or ClaimsHeld (``claims``: GPU index -> prepared DRA claims holding it;
+    nothing touched), ApplyError / VerifyError / ResetError / NvmlError /
     OSError (part-way: rerun to converge). A second apply of the same config does nothing."""
     reporter = reporter or NullReporter()
     pauser = pauser or NoPause()
@@ -189,9 +201,17 @@ def apply(
         err = ProcessesRunning({i: tuple(p.pid for p in ps) for i, ps in blocking.items()})
         reporter.report("failed", str(err))
         raise err
+    changing = {g.gpu.index for g in the_plan.changed_gpus}
+    held = {i: tuple(c) for i, c in (claims or {}).items() if i in changing and c}
+    if held and not force:
+        held_err = ClaimsHeld(held)
+        reporter.report("failed", str(held_err))
+        raise held_err
     if blocking:
         log.warning("force: changing GPUs with running processes: %s",
                     {i: [p.pid for p in ps] for i, ps in blocking.items()})
+    if held:
+        log.warning("force: changing GPUs that prepared DRA claims hold: %s", held)
     reporter.report("pending", f"applying {selected}")
     runner = _Runner(backend, reset_gpu)
     try:

@@ -2,15 +2,16 @@
 manager entry point.
 
     plan    validate the selected config against this node's GPUs, print what would change
-    apply   plan, refuse if GPU processes run (unless --force), pause the device plugin,
+    apply   plan, refuse if GPU processes run or prepared DRA claims hold a GPU that must
+            change (unless --force), pause the device plugin,
             change, reset where the mode changes, verify
     assert  exit 3 when the node does not match the selected config
     export  print the current layout as a mig-parted config
 
 Exit codes: 0 ok (changed or not: see ``changed`` in --json), 1 error (NVML, reset, processes
-running, apply failed part-way: rerun to converge), 2 invalid config (schema, no such config,
-layout impossible on this node, a profile the driver does not offer, a GPU whose MIG table the
-driver contradicts), 3 assert mismatch.
+running, DRA claims held, apply failed part-way: rerun to converge), 2 invalid config (schema,
+no such config, layout impossible on this node, a profile the driver does not offer, a GPU
+whose MIG table the driver contradicts), 3 assert mismatch.
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ from gpukit.contracts.mig_parted import MigConfigError, MigConfigs, load_file, l
 from gpukit.mig.planner import LayoutError, plan
 from gpukit.plugin import nvml
 
+from ..dra.checkpoint import CheckpointError
 from ..nvml.mig import open_nvml
-from . import hooks
-from .applier import ApplyError, ProcessesRunning, apply
+from . import dra_claims, hooks
+from .applier import ApplyError, ClaimsHeld, ProcessesRunning, apply
 from .export import export_config, export_warnings
 from .hooks import ResetError
 from .report import apply_text, plan_text, problems_text
@@ -63,7 +65,8 @@ def build_parser(prog: str = "python -m gpukit.plugin.mig") -> argparse.Argument
                      help="config name [MIG_PARTED_SELECTED_CONFIG; else the node label "
                           "nvidia.com/mig.config with --node-name]; export: the exported name")
     p.add_argument("--force", action="store_true",
-                   help="apply even when GPU processes run on GPUs that must change")
+                   help="apply even when GPU processes run on GPUs that must change, or "
+                        "prepared DRA claims hold them")
     p.add_argument("--json", action="store_true", help="print JSON (for the Ansible role)")
     rt = p.add_argument_group("node")
     rt.add_argument("--nvml-library", default=_env("GPUKIT_NVML_LIB"),
@@ -73,6 +76,11 @@ def build_parser(prog: str = "python -m gpukit.plugin.mig") -> argparse.Argument
                          "{index}`; the lab's mock NVML is reset through the library itself)")
     rt.add_argument("--pause-file", default=_env(hooks.ENV_PAUSE_FILE, hooks.DEFAULT_PAUSE_FILE),
                     help="device plugin pause file ('' disables) [GPUKIT_PLUGIN_PAUSE_FILE]")
+    rt.add_argument("--dra-checkpoint", type=Path,
+                    default=Path(_env("GPUKIT_DRA_CHECKPOINT", str(dra_claims.DEFAULT_CHECKPOINT))
+                                 or ""),
+                    help="the DRA plugin's prepared claims: apply refuses to change a GPU they "
+                         "hold [GPUKIT_DRA_CHECKPOINT]")
     rt.add_argument("--pause-ack-timeout", type=float, default=0.0, metavar="SECONDS",
                     help="wait this long for the plugin to acknowledge the pause")
     rt.add_argument("--plugin-pid", type=int, help="device plugin PID: SIGUSR1 after a change")
@@ -178,8 +186,10 @@ def _run(args: argparse.Namespace) -> int:
             pauser = hooks.PauseFile(args.pause_file, plugin_pid=args.plugin_pid,
                                      plugin_pid_file=args.plugin_pid_file,
                                      ack_timeout=args.pause_ack_timeout)
+        claims = (dra_claims.held_by_index(args.dra_checkpoint, dra_claims.nvml_minors())
+                  if args.dra_checkpoint.is_file() and not args.force else {})
         result = apply(configs, selected, backend, _reset_fn(args), force=args.force,
-                       reporter=reporter, pauser=pauser)
+                       reporter=reporter, pauser=pauser, claims=claims)
         doc = {"command": "apply", **result.plan.to_json(), "changed": result.changed,
                "executed": [a.to_json() for a in result.executed],
                "skipped": [a.to_json() for a in result.skipped]}
@@ -200,7 +210,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m gpukit.plugin
         fail = _Fail(EXIT_INVALID, "invalid MIG config", e.problems)
     except LayoutError as e:
         fail = _Fail(EXIT_INVALID, "the MIG layout cannot be applied to this node", e.problems)
-    except ProcessesRunning as e:
+    except (ProcessesRunning, ClaimsHeld, CheckpointError) as e:
         fail = _Fail(EXIT_ERROR, "refused", [str(e)])
     except (ApplyError, ResetError, nvml.NvmlError, OSError) as e:
         fail = _Fail(EXIT_ERROR, f"{args.command} failed (rerun apply to converge)"

@@ -23,6 +23,13 @@ _ARCHITECTURES = {
     2: "kepler", 3: "maxwell", 4: "pascal", 5: "volta", 6: "turing", 7: "ampere", 8: "ada",
     9: "hopper", 10: "blackwell",
 }
+# nvmlDeviceGetBrand as NVIDIA's tools spell it (go-nvlib's GetBrandAsString, what NVIDIA's DRA
+# driver publishes as `brand`); a code this table lacks is left out, not guessed.
+_BRANDS = {
+    0: "Unknown", 1: "Quadro", 2: "Tesla", 3: "NVS", 4: "Grid", 5: "GeForce", 6: "Titan",
+    7: "NvidiaVApps", 8: "NvidiaVPC", 9: "NvidiaVCS", 10: "NvidiaVWS", 11: "NvidiaCloudGaming",
+    12: "QuadroRTX", 13: "NvidiaRTX", 14: "Nvidia", 15: "GeForceRTX", 16: "TitanRTX",
+}
 _MIG_NAME = re.compile(r"\bMIG\s+(\S+)\s*$")
 
 def discover(with_topology: bool = True) -> NodeDevices:
@@ -75,6 +82,8 @@ def _describe_gpu(index: int, handle: Any) -> Gpu:
     )
     arch = optional("nvmlDeviceGetArchitecture", pynvml.nvmlDeviceGetArchitecture, handle,
                     default=-1, subject=subject)
+    brand = optional("nvmlDeviceGetBrand", pynvml.nvmlDeviceGetBrand, handle, default=-1,
+                     subject=subject)
     current_mode, _pending = optional(
         "nvmlDeviceGetMigMode", pynvml.nvmlDeviceGetMigMode, handle, default=(-1, -1),
         subject=subject,
@@ -87,7 +96,8 @@ def _describe_gpu(index: int, handle: Any) -> Gpu:
         memory_mb=int(mem.total) // (1024 * 1024), pci_bus_id=bus_id,
         numa_node=int(numa) if numa is not None and numa >= 0 else None,
         compute_major=int(major), compute_minor=int(minor_cc),
-        architecture=_ARCHITECTURES.get(int(arch), ""), mig_capable=mig_capable,
+        architecture=_ARCHITECTURES.get(int(arch), ""), brand=_BRANDS.get(int(brand), ""),
+        mig_capable=mig_capable,
         mig_enabled=mig_enabled, mig_devices=migs,
     )
 

@@ -1,0 +1,54 @@
+"""Which GPUs prepared DRA claims hold: the MIG manager must not change the layout of a GPU a
+claim holds (a running pod's device would vanish under it), as it must not change one with GPU
+processes, unless forced.
+
+The DRA plugin's checkpoint (gpukit.plugin.dra.checkpoint, one file on the node) lists every
+prepared claim and its devices by NVIDIA's names: `gpu-<minor>` for a whole GPU,
+`gpu-<minor>-mig-...` for a MIG device of that GPU. The minor is mapped to the GPU's NVML index.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+import pynvml
+
+from ..dra import names
+from ..dra.checkpoint import Checkpoint
+from ..nvml.calls import call
+
+DEFAULT_CHECKPOINT = Path(names.PLUGIN_DIR) / names.CHECKPOINT_FILE
+_DEVICE = re.compile(r"^gpu-(\d+)(?:-mig-.+)?$")
+
+
+def held_by_minor(checkpoint: Path) -> dict[int, tuple[str, ...]]:
+    """GPU minor -> the claims (namespace/name) holding it or one of its MIG devices. No file:
+    no claims. CheckpointError: the file exists but cannot be trusted (refuse, do not guess)."""
+    out: dict[int, set[str]] = {}
+    for claim in Checkpoint(checkpoint).all().values():
+        for device in claim.devices:
+            if m := _DEVICE.match(device.device):
+                out.setdefault(int(m.group(1)), set()).add(f"{claim.namespace}/{claim.name}")
+    return {minor: tuple(sorted(c)) for minor, c in sorted(out.items())}
+
+
+def held_by_index(checkpoint: Path, minors: Mapping[int, int]) -> dict[int, tuple[str, ...]]:
+    """As `held_by_minor`, keyed by NVML index (`minors`: minor -> index); a device on a minor
+    no GPU has holds nothing the MIG manager could change."""
+    return {minors[minor]: claims for minor, claims in held_by_minor(checkpoint).items()
+            if minor in minors}
+
+
+def nvml_minors() -> dict[int, int]:
+    """Minor number -> NVML index of every GPU (NVML initialised)."""
+    count = call("nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount)
+    out: dict[int, int] = {}
+    for index in range(count):
+        h = call("nvmlDeviceGetHandleByIndex", pynvml.nvmlDeviceGetHandleByIndex, index,
+                 subject=f"GPU {index}")
+        minor = call("nvmlDeviceGetMinorNumber", pynvml.nvmlDeviceGetMinorNumber, h,
+                     subject=f"GPU {index}")
+        out[int(minor)] = index
+    return out
