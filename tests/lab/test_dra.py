@@ -19,10 +19,12 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -37,6 +39,7 @@ from gpukit.k8s.nodes import reported_after
 from gpukit.lab import agent, cluster, images, nodes
 from gpukit.lab.config import load_spec
 from gpukit.lab.controlplane import paths
+from gpukit.provision import dra_switch
 
 pytestmark = pytest.mark.lab
 
@@ -44,6 +47,7 @@ NS = "default"
 DRIVER = "gpu.nvidia.com"
 A100, T4 = "gpu-a100", "gpu-t4"
 RECOVERY_S = 15
+REPO = Path(__file__).resolve().parents[2]
 CONTROL = {"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"}
 SCRIPT = ('echo "DEV=$(ls /dev | grep nvidia | tr "\\n" " ")"; '
           'echo "CAPS=$(ls /dev/nvidia-caps 2>/dev/null | tr "\\n" " ")"; '
@@ -73,8 +77,7 @@ def dra_objects(d: AgentDeployment) -> list[dict[str, Any]]:
     return [agent_manifests.namespace(d), *agent_manifests.dra_manifests(d)]
 
 
-GPU_RESOURCE = "nvidia.com/gpu"
-KUBELET_DP_CHECKPOINT = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+KUBELET_DP_CHECKPOINT = dra_switch.KUBELET_DEVICE_PLUGIN_CHECKPOINT
 
 
 def leave_the_device_plugin(core: client.CoreV1Api, node: str) -> None:
@@ -88,23 +91,23 @@ def leave_the_device_plugin(core: client.CoreV1Api, node: str) -> None:
       the checkpoint is gone): the scheduler would place such a pod through the extended
       resource's old count and the container would get no GPU. Removed from the status, as
       Kubernetes documents removing an extended resource."""
-    if '"ResourceName":"nvidia.com/' in node_sh(node, f"cat {KUBELET_DP_CHECKPOINT} "
-                                                     "2>/dev/null"):
+    if dra_switch.checkpoint_holds_device_plugin_resources(
+            node_sh(node, f"cat {KUBELET_DP_CHECKPOINT} 2>/dev/null")):
         since = datetime.now(UTC)
         node_sh(node, f"systemctl stop kubelet && rm -f {KUBELET_DP_CHECKPOINT} && "
                       "systemctl start kubelet")
         wait_for(f"node {node}: the kubelet back after clearing its device plugin checkpoint",
                  lambda: reported_after(core.read_node(node), since), timeout=90)
-    status = core.read_node(node).status
-    patch = [{"op": "remove", "path": f"/status/{field}/{name.replace('/', '~1')}"}
-             for field, values in (("capacity", status.capacity), ("allocatable",
-                                                                   status.allocatable))
-             for name in values or {} if name == GPU_RESOURCE]
+
+    def status() -> dict[str, Any]:
+        s = core.read_node(node).status
+        return {"capacity": s.capacity or {}, "allocatable": s.allocatable or {}}
+
+    patch = dra_switch.status_patch(status())
     if patch:
         core.patch_node_status(node, patch)
-    wait_for(f"node {node}: no {GPU_RESOURCE} in its status",
-             lambda: GPU_RESOURCE not in (core.read_node(node).status.allocatable or {}),
-             timeout=30)
+    wait_for(f"node {node}: no nvidia.com/ resources in its status",
+             lambda: not dra_switch.stale_resources(status()), timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -591,6 +594,29 @@ def test_the_policy_refuses_another_nodes_slice(deployed: AgentDeployment,
     assert "STATUS 403" in r.stdout and "only ResourceSlices of its own node" in r.stdout, (
         f"node {T4}'s DRA plugin writing a slice of {A100}: expected 403 from the own-slices "
         f"policy, observed {r.stdout}{r.stderr}")
+
+
+def test_the_conformance_suites_dra_area_passes(deployed: AgentDeployment,
+                                                tmp_path: Any) -> None:
+    """The suite's `dra` area (conformance/test_dra.py) on both nodes, the lab inventory with
+    every node declared on DRA (as a play's -e would: --host-vars) and gpu-a100's MIG layout
+    left out (its GPUs are whole until the next test): every check passes, none skipped."""
+    host_vars = {A100: {"gpukit_gpu_allocation": "dra", "gpukit_mig_config": None},
+                 T4: {"gpukit_gpu_allocation": "dra"}}
+    junit = tmp_path / "junit.xml"
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
+                        str(REPO / "conformance"), "--lab", "-m", "dra",
+                        "--host-vars", json.dumps(host_vars), f"--junitxml={junit}", "-q"],
+                       capture_output=True, text=True, timeout=900, cwd=REPO)
+    tail = r.stdout[-4000:] + r.stderr[-2000:]
+    assert r.returncode == 0, f"conformance -m dra: expected exit 0, observed {r.returncode}\n{tail}"
+    cases = re.findall(r"<testcase [^>]*name=\"([^\"]+)\"[^>]*>(.*?)</testcase>|"
+                       r"<testcase [^>]*name=\"([^\"]+)\"[^>]*/>", junit.read_text(), re.S)
+    names = [a or c for a, _, c in cases]
+    skipped = [a for a, body, _ in cases if a and "<skipped" in body]
+    assert len(names) == 12 and not skipped, (
+        f"conformance -m dra: expected 6 checks x 2 nodes, none skipped; observed {names}, "
+        f"skipped {skipped}\n{tail}")
 
 
 def test_a_mig_layout_change_republishes_and_a_mig_claim_runs(

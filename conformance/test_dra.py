@@ -1,0 +1,314 @@
+"""DRA: on every node the inventory declares on DRA (`gpukit_gpu_allocation: dra`), the
+ResourceSlices of driver gpu.nvidia.com publish exactly the declared GPUs or MIG layout with
+NVIDIA's names and attributes, the node keeps no nvidia.com/ extended resources, and claims
+are served and isolated: disjoint devices, a container sees exactly its claimed device, a pod
+without a claim sees none, two containers on one claim see the same device, CEL selectors by
+productName and memory pick the node's devices, an unsatisfiable claim stays Pending with the
+scheduler's reason. Nodes not on DRA are skipped by name.
+
+Claims are written as for NVIDIA's DRA driver (DeviceClasses gpu.nvidia.com, mig.nvidia.com),
+in the run's namespace (deleted with it)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from gpukit import inventory as inv
+from gpukit.conformance import expect
+from gpukit.conformance.checks import SECURE_ACCELERATOR_ACCESS, Check
+from gpukit.conformance.cluster import PodState, pod_manifest
+from gpukit.conformance.common import need_decl
+
+pytestmark = pytest.mark.dra
+
+DRIVER = expect.DRA_DRIVER
+GPU_CLASS, MIG_CLASS = "gpu.nvidia.com", "mig.nvidia.com"
+# What a container sees: its GPU device nodes (not the control nodes nvidiactl, nvidia-uvm...).
+LIST_GPUS = ('echo "DEV=$(ls /dev | grep -E "^nvidia[0-9]+$" | tr "\\n" " ")"; '
+             "exec sleep 3600")
+_MINOR = re.compile(r"^gpu-(\d+)(?:-mig-.+)?$")
+
+
+# -- what the node publishes ----------------------------------------------------------------
+
+
+def _need_dra(suite: Any, node: str, check: Check) -> inv.NodeDecl:
+    decl = need_decl(suite, node)
+    if not decl.dra:
+        check.skip(f"not on DRA (gpukit_gpu_allocation: {decl.gpu_allocation})")
+    return decl
+
+
+def node_slices(api_client: Any, node: str) -> list[dict[str, Any]]:
+    """The node's ResourceSlices of NVIDIA's driver name, as the API has them (plain JSON)."""
+    resp = client.ResourceV1Api(api_client).list_resource_slice(
+        field_selector=f"spec.nodeName={node},spec.driver={DRIVER}", _preload_content=False)
+    items: list[dict[str, Any]] = json.loads(resp.data)["items"]
+    return items
+
+
+def slice_devices(slices: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The devices of the pool's newest generation (older generations are being replaced)."""
+    newest = max((s["spec"]["pool"]["generation"] for s in slices), default=0)
+    return [d for s in slices if s["spec"]["pool"]["generation"] == newest
+            for d in s["spec"].get("devices") or []]
+
+
+def _key(device: dict[str, Any]) -> tuple[str, int, str]:
+    """(type, GPU index or parent index, profile) of a published device."""
+    attrs = device.get("attributes") or {}
+    kind = (attrs.get("type") or {}).get("string", "")
+    where = attrs.get("parentIndex" if kind == "mig" else "index") or {}
+    return kind, int(where.get("int", -1)), (attrs.get("profile") or {}).get("string", "")
+
+
+def _expected_key(d: expect.ExpectedDraDevice) -> tuple[str, int, str]:
+    return d.type, d.gpu_index, d.profile or ""
+
+
+def _describe(key: tuple[str, int, str]) -> str:
+    kind, index, profile = key
+    return f"GPU {index}" if kind == "gpu" else f"MIG {profile} on GPU {index}"
+
+
+def test_slices_equal_the_declaration(gpukit_suite: Any, node: str, check: Check) -> None:
+    """One pool named after the node; its devices are the declared GPUs, or the MIG devices of
+    the declared layout, named and described as NVIDIA's driver does."""
+    decl = _need_dra(gpukit_suite, node, check)
+    slices = node_slices(gpukit_suite.kube.api_client, node)
+    check.equal("ResourceSlice pools", [node], sorted({s["spec"]["pool"]["name"] for s in slices}),
+                DRIVER)
+    want = expect.expected_dra_devices(decl)
+    got = slice_devices(slices)
+    check.equal("devices", sorted(Counter(_describe(_expected_key(d)) for d in want).items()),
+                sorted(Counter(_describe(_key(d)) for d in got).items()), DRIVER)
+    by_key: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
+    for d in got:
+        by_key.setdefault(_key(d), []).append(d)
+    for w in want:
+        candidates = by_key.get(_expected_key(w)) or []
+        if not candidates:
+            continue  # counted above
+        device = candidates.pop(0)
+        what = f"{device['name']} ({w.describe()})"
+        check.true(f"{what} name", bool(re.fullmatch(w.name_pattern, device["name"])),
+                   w.name_pattern, device["name"], DRIVER)
+        attrs = device.get("attributes") or {}
+        check.subset(f"{what} attribute", w.attributes(), attrs, DRIVER)
+        check.true(f"{what} attribute uuid", "uuid" in attrs, "present",
+                   attrs.get("uuid", "absent"), DRIVER)
+        capacity = {k: v.get("value") for k, v in (device.get("capacity") or {}).items()}
+        check.subset(f"{what} capacity", w.capacity(), capacity, DRIVER)
+    check.verify()
+
+
+def test_no_extended_resources_on_a_dra_node(gpukit_suite: Any, node: str, check: Check
+                                             ) -> None:
+    """No nvidia.com/ extended resource in the node's capacity or allocatable: a stale
+    nvidia.com/gpu count (a device plugin served the node before) would let the scheduler
+    place pods the kubelet cannot give a GPU."""
+    _need_dra(gpukit_suite, node, check)
+    status = gpukit_suite.kube.node(node).status
+    for field in ("capacity", "allocatable"):
+        stale = sorted(r for r in (getattr(status, field) or {}) if r.startswith("nvidia.com/"))
+        check.equal(f"nvidia.com/ resources in {field}", [], stale)
+    check.verify()
+
+
+# -- claims and pods ------------------------------------------------------------------------
+
+
+class Claims:
+    """The test's ResourceClaims and pods on one node, in the run's namespace."""
+
+    def __init__(self, suite: Any, node: str) -> None:
+        self.suite, self.node = suite, node
+        self.ns: str = suite.namespace
+        self.resource = client.ResourceV1Api(suite.kube.api_client)
+        self.pods: list[str] = []
+        self.claims: list[str] = []
+
+    def claim(self, role: str, device_class: str, count: int = 1, selector: str | None = None
+              ) -> str:
+        name: str = self.suite.pod_name(f"dra-{role}", self.node)
+        exactly: dict[str, Any] = {"deviceClassName": device_class, "allocationMode":
+                                   "ExactCount", "count": count}
+        if selector:
+            exactly["selectors"] = [{"cel": {"expression": selector}}]
+        self.resource.create_namespaced_resource_claim(self.ns, {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}})
+        self.claims.append(name)
+        return name
+
+    def pod(self, role: str, claim: str | None, containers: int = 1) -> str:
+        name: str = self.suite.pod_name(f"dra-{role}", self.node)
+        o = self.suite.options
+        body = pod_manifest(name, run_id=self.suite.kube.run_id, role=f"dra-{role}",
+                            node=self.node, image=o.shell_image, command=["sh", "-c", LIST_GPUS],
+                            host_network=o.host_network)
+        spec = body["spec"]
+        first = spec["containers"][0]
+        spec["containers"] = [{**first, "name": f"c{i}"} for i in range(containers)]
+        if claim:
+            spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
+            for c in spec["containers"]:
+                c["resources"] = {"claims": [{"name": "gpu"}]}
+        self.suite.kube.create_pod(self.ns, body)
+        self.pods.append(name)
+        return name
+
+    def wait(self, names: list[str]) -> dict[str, PodState]:
+        states: dict[str, PodState] = self.suite.kube.wait_pods(
+            self.ns, names, self.suite.options.pod_timeout, node=self.node)
+        return states
+
+    def seen(self, pod: str, container: str = "c0") -> list[str]:
+        """The GPU device nodes the container sees."""
+        out = self.suite.kube.exec(self.ns, pod, ["sh", "-c", "ls /dev | grep -E "
+                                                  "'^nvidia[0-9]+$' || true"],
+                                   container=container).stdout
+        return sorted(out.split())
+
+    def allocated(self, claim: str) -> list[str]:
+        """The devices the scheduler allocated to the claim (its status)."""
+        resp = self.resource.read_namespaced_resource_claim(claim, self.ns,
+                                                            _preload_content=False)
+        status = json.loads(resp.data).get("status") or {}
+        results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+        return sorted(r["device"] for r in results if r.get("driver") == DRIVER)
+
+    def close(self) -> None:
+        self.suite.kube.delete_pods(self.ns, self.pods, self.suite.options.pod_timeout,
+                                    node=self.node)
+        for name in self.claims:
+            try:
+                self.resource.delete_namespaced_resource_claim(name, self.ns)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+
+
+@pytest.fixture
+def claims(gpukit_suite: Any, node: str) -> Iterator[Claims]:
+    made = Claims(gpukit_suite, node)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def _device_node(device: str) -> str:
+    m = _MINOR.match(device)
+    return f"nvidia{m.group(1)}" if m else f"<no minor in {device}>"
+
+
+def _one_class(decl: inv.NodeDecl) -> str:
+    """The class of a device the node has: a whole GPU where one is left, else a MIG device."""
+    kinds = {d.type for d in expect.expected_dra_devices(decl)}
+    return GPU_CLASS if "gpu" in kinds else MIG_CLASS
+
+
+def _running(check: Check, claims: Claims, states: dict[str, PodState], pods: dict[str, str]
+             ) -> bool:
+    ok = True
+    for pod, claim in pods.items():
+        ok &= check.equal(f"pod {pod} (claim {claim}) state", "Running", str(states[pod]),
+                          DRIVER)
+    return ok
+
+
+@pytest.mark.cncf(SECURE_ACCELERATOR_ACCESS)
+def test_claims_get_disjoint_devices_and_see_only_them(gpukit_suite: Any, node: str,
+                                                       check: Check, claims: Claims) -> None:
+    """Two claims of one device each: disjoint devices; each container sees exactly the device
+    node of its claim's device (positive); a pod without a claim sees none (negative)."""
+    decl = _need_dra(gpukit_suite, node, check)
+    if len(expect.expected_dra_devices(decl)) < 2:
+        check.skip("fewer than two devices declared")
+    cls = _one_class(decl)
+    if cls == MIG_CLASS:
+        check.skip("no whole GPU declared (MIG devices of one parent share its device node)")
+    a, b = claims.claim("a", cls), claims.claim("b", cls)
+    pods = {claims.pod("a", a): a, claims.pod("b", b): b}
+    bare = claims.pod("none", None)
+    states = claims.wait([*pods, bare])
+    if _running(check, claims, states, pods):
+        devices = {c: claims.allocated(c) for c in pods.values()}
+        check.equal("claims' devices overlap", [], sorted(set(devices[a]) & set(devices[b])),
+                    DRIVER)
+        for pod, claim in pods.items():
+            want = sorted(_device_node(d) for d in devices[claim])
+            check.equal(f"pod {pod} (claim {claim}, devices {devices[claim]}) sees", want,
+                        claims.seen(pod), DRIVER)
+    if check.equal(f"pod {bare} (no claim) state", "Running", str(states[bare])):
+        check.equal(f"pod {bare} (no claim) sees", [], claims.seen(bare))
+    check.verify()
+
+
+@pytest.mark.cncf(SECURE_ACCELERATOR_ACCESS)
+def test_two_containers_on_one_claim_see_the_same_device(gpukit_suite: Any, node: str,
+                                                         check: Check, claims: Claims) -> None:
+    decl = _need_dra(gpukit_suite, node, check)
+    claim = claims.claim("shared", _one_class(decl))
+    pod = claims.pod("shared", claim, containers=2)
+    states = claims.wait([pod])
+    if _running(check, claims, states, {pod: claim}):
+        devices = claims.allocated(claim)
+        want = sorted({_device_node(d) for d in devices})
+        for container in ("c0", "c1"):
+            check.equal(f"pod {pod} container {container} (claim {claim}, devices {devices}) "
+                        "sees", want, claims.seen(pod, container), DRIVER)
+    check.verify()
+
+
+def test_cel_selectors_by_product_and_memory(gpukit_suite: Any, node: str, check: Check,
+                                             claims: Claims) -> None:
+    """A claim selecting the declared product and at least its memory is allocated a device of
+    this node; one selecting a product the node lacks is not."""
+    decl = _need_dra(gpukit_suite, node, check)
+    devices = expect.expected_dra_devices(decl)
+    if not devices:
+        check.skip("no devices declared")
+    first = devices[0]
+    cls = GPU_CLASS if first.type == "gpu" else MIG_CLASS
+    attr, cap = f'device.attributes["{DRIVER}"]', f'device.capacity["{DRIVER}"]'
+    selector = f'{attr}.productName == "{decl.gpu.product}"'
+    if first.capacity().get("memory"):
+        selector += f' && {cap}.memory.compareTo(quantity("{first.capacity()["memory"]}")) >= 0'
+    good = claims.claim("cel", cls, selector=selector)
+    pod = claims.pod("cel", good)
+    states = claims.wait([pod])
+    if _running(check, claims, states, {pod: good}):
+        got = claims.allocated(good)
+        check.equal(f"claim {good} ({selector}) devices", 1, len(got), DRIVER)
+    check.verify()
+
+
+def test_an_unsatisfiable_claim_stays_pending(gpukit_suite: Any, node: str, check: Check,
+                                              claims: Claims) -> None:
+    """A claim for one device more than the node has keeps its pod Pending, Unschedulable, with
+    the scheduler's reason."""
+    decl = _need_dra(gpukit_suite, node, check)
+    cls = _one_class(decl)
+    kind = "gpu" if cls == GPU_CLASS else "mig"
+    count = sum(1 for d in expect.expected_dra_devices(decl) if d.type == kind) + 1
+    claim = claims.claim("too-many", cls, count=count)
+    pod = claims.pod("too-many", claim)
+    state = claims.wait([pod])[pod]  # the scheduler's verdict: PodScheduled False
+    phase = state.pod.status.phase if state.pod is not None and state.pod.status else None
+    check.equal(f"pod {pod} (claim {claim}: {count} x {cls}) phase", "Pending", phase, DRIVER)
+    check.true(f"pod {pod} (claim {claim}) scheduler reason",
+               state.state == "Unschedulable" and "claim" in state.message.lower(),
+               "Unschedulable naming the claim", str(state), DRIVER)
+    check.equal(f"claim {claim} devices", [], claims.allocated(claim), DRIVER)
+    check.verify()
