@@ -3,6 +3,7 @@ holds the manifests; this checks the variables and the named configs first)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -134,3 +135,46 @@ def node_serves_declared(
     if any(labels.get(k) != str(v) for k, v in selector.items()):
         return True
     return node_serves(node, expected)
+
+
+def _dra_key(device: Mapping[str, Any]) -> tuple[str, int, str]:
+    """(type, GPU index or MIG parent index, profile) of a ResourceSlice device."""
+    attrs = device.get("attributes") or {}
+    kind = str((attrs.get("type") or {}).get("string", ""))
+    where = attrs.get("parentIndex" if kind == "mig" else "index") or {}
+    return kind, int(where.get("int", -1)), str((attrs.get("profile") or {}).get("string", ""))
+
+
+def dra_slice_differences(slices: Sequence[Mapping[str, Any]],
+                          expected: Sequence[Mapping[str, Any]]) -> list[str]:
+    """What differs between a DRA node's ResourceSlices (driver gpu.nvidia.com, newest pool
+    generation) and the devices it must serve (the preflight fact's `expected_dra_devices`):
+    missing or extra devices, a wrong name, attribute or capacity. Empty: the node serves its
+    declaration (site.yml's wait, the rolling upgrade's validation)."""
+    newest = max((int(s["spec"]["pool"]["generation"]) for s in slices), default=0)
+    got: dict[tuple[str, int, str], list[Mapping[str, Any]]] = {}
+    for s in slices:
+        if int(s["spec"]["pool"]["generation"]) == newest:
+            for d in s["spec"].get("devices") or []:
+                got.setdefault(_dra_key(d), []).append(d)
+    out: list[str] = []
+    for want in expected:
+        key = (str(want["type"]), int(want["gpu_index"]), str(want.get("profile") or ""))
+        what = f"GPU {key[1]}" if key[0] == "gpu" else f"MIG {key[2]} on GPU {key[1]}"
+        if not got.get(key):
+            out.append(f"{what}: expected a device, observed none")
+            continue
+        device = got[key].pop(0)
+        name = str(device.get("name", ""))
+        if not re.fullmatch(str(want["name_pattern"]), name):
+            out.append(f"{what}: name expected {want['name_pattern']}, observed {name}")
+        attrs = device.get("attributes") or {}
+        capacity = {k: (v or {}).get("value") for k, v in (device.get("capacity") or {}).items()}
+        for field, wanted, seen in (("attribute", want.get("attributes") or {}, attrs),
+                                    ("capacity", want.get("capacity") or {}, capacity)):
+            for k, v in sorted(wanted.items()):
+                if seen.get(k) != v:
+                    out.append(f"{what} ({name}): {field} {k} expected {v}, observed "
+                               f"{seen.get(k)}")
+    out += [f"{d.get('name')}: not declared" for left in got.values() for d in left]
+    return out

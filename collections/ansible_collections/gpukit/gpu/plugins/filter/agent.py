@@ -23,6 +23,11 @@ def device_plugin_node_serves(node, expected, selector):
     return agent.node_serves_declared(node or {}, expected or {}, selector or {})
 
 
+@gpukit_filter
+def dra_node_serves(slices, expected):
+    return not agent.dra_slice_differences(slices or [], expected or [])
+
+
 class FilterModule:
     def filters(self):
-        return filter_map(merge_plugin_configs, device_plugin_node_serves)
+        return filter_map(merge_plugin_configs, device_plugin_node_serves, dra_node_serves)
