@@ -12,7 +12,9 @@ port, no traffic; apt's flow (sources, signed Release, keyring, candidates, pins
 same as with a vendor's HTTP repository.
 
 It also serves containerd (`containerd.py`: built from Go modules, packaged as a
-distribution ships it), which the lab installs into its nodes.
+distribution ships it), which the lab installs into its nodes, and Debian's own prometheus with
+the dependencies the node image lacks (`prometheus.py`: fetched with `apt-get download` on the
+host) for the telemetry role.
 
 Lab tests make a maintainer script fail on purpose by listing a package name (or `*`) in
 `/etc/gpukit-lab/fail-postinst` (or `fail-prerm`, `fail-postrm`) on a node.
@@ -55,8 +57,12 @@ def sources() -> Sources:
 
 def build_repo(out: Path | None = None, force: bool = False) -> Path:
     """Build this lab instance's repository (a no-op when nothing changed); returns its path."""
+    from gpukit.lab.cluster import rootfs
     from gpukit.lab.config import cache_dir, load_spec, state_dir
-    from gpukit.lab.packages import containerd, repo
+    from gpukit.lab.packages import containerd, prometheus, repo
 
     runtime = containerd.build_deb(cache_dir(), load_spec().containerd_version)
-    return repo.build(out or repo_dir(), state_dir(), sources(), force=force, prebuilt=(runtime,))
+    # Debian's own prometheus (role gpu_telemetry, `gpukit_metrics_prometheus: host`).
+    watch = prometheus.debs(cache_dir(), rootfs())
+    return repo.build(out or repo_dir(), state_dir(), sources(), force=force,
+                      prebuilt=(runtime, *watch))

@@ -52,6 +52,7 @@ def metric_names(expr: str) -> set[str]:
     s = re.sub(r'"(\\.|[^"\\])*"', '""', expr)  # strings
     s = re.sub(r"\{[^}]*\}", " ", s)  # label matchers
     s = re.sub(r"\[[^\]]*\]", " ", s)  # ranges
+    s = re.sub(r"\boffset\s+-?[0-9][0-9a-z]*", " ", s)  # offset modifiers (offset 10m)
     s = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", s)
     names = set()
     for m in re.finditer(r"[a-zA-Z_:][a-zA-Z0-9_:]*", s):
@@ -130,6 +131,7 @@ def test_the_rules_read_only_what_the_agent_exports() -> None:
 def test_metric_names_of_an_expression() -> None:
     assert metric_names('max by (Hostname, gpu) (rate(DCGM_FI_DEV_X{a="b{c}"}[5m])) > 0 '
                         'and on (node) up{job="j"} or vector(1)') == {"DCGM_FI_DEV_X", "up"}
+    assert metric_names("x > 0 unless x offset 10m") == {"x"}
 
 
 # ---- dashboard ------------------------------------------------------------------------------

@@ -37,6 +37,8 @@ LIBRARY_CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
     ("gpu_quotas", "gpu_quotas_priority_classes.preemption_policy"): (
         "gpukit.inventory.quotas:PREEMPTION_POLICIES",
     ),
+    ("gpu_telemetry", "gpu_telemetry_prometheus"): ("gpukit.inventory.metrics:PROMETHEUS_MODES",),
+    ("gpu_telemetry", "gpu_telemetry_operator_scrape"): ("gpukit.telemetry_manifests:MODES",),
     ("node_labels", "node_labels_taints.effect"): (
         "gpukit.inventory:TAINT_EFFECTS", "gpukit.provision.nodes:EFFECTS",
     ),
