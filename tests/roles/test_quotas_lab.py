@@ -106,6 +106,28 @@ def test_a_removed_declaration_deletes_its_object(lab: Lab) -> None:
     assert lab.scheduling.read_priority_class("gpu-training").value == 100000
 
 
+def test_a_namespace_to_be_created_and_one_missing(lab: Lab) -> None:
+    """Check mode creates no namespace: the objects that would go into it are skipped and the
+    namespace shows as the change; without gpukit_gpu_quota_create_namespaces a missing
+    namespace stops the role naming it, before any object changes."""
+    r = run_playbook("site.yml", lab.inventory, "--tags", "gpu_quotas", "--check",
+                     extra_vars={decl.QUOTAS: {"team-new": {"requests.nvidia.com/gpu": 1}}})
+    assert r.rc == 0, r.describe()
+    items = {"{kind}/{metadata[name]}@{ns}".format(**i["item"], ns=i["item"]["metadata"].get(
+        "namespace", "")): i for i in r.results[HOST][APPLY]["results"]}
+    assert items["Namespace/team-new@"]["changed"] is True
+    assert items[f"ResourceQuota/{quotas.QUOTA_NAME}@team-new"].get("skipped") is True
+    with pytest.raises(ApiException):
+        lab.core.read_namespace("team-new")
+    refused = run_playbook("site.yml", lab.inventory, "--tags", "gpu_quotas", extra_vars={
+        decl.CREATE_NAMESPACES: False, decl.QUOTAS: {"team-none": {"requests.nvidia.com/gpu": 1}},
+        decl.PRIORITY_CLASSES: [{"name": "gpu-none", "value": 5}]})
+    assert refused.rc != 0
+    assert "namespaces team-none" in json.dumps(refused.failed), refused.describe()
+    with pytest.raises(ApiException):
+        lab.scheduling.read_priority_class("gpu-none")
+
+
 def test_the_apiserver_refuses_a_pod_beyond_the_quota(lab: Lab) -> None:
     lab.play()
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "beyond-quota"},
