@@ -1,0 +1,149 @@
+"""Accelerator metrics (CNCF accelerator_metrics): every declared GPU and MIG device of a node has
+dcgm-exporter's series on the node's gpukit agent, a running GPU pod's series carry its pod,
+namespace and container, and the values agree with NVML on the node.
+
+The agent is scraped through the API server's node proxy (`/api/v1/nodes/<node>:<port>/proxy/
+metrics`): the suite needs no route to the nodes' network, only what it already has (the API
+and, for the NVML side, SSH); the API server reaches the node's InternalIP as it does for the
+kubelet's logs and exec, so the agent must listen there (gpukit_metrics_listen_address 0.0.0.0,
+the default; a loopback-only agent fails here, naming the node and port). The port is the
+inventory's gpukit_metrics_port (9402 without --inventory)."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpukit.conformance.checks import Check
+from gpukit.conformance.common import allocated_units, need_probe
+from gpukit.inventory.metrics import DEFAULT_PORT
+
+pytestmark = pytest.mark.metrics
+
+Sample = tuple[str, dict[str, str], float]
+FB_USED, FB_FREE = "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"
+ATTRIBUTION_WAIT_S = 20.0
+
+
+def _port(suite: Any, node: str) -> int:
+    decl = suite.decl(node)
+    return decl.metrics.port if decl is not None else DEFAULT_PORT
+
+
+def scrape(suite: Any, node: str, check: Check) -> list[Sample]:
+    """The agent's /metrics through the API server's node proxy (fails naming node and port)."""
+    port = _port(suite, node)
+    try:
+        body = suite.kube.core.connect_get_node_proxy_with_path(f"{node}:{port}", "metrics")
+    except Exception as exc:  # any failure is the observation
+        check.record(f"agent metrics at {node}:{port} (API server node proxy)", "served",
+                     f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}", False)
+        check.verify()
+        raise AssertionError("unreachable") from exc
+    return [(s.name, dict(s.labels), s.value) for f in text_string_to_metric_families(body)
+            for s in f.samples]
+
+
+def _series(samples: list[Sample], name: str) -> list[Sample]:
+    return [s for s in samples if s[0] == name]
+
+
+@pytest.mark.stages("probe")
+def test_every_device_has_dcgm_series(gpukit_suite: Any, node: str, check: Check) -> None:
+    """Each GPU NVML shows (and each MIG device on it) has its memory series, under its own
+    UUID, GPU index and GPU instance; no series for a device NVML does not show."""
+    probe = need_probe(gpukit_suite, node)
+    samples = scrape(gpukit_suite, node, check)
+    decl = gpukit_suite.decl(node)
+    if decl is not None:
+        check.equal("GPUs NVML shows (declared gpukit_gpu.count)", decl.gpu.count,
+                    len(probe.gpus))
+    used = _series(samples, FB_USED)
+    whole = {s[1].get("UUID", ""): s[1] for s in used if "GPU_I_ID" not in s[1]}
+    migs = {(s[1].get("UUID"), s[1].get("GPU_I_ID")) for s in used if "GPU_I_ID" in s[1]}
+    for gpu in probe.readable:
+        if gpu.mig_current:
+            for m in gpu.migs:
+                check.true(f"GPU {gpu.index} MIG device {m.uuid} ({m.profile}) {FB_USED}",
+                           (gpu.uuid, str(m.gi)) in migs, f"UUID={gpu.uuid} GPU_I_ID={m.gi}",
+                           "absent")
+            continue
+        labels = whole.get(gpu.uuid)
+        check.equal(f"GPU {gpu.index} ({gpu.uuid}) {FB_USED} gpu label", str(gpu.index),
+                    labels.get("gpu") if labels else "no series")
+        if labels:
+            check.equal(f"GPU {gpu.index} modelName", gpu.name, labels.get("modelName"))
+    known = {g.uuid for g in probe.gpus if not g.error}
+    stray = sorted(set(whole) - known)
+    check.equal("series of GPUs NVML does not show", [], stray)
+    check.verify()
+
+
+@pytest.mark.stages("probe")
+def test_memory_series_agree_with_nvml(gpukit_suite: Any, node: str, check: Check) -> None:
+    """FB_USED + FB_FREE of each whole GPU is the memory NVML reports for it (MiB, rounded)."""
+    probe = need_probe(gpukit_suite, node)
+    samples = scrape(gpukit_suite, node, check)
+    per_uuid: dict[str, dict[str, float]] = defaultdict(dict)
+    for name in (FB_USED, FB_FREE):
+        for _, labels, value in _series(samples, name):
+            if "GPU_I_ID" not in labels:
+                per_uuid[labels.get("UUID", "")][name] = value
+    for gpu in probe.readable:
+        if gpu.mig_current:
+            continue
+        got = per_uuid.get(gpu.uuid, {})
+        if FB_USED not in got or FB_FREE not in got:
+            check.record(f"GPU {gpu.index} ({gpu.uuid}) {FB_USED}+{FB_FREE}",
+                         f"{gpu.memory_mib} MiB", "no series", False)
+            continue
+        total = got[FB_USED] + got[FB_FREE]
+        check.true(f"GPU {gpu.index} ({gpu.uuid}) {FB_USED}+{FB_FREE} (MiB)",
+                   abs(total - gpu.memory_mib) <= 1, gpu.memory_mib, total)
+    check.verify()
+
+
+@pytest.mark.stages("probe", "fill")
+@pytest.mark.per_resource("all")
+def test_a_running_gpu_pod_s_series_carry_its_labels(gpukit_suite: Any, node: str,
+                                                     resource: str, check: Check) -> None:
+    """The series of the devices a running fill pod was given carry its pod, namespace and
+    container (dcgm-exporter's attribution, through the kubelet's PodResources API)."""
+    probe = need_probe(gpukit_suite, node)
+    running = gpukit_suite.fill(node).running(resource)
+    if not running:
+        check.skip(f"no running pod of {resource} on the node")
+    ns = gpukit_suite.namespace
+    # The fill's record outlives some of its pods (the isolation checks delete one to let the
+    # over-request run): only pods running now can be attributed now.
+    live = {p.metadata.name for p in gpukit_suite.kube.core.list_namespaced_pod(ns).items
+            if p.status.phase == "Running"}
+    pods = [s for s in running if s.pod in live][:4]  # a few pods prove the attribution
+    if not pods:
+        check.skip(f"no pod of {resource} from the fill is still running on the node")
+    want = {seen.pod: sorted({probe.by_uuid[u][0].uuid if u in probe.by_uuid else u
+                              for u in allocated_units(seen, probe)}) for seen in pods}
+
+    def attributed() -> dict[str, list[str]]:
+        """pod -> parent UUIDs of the FB_USED series labelled with it (container main)."""
+        got: dict[str, set[str]] = defaultdict(set)
+        for _, labels, _ in _series(scrape(gpukit_suite, node, check), FB_USED):
+            if labels.get("namespace") == ns and labels.get("container") == "main":
+                got[labels.get("pod", "")].add(labels.get("UUID", ""))
+        return {pod: sorted(got.get(pod, set())) for pod in want}
+
+    # The agent reads the kubelet's PodResources at most every 5 s: a pod that just started
+    # may be a scrape or two away from its labels.
+    deadline = time.monotonic() + ATTRIBUTION_WAIT_S
+    observed = attributed()
+    while observed != want and time.monotonic() < deadline:
+        time.sleep(1)
+        observed = attributed()
+    for pod, uuids in want.items():
+        check.equal(f"pod {ns}/{pod} container main: UUIDs of its {FB_USED} series", uuids,
+                    observed[pod], resource)
+    check.verify()
