@@ -334,12 +334,29 @@ def test_job_manifests() -> None:
     docs = list(yaml.safe_load_all((DEPLOY / "job.yaml").read_text()))
     kinds = [d["kind"] for d in docs]
     assert kinds == ["Namespace", "ServiceAccount", "ServiceAccount", "ClusterRole",
-                     "ClusterRoleBinding", "Role", "RoleBinding", "Job"]
+                     "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Job"]
+    # Cluster-wide: reads only, and the node proxy's GET (the metrics area's scrape).
     cluster_role = docs[3]
     assert cluster_role["rules"] == [
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
-    role = docs[5]
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["nodes/proxy"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["resourcequotas", "limitranges"],
+         "verbs": ["get", "list"]},
+        {"apiGroups": ["scheduling.k8s.io"], "resources": ["priorityclasses"],
+         "verbs": ["get", "list"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices", "deviceclasses"],
+         "verbs": ["get", "list", "watch"]}]
+    # Pods in the quota namespaces only where the user binds this role (not bound here).
+    tenancy = docs[4]
+    assert tenancy["metadata"]["name"] == "gpukit-conformance-tenancy"
+    assert tenancy["rules"] == [{"apiGroups": [""], "resources": ["pods"],
+                                 "verbs": ["create", "delete", "get", "list", "watch"]}]
+    bound = {d["roleRef"]["name"] for d in docs if d["kind"].endswith("Binding")}
+    assert "gpukit-conformance-tenancy" not in bound
+    role = docs[6]
     assert all(r["verbs"] != ["*"] for r in role["rules"])
+    assert {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"],
+            "verbs": ["create", "delete", "get", "list", "watch"]} in role["rules"]
     job = docs[-1]["spec"]["template"]["spec"]
     assert job["serviceAccountName"] == "gpukit-conformance"
     env = {e["name"]: e["value"] for e in job["containers"][0]["env"]}
