@@ -26,6 +26,7 @@ from gpukit.conformance import expect
 from gpukit.conformance.checks import SECURE_ACCELERATOR_ACCESS, Check
 from gpukit.conformance.cluster import PodState, pod_manifest
 from gpukit.conformance.common import need_decl
+from gpukit.contracts.label_names import RESOURCE_PREFIX
 
 pytestmark = pytest.mark.dra
 
@@ -118,7 +119,7 @@ def test_no_extended_resources_on_a_dra_node(gpukit_suite: Any, node: str, check
     _need_dra(gpukit_suite, node, check)
     status = gpukit_suite.kube.node(node).status
     for field in ("capacity", "allocatable"):
-        stale = sorted(r for r in (getattr(status, field) or {}) if r.startswith("nvidia.com/"))
+        stale = sorted(r for r in (getattr(status, field) or {}) if r.startswith(RESOURCE_PREFIX))
         check.equal(f"nvidia.com/ resources in {field}", [], stale)
     check.verify()
 

@@ -356,6 +356,24 @@ def _driver_mounts(d: AgentDeployment) -> tuple[list[dict[str, Any]], list[dict[
     return mounts, volumes
 
 
+def _security_context() -> dict[str, Any]:
+    """The node agent's and the DRA plugin's container: uid 0, but no capabilities. They must
+    create sockets in the kubelet's directories (root's, 0750 or 0755) and connect to the
+    kubelet's sockets there (root's, 0755: connect needs write permission on the socket).
+    Another uid would need CAP_DAC_OVERRIDE, which a non-root process loses at exec (no ambient
+    capabilities; no_new_privs ignores file capabilities), and a user namespace (hostUsers:
+    false) rules out hostNetwork. Root's own files are what this uid could read, hence the
+    narrow mounts (see plugin/README.md, Deployment)."""
+    return {
+        "privileged": False,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsUser": 0,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
 def daemonset(d: AgentDeployment) -> dict[str, Any]:
     env: list[dict[str, Any]] = [
         {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
@@ -380,21 +398,7 @@ def daemonset(d: AgentDeployment) -> dict[str, Any]:
         "args": ["--log-level=INFO"],
         "env": env,
         "volumeMounts": mounts,
-        "securityContext": {
-            "privileged": False,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            # uid 0, but no capabilities: the agent must create its sockets in the kubelet's
-            # device-plugins directory (root's, 0750 or 0755) and connect to kubelet.sock there
-            # (root's, 0755: connect needs write permission on the socket). Another uid would
-            # need CAP_DAC_OVERRIDE, which a non-root process loses at exec (no ambient
-            # capabilities; no_new_privs ignores file capabilities), and a user namespace
-            # (hostUsers: false) rules out hostNetwork. Root's own files are what this uid
-            # could read, hence the narrow mounts above (see plugin/README.md, Deployment).
-            "runAsUser": 0,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": _security_context(),
         "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
     }
     probe = readiness_probe(d)
@@ -564,16 +568,9 @@ def dra_daemonset(d: AgentDeployment) -> dict[str, Any]:
         "args": ["--log-level=INFO"],
         "env": env,
         "volumeMounts": mounts,
-        # As the agent's (see daemonset): root for the kubelet's root-owned directories,
-        # no capabilities, nothing writable but the mounts above.
-        "securityContext": {
-            "privileged": False,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "runAsUser": 0,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        # As the agent's: root for the kubelet's root-owned directories, no capabilities,
+        # nothing writable but the mounts above.
+        "securityContext": _security_context(),
         "resources": {"requests": {"cpu": "10m", "memory": "64Mi"},
                       "limits": {"memory": "256Mi"}},
     }

@@ -18,8 +18,10 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from gpukit.contracts.label_names import RESOURCE_PREFIX
+
 KUBELET_DEVICE_PLUGIN_CHECKPOINT = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
-PREFIX = "nvidia.com/"
+PREFIX = RESOURCE_PREFIX
 
 
 def checkpoint_holds_device_plugin_resources(text: str) -> list[str]:

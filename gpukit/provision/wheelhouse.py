@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 EPOCH = 1704067200  # fixed timestamps: reproducible wheels and archives
-SOURCE_SUFFIXES = (".py", ".yaml", ".yml", ".proto", ".c", ".h", ".typed")
+SOURCE_SUFFIXES = (".py", ".yaml", ".yml", ".json", ".proto", ".c", ".h", ".typed")
 DEFAULT_PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_28_x86_64")
 MANIFEST = "manifest.json"
 

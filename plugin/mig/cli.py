@@ -34,6 +34,7 @@ from gpukit.mig.planner import LayoutError, plan
 from gpukit.plugin import nvml
 
 from ..dra.checkpoint import CheckpointError
+from ..nvml import discovery
 from ..nvml.mig import open_nvml
 from . import dra_claims, hooks
 from .applier import ApplyError, ClaimsHeld, ProcessesRunning, apply
@@ -186,7 +187,7 @@ def _run(args: argparse.Namespace) -> int:
             pauser = hooks.PauseFile(args.pause_file, plugin_pid=args.plugin_pid,
                                      plugin_pid_file=args.plugin_pid_file,
                                      ack_timeout=args.pause_ack_timeout)
-        claims = (dra_claims.held_by_index(args.dra_checkpoint, dra_claims.nvml_minors())
+        claims = (dra_claims.held_by_index(args.dra_checkpoint, discovery.gpu_minors())
                   if args.dra_checkpoint.is_file() and not args.force else {})
         result = apply(configs, selected, backend, _reset_fn(args), force=args.force,
                        reporter=reporter, pauser=pauser, claims=claims)

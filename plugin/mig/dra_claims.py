@@ -4,7 +4,8 @@ processes, unless forced.
 
 The DRA plugin's checkpoint (gpukit.plugin.dra.checkpoint, one file on the node) lists every
 prepared claim and its devices by NVIDIA's names: `gpu-<minor>` for a whole GPU,
-`gpu-<minor>-mig-...` for a MIG device of that GPU. The minor is mapped to the GPU's NVML index.
+`gpu-<minor>-mig-...` for a MIG device of that GPU. The minor is mapped to the GPU's NVML index
+(gpukit.plugin.nvml.discovery.gpu_minors).
 """
 
 from __future__ import annotations
@@ -13,11 +14,8 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-import pynvml
-
 from ..dra import names
 from ..dra.checkpoint import Checkpoint
-from ..nvml.calls import call
 
 DEFAULT_CHECKPOINT = Path(names.PLUGIN_DIR) / names.CHECKPOINT_FILE
 _DEVICE = re.compile(r"^gpu-(\d+)(?:-mig-.+)?$")
@@ -40,15 +38,3 @@ def held_by_index(checkpoint: Path, minors: Mapping[int, int]) -> dict[int, tupl
     return {minors[minor]: claims for minor, claims in held_by_minor(checkpoint).items()
             if minor in minors}
 
-
-def nvml_minors() -> dict[int, int]:
-    """Minor number -> NVML index of every GPU (NVML initialised)."""
-    count = call("nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount)
-    out: dict[int, int] = {}
-    for index in range(count):
-        h = call("nvmlDeviceGetHandleByIndex", pynvml.nvmlDeviceGetHandleByIndex, index,
-                 subject=f"GPU {index}")
-        minor = call("nvmlDeviceGetMinorNumber", pynvml.nvmlDeviceGetMinorNumber, h,
-                     subject=f"GPU {index}")
-        out[int(minor)] = index
-    return out

@@ -222,3 +222,16 @@ def mig_mode(index: int) -> tuple[int | None, int | None]:
     except pynvml.NVMLError:
         return None, None
     return int(current), int(pending)
+
+
+def gpu_minors() -> dict[int, int]:
+    """Minor number (/dev/nvidia<minor>) -> NVML index of every GPU (NVML initialised)."""
+    count = call("nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount)
+    out: dict[int, int] = {}
+    for index in range(count):
+        h = call("nvmlDeviceGetHandleByIndex", pynvml.nvmlDeviceGetHandleByIndex, index,
+                 subject=f"GPU {index}")
+        minor = call("nvmlDeviceGetMinorNumber", pynvml.nvmlDeviceGetMinorNumber, h,
+                     subject=f"GPU {index}")
+        out[int(minor)] = index
+    return out

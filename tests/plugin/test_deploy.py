@@ -60,6 +60,8 @@ def test_a_host_installed_driver_mounts_dev_and_the_library_dir_not_the_root() -
         "/var/lib/gpukit/agent": ("/var/lib/gpukit/agent", False, None),
         # PCI entries and DMI for GFD's gpu.mode, gpu.machine and vgpu labels.
         "/host/sys": ("/sys", True, None),
+        # The kubelet's PodResources socket: which pod holds which device (GPU metrics).
+        "/var/lib/kubelet/pod-resources": ("/var/lib/kubelet/pod-resources", True, None),
     }
     env = env_of(d)
     assert env["GPUKIT_LAST_GOOD_CONFIG"] == "/var/lib/gpukit/agent/last-good-config.json"
