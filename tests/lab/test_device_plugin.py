@@ -368,6 +368,7 @@ AGENT_MOUNTS = {
     "/etc/gpukit/configs", "/run/gpukit", "/tmp", "/var/run/cdi", "/etc/gpukit-lab/nvml",
     "/var/lib/gpukit-lab/nvml", "/var/run/secrets/kubernetes.io/serviceaccount",
     "/var/lib/gpukit/agent", "/host/sys", "/host-proc/proc/driver",
+    "/var/lib/kubelet/pod-resources",  # read-only: which pod holds which GPU (GPU metrics)
 }  # fmt: skip
 # Mounts every container gets from the runtime (not host paths the agent asked for).
 RUNTIME_MOUNTS = {"/", "/dev", "/dev/pts", "/dev/mqueue", "/dev/shm", "/dev/termination-log",
