@@ -22,13 +22,14 @@ from kubernetes import watch
 from gpukit import inventory as inv
 from gpukit.agent_manifests import AgentDeployment
 from gpukit.conformance import expect
-from gpukit.k8s import connect, waits
+from gpukit.k8s import connect, objects, waits
 from gpukit.k8s.nodes import reported_after
 from gpukit.lab import agent, nodes
 from gpukit.lab import nvml as mock
 from gpukit.lab.config import LabSpec
 from gpukit.lab.controlplane import paths
 from gpukit.mig.placement import pack
+from gpukit.provision import quotas
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -163,6 +164,10 @@ def provision(lab: LabSpec, fleet: inv.GpuInventory, timeout: float = 120) -> No
     d = deployment(fleet)
     agent.apply(lab, d)
     agent.wait_rolled_out(lab, d)
+    # The declared quotas, LimitRanges and PriorityClasses, as site.yml's gpu_quotas applies them
+    # (the suite's tenancy area reads them).
+    objects.apply(connect.api_client(paths().admin_kubeconfig), quotas.objects(fleet.tenancy),
+                  field_manager="gpukit-gpu-quotas")
     # A restarted plugin re-registers, and the node object shows it only at the kubelet's next
     # status report: wait for a report made after the rollout, showing the declared resources.
     since = dt.datetime.now(dt.UTC).replace(microsecond=0)
@@ -176,8 +181,11 @@ def provision(lab: LabSpec, fleet: inv.GpuInventory, timeout: float = 120) -> No
 
 
 def unprovision(lab: LabSpec, fleet: inv.GpuInventory) -> None:
-    """Back to a bare lab: no node agent, no selection labels, MIG off."""
+    """Back to a bare lab: no node agent, no selection labels, no tenancy objects (their
+    namespaces stay: a terminating one would refuse the next provision's objects), MIG off."""
     agent.remove(lab, deployment(fleet))
+    objects.delete(connect.api_client(paths().admin_kubeconfig),
+                   [o for o in quotas.objects(fleet.tenancy) if o["kind"] != "Namespace"])
     for decl in fleet.nodes:
         labels: dict[str, str | None] = {k: None for k in decl.labels}
         labels.update({inv.DEVICE_PLUGIN_CONFIG_LABEL: None, inv.MIG_CONFIG_LABEL: None})
