@@ -102,6 +102,10 @@ GPUKIT_PREFIX = "gpukit.io"
 UPGRADE = "gpukit.io/upgrade"
 UPGRADE_STATE = "gpukit.io/upgrade-state"
 UPGRADE_MESSAGE = "gpukit.io/upgrade-message"
+# Which kubelet API serves the node's GPUs, as declared (gpukit_gpu_allocation: device-plugin or
+# dra; set by the node_labels role): the DRA plugin's DaemonSet selects `dra`, and a change of
+# it is a switch that upgrade.yml rolls (a node is never served by both).
+GPU_ALLOCATION = "gpukit.io/gpu.allocation"
 # The conformance suite's objects: its run, a pod's role and node, the namespace's expiry.
 CONFORMANCE_RUN = "gpukit.io/conformance-run"
 CONFORMANCE_ROLE = "gpukit.io/role"
