@@ -13,6 +13,16 @@ Kubernetes' maxUnavailable; never less than one) are out of service at once. The
 stops when more than `gpukit_upgrade_max_failed` nodes (a count or a percent of the
 targets) have failed; nodes in later batches are then left untouched.
 
+The budget bounds the damage, so no batch may take the rollout past it: the nodes of a batch
+roll at once and may all fail together, so a batch starts only when all of its nodes failing
+would leave at most budget + 1 failed nodes (the one failure that stops the rollout is
+unavoidable). The plan caps every batch at budget + 1 nodes (said in its lines), so a rollout
+without failures never stops for it; after failures, the rollout stops before a batch that
+could take it past (`batch_may_start`, checked by upgrade.yml before each batch). Batches
+are fixed when the rollout play starts (Ansible's `serial`), so they cannot shrink as
+failures come: a budget that should keep a rollout going through failures wants batches
+smaller than it.
+
 A node whose upgrade-state label says a previous rollout did not finish on it (it failed,
 or the run was interrupted) is a target even when nothing else differs: it is still
 cordoned and must be validated before it serves again.
@@ -79,6 +89,18 @@ def failure_budget(value: Any, targets: int, where: str = "gpukit_upgrade_max_fa
     if percent:
         return math.floor(targets * n / 100)
     return n
+
+
+def batch_cap(budget: int) -> int:
+    """The most nodes a batch may hold under a failure budget: all of them failing at once
+    takes the rollout to its stop point (budget + 1 failed), not past it."""
+    return budget + 1
+
+
+def batch_may_start(failed: int, batch: int, budget: int) -> bool:
+    """Whether a batch of `batch` nodes may start with `failed` nodes failed so far: only if
+    all of them failing keeps the rollout at or below its stop point."""
+    return failed + batch <= batch_cap(budget)
 
 
 @dataclass(frozen=True)
@@ -166,46 +188,66 @@ def plan(nodes: Sequence[NodeState], max_failed: Any = None) -> Plan:
     for g, members in groups.items():
         _one(members, "order", "gpukit_upgrade_order", f"upgrade group {g!r}")
     ordered = sorted(groups, key=lambda g: (groups[g][0].order, first_seen[g]))
-    batches: list[list[str]] = []
     lines: list[str] = []
     touched: dict[str, list[str]] = {}
     skipped: list[str] = []
     unchanged: list[str] = []
+    # First every group's targets (the budget is a share of all of them), then the batches.
+    per_group: list[tuple[str, int, list[str], list[str]]] = []
     for g in ordered:
         members = groups[g]
         _one(members, "serial", "gpukit_upgrade_serial", f"upgrade group {g!r}")
         size = serial_size(members[0].serial, len(members), f"gpukit_upgrade_serial ({g})")
         targets: list[str] = []
+        notes: list[str] = []
         for n in members:
             reasons = n.reasons()
             if n.skipped:
                 skipped.append(n.host)
                 why = "; would change: " + "; ".join(reasons) if reasons else ""
-                lines.append(f"{n.host}: skipped ({SKIP_LABEL}={SKIP_VALUE}){why}")
+                notes.append(f"{n.host}: skipped ({SKIP_LABEL}={SKIP_VALUE}){why}")
             elif n.cordoned_by_others and reasons:
                 skipped.append(n.host)
-                lines.append(f"{n.host}: cordoned by someone else, left alone; would change: "
+                notes.append(f"{n.host}: cordoned by someone else, left alone; would change: "
                              + "; ".join(reasons))
             elif reasons:
                 targets.append(n.host)
                 touched[n.host] = reasons
             else:
                 unchanged.append(n.host)
-                lines.append(f"{n.host}: matches the inventory, not touched")
-        for i in range(0, len(targets), size):
-            batch = targets[i : i + size]
-            batches.append(batch)
-            lines.append(f"batch {len(batches)} (group {g}, serial {size}): {', '.join(batch)}")
-            for h in batch:
-                lines.extend(f"  {h}: {r}" for r in touched[h])
-    total = sum(len(b) for b in batches)
+                notes.append(f"{n.host}: matches the inventory, not touched")
+        per_group.append((g, size, targets, notes))
+    total = len(touched)
     if max_failed is None:
         max_failed = _one(nodes, "max_failed", "gpukit_upgrade_max_failed", "the fleet") if (
             nodes) else 0
     budget = failure_budget(max_failed, total)
+    cap = batch_cap(budget)
+    batches: list[list[str]] = []
+    capped: list[str] = []
+    for g, size, targets, notes in per_group:
+        lines.extend(notes)
+        step = min(size, cap)
+        serial = f"serial {step}"
+        if step < size and len(targets) > step:
+            serial += f", {size} capped by the failure budget"
+            capped.append(g)
+        for i in range(0, len(targets), step):
+            batch = targets[i : i + step]
+            batches.append(batch)
+            lines.append(f"batch {len(batches)} (group {g}, {serial}): {', '.join(batch)}")
+            for h in batch:
+                lines.extend(f"  {h}: {r}" for r in touched[h])
+    if capped:
+        lines.append(
+            f"batches of {', '.join(capped)} hold at most {cap} node(s): a batch never holds"
+            f" more nodes than may fail (gpukit_upgrade_max_failed {max_failed} -> {budget})"
+        )
     lines.append(
         f"{total} node(s) in {len(batches)} batch(es); the rollout stops after"
         f" {budget + 1} failed node(s)"
+        + ("" if budget == 0 or not batches else
+           ", and before a batch that could take it past that")
     )
     return Plan(batches, budget, lines, touched, skipped, unchanged)
 
@@ -396,6 +438,8 @@ def report(
         else:
             not_reached.append(host)
             lines.append(f"{host}: not touched (the rollout stopped before its batch)")
+    if not_reached and not check_mode:
+        lines.append(_stop_reason(planned, set(failed), set(not_reached)))
     lines.extend(f"{h}: left alone (labelled {SKIP_LABEL}={SKIP_VALUE}, or cordoned by someone"
                  " else)" for h in planned.get("skipped") or [])  # fmt: skip
     lines.extend(f"{h}: matches the inventory" for h in planned.get("unchanged") or [])
@@ -409,3 +453,19 @@ def report(
         f" {len(done)} upgraded, {len(failed)} failed, {len(not_reached)} not reached"
     )
     return Report(lines, done, failed, not_reached, complete, summary)
+
+
+def _stop_reason(planned: Mapping[str, Any], failed: set[str], not_reached: set[str]) -> str:
+    """Why the rollout stopped before its first batch that was not reached."""
+    batches = [list(b) for b in planned.get("batches") or []]
+    budget = int(planned.get("max_failed") or 0)
+    k = next((i for i, b in enumerate(batches) if set(b) <= not_reached), None)
+    if k is None:
+        return "the rollout stopped within a batch (interrupted)"
+    before = sum(1 for b in batches[:k] for h in b if h in failed)
+    if before > budget:
+        why = f"more than gpukit_upgrade_max_failed allows ({budget})"
+    else:
+        why = (f"its {len(batches[k])} node(s) could take the rollout past its stop point"
+               f" ({budget + 1} failed)")
+    return f"the rollout stopped before batch {k + 1}: {before} node(s) failed, {why}"
