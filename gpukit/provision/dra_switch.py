@@ -10,15 +10,25 @@ it is cleared.
   them once the checkpoint is gone): the scheduler would place pods through the stale count.
   They are removed from capacity and allocatable, as Kubernetes documents removing an
   extended resource (a JSON patch of the node's status).
+
+Leaving DRA: no claim may stay prepared or allocated on the node, and the node's ResourceSlices
+of driver gpu.nvidia.com go (the DRA plugin's pod has left, so nothing writes them again).
+
+In place (site.yml) only while no pod holds the node's GPUs (`switch_refusal`); the rolling
+upgrade (playbooks/upgrade.yml) drains the node first and names the change
+(`allocation_change`). The role's tasks: roles/device_plugin/tasks/allocation_switch.yml.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
-from gpukit.contracts.label_names import RESOURCE_PREFIX
+from gpukit.contracts.label_names import GPU_ALLOCATION, RESOURCE_PREFIX
+from gpukit.inventory.model import GPU_ALLOCATIONS
+from gpukit.plugin.dra import names
 
 KUBELET_DEVICE_PLUGIN_CHECKPOINT = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
 PREFIX = RESOURCE_PREFIX
@@ -53,5 +63,140 @@ def status_patch(status: Mapping[str, Any]) -> list[dict[str, str]]:
             for name in sorted(status.get(field) or {}) if name.startswith(PREFIX)]
 
 
+def reported_since(node: Mapping[str, Any], since: str) -> bool:
+    """The kubelet reported the node's status after `since` (RFC 3339): its Ready condition's
+    heartbeat is later, so its resources are the restarted kubelet's view, not an older one's."""
+    for cond in (node.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready" and cond.get("lastHeartbeatTime"):
+            return _time(str(cond["lastHeartbeatTime"])) > _time(since)
+    return False
+
+
+def _time(stamp: str) -> datetime:
+    t = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    return t if t.tzinfo else t.replace(tzinfo=UTC)  # the play's stamps are UTC
+
+
 def _pointer(name: str) -> str:
     return name.replace("~", "~0").replace("/", "~1")
+
+
+# -- which mode the node is in, and whether it may be switched now ----------------------------
+
+DEVICE_PLUGIN, DRA = GPU_ALLOCATIONS
+# The DRA plugin's own checkpoint of the claims it prepared on the node.
+DRA_PLUGIN_CHECKPOINT = f"{names.PLUGIN_DIR}/{names.CHECKPOINT_FILE}"
+DRA_DRIVER = names.DRIVER
+UPGRADE_PLAYBOOK = "playbooks/upgrade.yml"
+
+
+def current_allocation(node: Mapping[str, Any] | None) -> str:
+    """The mode the node was last set to (its gpukit.io/gpu.allocation label): a node gpukit
+    never labelled was served by the device plugin, the only mode before DRA."""
+    labels = ((node or {}).get("metadata") or {}).get("labels") or {}
+    return str(labels.get(GPU_ALLOCATION) or DEVICE_PLUGIN)
+
+
+def allocation_change(node: Mapping[str, Any] | None, declared: str) -> str | None:
+    """'GPU allocation <old> -> <new>' when the declared mode differs from the node's (a node
+    not registered yet has no mode to leave: None)."""
+    if not node:
+        return None
+    old = current_allocation(node)
+    return None if old == declared else f"GPU allocation {old} -> {declared}"
+
+
+def gpu_pods(pods: Sequence[Mapping[str, Any]]) -> list[str]:
+    """'namespace/name (what it holds)' of the pods not finished that hold GPUs: nvidia.com/
+    resources in a container's requests or limits, or ResourceClaims."""
+    out = []
+    for pod in pods:
+        if ((pod.get("status") or {}).get("phase")) in ("Succeeded", "Failed"):
+            continue
+        spec = pod.get("spec") or {}
+        held = sorted({name for c in [*(spec.get("initContainers") or []),
+                                      *(spec.get("containers") or [])]
+                       for part in ("requests", "limits")
+                       for name in ((c.get("resources") or {}).get(part) or {})
+                       if str(name).startswith(PREFIX)})
+        held += [f"claim {c.get('name')}" for c in spec.get("resourceClaims") or []]
+        if held:
+            meta = pod.get("metadata") or {}
+            out.append(f"{meta.get('namespace')}/{meta.get('name')} ({', '.join(held)})")
+    return sorted(out)
+
+
+def switch_refusal(node_name: str, node: Mapping[str, Any] | None, declared: str,
+                   pods: Sequence[Mapping[str, Any]]) -> str:
+    """Why the node may not be switched to `declared` in place ('' when it may): pods hold
+    its GPUs through the API it leaves. The rolling upgrade drains the node first."""
+    change = allocation_change(node, declared)
+    running = gpu_pods(pods)
+    if not change or not running:
+        return ""
+    return (f"node {node_name}: {change} refused while GPU pods run on it: "
+            f"{'; '.join(running)}. Switch it with {UPGRADE_PLAYBOOK}, which drains the node "
+            "first (or stop these pods and run again)")
+
+
+# -- leaving DRA -------------------------------------------------------------------------------
+
+
+def prepared_claims(checkpoint_text: str) -> list[str]:
+    """'namespace/name' of the claims the DRA plugin's checkpoint still holds prepared ('' or
+    no file: none). A file that is not the plugin's JSON is reported as such, not guessed."""
+    if not checkpoint_text.strip():
+        return []
+    try:
+        claims = json.loads(checkpoint_text)["claims"]
+        return sorted(f"{c['namespace']}/{c['name']}" for c in claims.values())
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return [f"(unreadable {DRA_PLUGIN_CHECKPOINT})"]
+
+
+def allocated_claims(claims: Sequence[Mapping[str, Any]], node_name: str) -> list[str]:
+    """'namespace/name' of the ResourceClaims allocated a device of the node's pool (driver
+    gpu.nvidia.com) and still reserved for a pod: the pod would lose its GPU."""
+    out = []
+    for claim in claims:
+        status = claim.get("status") or {}
+        results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+        if status.get("reservedFor") and any(
+                r.get("driver") == DRA_DRIVER and r.get("pool") == node_name for r in results):
+            meta = claim.get("metadata") or {}
+            out.append(f"{meta.get('namespace')}/{meta.get('name')}")
+    return sorted(out)
+
+
+# -- what a switch would do, in words (check mode) ---------------------------------------------
+
+
+def switch_actions(declared: str, *, checkpoint: Sequence[str] = (),
+                   status: Mapping[str, Any] | None = None,
+                   slices: Sequence[Mapping[str, Any]] = ()) -> list[str]:
+    """What switching the node to `declared` clears, given what the kubelet's device plugin
+    checkpoint holds (`checkpoint_holds_device_plugin_resources`), the node's status and its
+    ResourceSlices of driver gpu.nvidia.com: empty when nothing is left of the other mode."""
+    if declared == DRA:
+        out = []
+        if checkpoint:
+            out.append("restart the kubelet without its device plugin checkpoint "
+                       f"({', '.join(checkpoint)})")
+        stale = stale_resources(status or {})
+        if stale:
+            out.append(f"remove {', '.join(stale)} from the node's status")
+        return out
+    names_ = sorted(str((s.get("metadata") or {}).get("name")) for s in slices)
+    return [f"delete the ResourceSlices {', '.join(names_)}"] if names_ else []
+
+
+def clear_stale_resources(core: Any, node_name: str, *, dry_run: bool = False) -> list[str]:
+    """Remove every nvidia.com/ resource from the node's status through the API (`core`: a
+    CoreV1Api), unless `dry_run`; the resources it removes (or would). The patch is a JSON
+    patch of the status subresource, which the kubernetes.core modules cannot send."""
+    node = core.api_client.sanitize_for_serialization(core.read_node_status(node_name))
+    status = node.get("status") or {}
+    patch = status_patch(status)
+    if patch and not dry_run:
+        core.patch_node_status(node_name, patch)
+    return stale_resources(status)
