@@ -542,6 +542,10 @@ def dra_daemonset(d: AgentDeployment) -> dict[str, Any]:
         {"name": "GPUKIT_DEVICE_ROOT_IN_PLUGIN", "value": DRIVER_ROOT_IN_CONTAINER},
         {"name": "GPUKIT_NVML_LIB", "value": nvml_library_path(d)},
         {"name": "GPUKIT_CDI_SPEC_DIR", "value": dra_names.CDI_DIR},
+        # The node agent's GPU metrics and /readyz: a DRA node runs no agent (env: the later
+        # wins, as readiness_probe reads it).
+        {"name": "GPUKIT_METRICS_ADDRESS",
+         "value": d.env.get("GPUKIT_METRICS_ADDRESS", d.metrics_address)},
     ]
     env += [{"name": k, "value": v} for k, v in sorted(d.env.items())
             if k not in {e["name"] for e in env}]
@@ -550,12 +554,15 @@ def dra_daemonset(d: AgentDeployment) -> dict[str, Any]:
         {"name": "plugin-dir", "mountPath": dra_names.PLUGIN_DIR},
         {"name": "cdi-specs", "mountPath": dra_names.CDI_DIR},
         {"name": "run-gpukit", "mountPath": "/tmp", "subPath": "dra-tmp"},
+        # The GPU metrics' pod attribution (PodResources), as the agent's.
+        {"name": "pod-resources", "mountPath": POD_RESOURCES_DIR, "readOnly": True},
     ]
     volumes = [
         _host_path("plugins-registry", dra_names.REGISTRY_DIR, "DirectoryOrCreate"),
         _host_path("plugin-dir", dra_names.PLUGIN_DIR, "DirectoryOrCreate"),
         _host_path("cdi-specs", dra_names.CDI_DIR, "DirectoryOrCreate"),
         _host_path("run-gpukit", "/run/gpukit", "DirectoryOrCreate"),
+        _host_path("pod-resources", POD_RESOURCES_DIR, "DirectoryOrCreate"),
     ]
     for part in (_driver_mounts(d), _deployment_host_mounts(d)):
         mounts += part[0]
@@ -574,6 +581,10 @@ def dra_daemonset(d: AgentDeployment) -> dict[str, Any]:
         "resources": {"requests": {"cpu": "10m", "memory": "64Mi"},
                       "limits": {"memory": "256Mi"}},
     }
+    probe = readiness_probe(d)  # the agent's: /readyz on the metrics endpoint
+    if probe is not None:
+        container["readinessProbe"] = probe
+        container["ports"] = [metrics_port(d)]
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",

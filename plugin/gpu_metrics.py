@@ -5,12 +5,13 @@ Names, units and labels are dcgm-exporter's (its default counters, `etc/default-
 plus the ECC and row-remap counters it lists there), so dashboards and alerts written for it
 work unchanged: `gpu`, `UUID`, `pci_bus_id`, `device` (nvidia<minor>), `modelName`,
 `GPU_I_PROFILE`/`GPU_I_ID` on MIG devices, `Hostname`, `DCGM_FI_DRIVER_VERSION`, and for a device
-a container holds, `container`, `namespace`, `pod` (one series per holding container: a
-time-sliced GPU shared by two pods has two of each, as dcgm-exporter does). On a MIG device the
-`UUID`, `gpu` and `device` are its parent's, as dcgm-exporter reports them; the device's own
-series are its memory (FB_USED/FB_FREE); the GPU's power, temperature, clocks, energy, PCIe and
-ECC stay on the GPU's series (NVML answers them only for the GPU; utilisation not at all with
-MIG enabled).
+a container holds (through a device plugin or a DRA claim), `container`, `namespace`, `pod`
+(one series per holding container: a time-sliced GPU shared by two pods has two of each, as
+dcgm-exporter does). On a MIG device the `UUID`, `gpu` and `device` are its parent's, as
+dcgm-exporter reports them; the device's own series are its memory (FB_USED/FB_FREE); the
+GPU's power, temperature, clocks, energy, PCIe and ECC stay on the GPU's series (NVML answers
+them only for the GPU; utilisation not at all with MIG enabled). The node agent serves them on
+device-plugin nodes, the DRA plugin (plugin/dra/telemetry.py) on DRA nodes.
 
 Bounded cost: one NVML reading per GPU and MIG device per scrape, the kubelet's PodResources
 List at most once per cache interval. A query NVML does not answer drops that series only; a
@@ -105,16 +106,19 @@ def dcgm_bus_id(bus_id: str) -> str:
         return bus_id
 
 
-def attribution(holders: Iterable[Holder], devices: NodeDevices
+def attribution(holders: Iterable[Holder], devices: NodeDevices,
+                dra_devices: Mapping[str, str] | None = None
                 ) -> dict[str, list[tuple[str, str, str]]]:
     """Physical device UUID (GPU or MIG device) -> the (container, namespace, pod) holding it,
     each once, in a stable order. Device IDs are UUIDs, time-sliced replicas of them
     (`<uuid>::<n>`) or, with deviceIDStrategy index, index IDs (`0`, `0:1`); a DRA claim's
-    whole GPU is its ResourceSlice device name (`gpu-<minor>`; MIG devices of DRA claims are
-    not attributed yet: their names carry a placement the devices here do not)."""
+    device is its ResourceSlice device name, looked up in `dra_devices` (name -> GPU or MIG
+    UUID: what the DRA plugin publishes; a MIG device's name carries its placement, which
+    only the publisher knows). Without it, whole GPUs only (`gpu-<minor>`)."""
     by_index = {str(g.index): g.uuid for g in devices.gpus}
     by_index.update((m.index_id, m.uuid) for m in devices.mig_devices())
-    by_dra_name = {gpu_name(g): g.uuid for g in devices.gpus}
+    by_dra_name = dict(dra_devices) if dra_devices is not None else {
+        gpu_name(g): g.uuid for g in devices.gpus}
     uuids = set(by_index.values())
     out: dict[str, list[tuple[str, str, str]]] = {}
     for h in holders:
@@ -157,6 +161,8 @@ class GpuMetricsSources:
     hostname: str = ""
     read_gpu: Callable[[str], Reading] = read_gpu
     read_mig: Callable[[str], Reading] = read_mig
+    # The DRA plugin's published devices, name -> GPU or MIG UUID (see `attribution`).
+    dra_devices: Callable[[], Mapping[str, str]] | None = None
 
 
 class GpuMetricsCollector(Collector):
@@ -184,7 +190,8 @@ class GpuMetricsCollector(Collector):
         if not s.nvml_ready():
             return
         devices = s.devices()
-        held = attribution(s.holders(), devices)
+        held = attribution(s.holders(), devices,
+                           s.dra_devices() if s.dra_devices is not None else None)
         xids = s.last_xid()
         for gpu in devices.gpus:
             base = self._gpu_labels(gpu, devices.driver_version)

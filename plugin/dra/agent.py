@@ -6,6 +6,12 @@ up as new devices), withdraws devices the health monitor calls unhealthy (XIDs, 
 and republishes when the device list changed; every `resync_interval` it makes sure the API
 still holds its slices (the kubelet wipes a driver's slices when its plugin was gone for a
 while). The gRPC sockets are served again when someone removed them.
+
+A DRA node runs no node agent, so this process serves the agent's GPU metrics (dcgm-exporter's
+names, plugin/gpu_metrics.py; a MIG device a claim holds attributed through the names it
+publishes) and its /readyz (`metrics`, served by the CLI). Scrapes run on the HTTP server's
+threads and take the agent's lock only to copy the device lists: a slow NVML query or
+PodResources List delays the scrape, never a prepare.
 """
 
 from __future__ import annotations
@@ -23,15 +29,18 @@ from kubernetes import client
 
 from gpukit.contracts.plugin_config import HealthSettings
 
-from .. import cdi, nvml
+from .. import cdi, nvml, podresources
 from ..devices import NodeDevices
+from ..gpu_metrics import GpuMetricsCollector, GpuMetricsSources
 from ..health import HealthMonitor, HealthTracker, effective_ignored_xids
+from ..metrics import PluginMetrics
 from ..nvml.mig import PynvmlBackend as MigReader
 from ..resources import Unit
 from .checkpoint import Checkpoint
 from .names import (
     CDI_DIR,
     CHECKPOINT_FILE,
+    KUBELET_DIR,
     PLUGIN_DIR,
     PLUGIN_SOCKET,
     REGISTRATION_SOCKET,
@@ -43,6 +52,7 @@ from .slice_devices import Placement, SliceDevice, node_slice_devices
 from .slices import SlicePublisher
 
 log = logging.getLogger(__name__)
+POD_RESOURCES_SOCKET = podresources.socket_path(f"{KUBELET_DIR}/device-plugins")
 
 
 @dataclass
@@ -58,6 +68,8 @@ class AgentOptions:
     rescan_interval: float = 10.0
     resync_interval: float = 30.0
     health: HealthSettings = field(default_factory=HealthSettings)
+    pod_resources_socket: str = POD_RESOURCES_SOCKET  # the GPU metrics' pod attribution
+    pod_resources_ttl: float = podresources.DEFAULT_TTL
 
 
 def placements(devices: NodeDevices, reader: MigReader) -> dict[tuple[str, int], Placement]:
@@ -86,8 +98,20 @@ class DraAgent:
         enabled, ignored = effective_ignored_xids(options.health)
         self.health_enabled = enabled
         self.tracker = HealthTracker(ignored, options.health.recovery_seconds)
+        self.metrics = PluginMetrics()
+        self.metrics.readiness = self.readiness
         self.health = HealthMonitor(self.tracker, self._units, self.request_rescan,
-                                    options.health.probe_interval_seconds)
+                                    options.health.probe_interval_seconds,
+                                    on_xid=self.metrics.count_xid)
+        self._nvml_ready = False
+        self.pod_resources = podresources.PodResourcesCache(
+            lambda: podresources.list_holders(options.pod_resources_socket),
+            ttl=options.pod_resources_ttl)
+        self.gpu_metrics = GpuMetricsCollector(GpuMetricsSources(
+            devices=self.node_devices, nvml_ready=lambda: self._nvml_ready,
+            holders=self.pod_resources.holders, last_xid=self.metrics.last_xids,
+            hostname=options.node, dra_devices=self.device_uuids))
+        self.metrics.add_collector(self.gpu_metrics)
         self.preparer = Preparer(
             node=options.node, read_claim=self._read_claim, devices=self.devices,
             common_edits=self._common_edits, checkpoint=self.checkpoint,
@@ -103,6 +127,33 @@ class DraAgent:
         device turned unhealthy still names it."""
         with self._lock:
             return dict(self._devices)
+
+    def node_devices(self) -> NodeDevices:
+        with self._lock:
+            return self._node_devices
+
+    def device_uuids(self) -> dict[str, str]:
+        """Published device name -> its GPU's or MIG device's UUID (the metrics' attribution
+        of DRA claims, which PodResources names by device)."""
+        with self._lock:
+            return {name: d.unit.uuid for name, d in self._devices.items()}
+
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, why) for /readyz: the kubelet registered the driver over intact sockets
+        and this node's devices are published (pods can be allocated and prepared here)."""
+        problems: list[str] = []
+        server = self.server
+        if not server.sockets_intact():
+            problems.append("DRA sockets not served")
+        elif not server.registration.registered.is_set():
+            why = server.registration.last_error
+            problems.append("not registered with the kubelet" + (f": {why}" if why else ""))
+        published = self._published
+        if published is None:
+            problems.append("ResourceSlices not published yet")
+        if problems:
+            return False, "; ".join(problems)
+        return True, f"registered, {len(published or [])} device(s) published"
 
     def _units(self) -> Mapping[str, Unit]:
         with self._lock:
@@ -130,6 +181,7 @@ class DraAgent:
         if self.options.nvml_library:
             nvml.load_library(self.options.nvml_library)
         nvml.init()
+        self._nvml_ready = True
         self.rescan()
         self.server.start()
         if self.health_enabled:
@@ -164,6 +216,8 @@ class DraAgent:
                                 d.unit.gpu.uuid))
         self.publisher.sync(bodies)
         self._published = bodies
+        names = {d.name for d in healthy}
+        self.metrics.set_unit_health((d.unit.uuid, d.name in names) for d in current)
 
     def request_rescan(self) -> None:
         self._rescan.set()
@@ -207,6 +261,8 @@ class DraAgent:
 
     def stop(self) -> None:
         self._stop.set()
+        self.metrics.close()
         self.health.stop()
         self.server.stop()
+        self._nvml_ready = False
         nvml.shutdown()

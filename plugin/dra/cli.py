@@ -4,8 +4,10 @@ gpu.nvidia.com, as a DaemonSet container or a host process.
 It needs the node's name (NODE_NAME), a Kubernetes API (in-cluster ServiceAccount, or
 --kubeconfig) to read ResourceClaims and write the node's ResourceSlices, the kubelet's
 plugins_registry/ and plugins/gpu.nvidia.com/ directories, and the CDI spec directory
-containerd reads. Signals: SIGUSR1 rescans the GPUs (e.g. after a MIG change), SIGTERM/SIGINT
-stop cleanly (sockets removed; prepared claims and their CDI specs stay for the next start).
+containerd reads. On a DRA node it also serves the node agent's GPU metrics and /readyz
+(--metrics-address; the kubelet's pod-resources socket for their pod labels). Signals:
+SIGUSR1 rescans the GPUs (e.g. after a MIG change), SIGTERM/SIGINT stop cleanly (sockets
+removed; prepared claims and their CDI specs stay for the next start).
 Exit codes: 0 stopped, 1 startup failed.
 """
 
@@ -18,7 +20,11 @@ import sys
 import threading
 
 from gpukit import __version__
-from gpukit.contracts.plugin_config import HealthSettings
+from gpukit.contracts.plugin_config import (
+    DEFAULT_METRICS_ADDRESS,
+    HealthSettings,
+    parse_host_port,
+)
 
 from ..signals import INBOX, StopRequested
 from .names import CDI_DIR, PLUGIN_DIR, REGISTRY_DIR
@@ -63,6 +69,15 @@ def build_parser(prog: str = "gpukit-dra-plugin") -> argparse.ArgumentParser:
     p.add_argument("--health-probe-interval", type=float,
                    default=float(env("GPUKIT_HEALTH_PROBE_INTERVAL_SECONDS", "5")),
                    help="seconds between GPU probes [GPUKIT_HEALTH_PROBE_INTERVAL_SECONDS]")
+    p.add_argument("--metrics-address", metavar="HOST:PORT",
+                   default=env("GPUKIT_METRICS_ADDRESS", DEFAULT_METRICS_ADDRESS),
+                   help="the GPU metrics and /readyz, as the node agent serves them; '' "
+                        "disables [GPUKIT_METRICS_ADDRESS]")
+    p.add_argument("--pod-resources-socket",
+                   default=env("GPUKIT_POD_RESOURCES_SOCKET") or None,
+                   help="the kubelet's PodResources socket (the metrics' pod labels; default "
+                        "/var/lib/kubelet/pod-resources/kubelet.sock) "
+                        "[GPUKIT_POD_RESOURCES_SOCKET]")
     p.add_argument("--log-level", default=env("GPUKIT_LOG_LEVEL", "INFO"))
     return p
 
@@ -89,6 +104,13 @@ def _main(argv: list[str] | None, prog: str) -> int:
             print(f"error: --{flag.replace('_', '-')}: {value} is not a positive number of "
                   "seconds", file=sys.stderr)
             return 1
+    if args.metrics_address:
+        try:
+            parse_host_port(args.metrics_address)
+        except ValueError as exc:
+            print(f"error: --metrics-address: {exc} (use host:port, or '' to disable)",
+                  file=sys.stderr)
+            return 1
     from gpukit.k8s import connect
 
     from .agent import AgentOptions, DraAgent
@@ -100,6 +122,8 @@ def _main(argv: list[str] | None, prog: str) -> int:
         cdi_dir=args.cdi_spec_dir, rescan_interval=args.rescan_interval,
         health=HealthSettings(recovery_seconds=args.health_recovery_seconds,
                               probe_interval_seconds=args.health_probe_interval))
+    if args.pod_resources_socket:
+        options.pod_resources_socket = args.pod_resources_socket
     try:
         agent = DraAgent(options, connect.api_client(args.kubeconfig, in_cluster_first=True))
         agent.start()
@@ -111,6 +135,10 @@ def _main(argv: list[str] | None, prog: str) -> int:
         return 1
     loop = threading.Thread(target=agent.run, name="gpukit-dra", daemon=True)
     loop.start()
+    try:
+        agent.metrics.serve(args.metrics_address)
+    except OSError as exc:  # claims are served all the same; only the metrics are missing
+        log.error("metrics endpoint %s unavailable: %s", args.metrics_address, exc)
     try:
         INBOX.serve(agent)
         log.info("stopping")

@@ -66,7 +66,8 @@ def holder(pod: str, device_id: str, resource: str = "nvidia.com/gpu", ns: str =
 
 def collector(devices: NodeDevices, holders: list[podresources.Holder] | None = None,
               readings: dict[str, Reading] | None = None, xids: dict[str, int] | None = None,
-              ready: bool = True) -> gm.GpuMetricsCollector:
+              ready: bool = True, dra_devices: dict[str, str] | None = None
+              ) -> gm.GpuMetricsCollector:
     def read(uuid: str) -> Reading:
         if readings and uuid in readings:
             return readings[uuid]
@@ -76,7 +77,8 @@ def collector(devices: NodeDevices, holders: list[podresources.Holder] | None = 
 
     return gm.GpuMetricsCollector(gm.GpuMetricsSources(
         devices=lambda: devices, nvml_ready=lambda: ready, holders=lambda: holders or [],
-        last_xid=lambda: xids or {}, hostname="gpu-a100", read_gpu=read, read_mig=read))
+        last_xid=lambda: xids or {}, hostname="gpu-a100", read_gpu=read, read_mig=read,
+        dra_devices=None if dra_devices is None else lambda: dra_devices))
 
 
 def test_dcgm_names_and_labels_for_a_whole_gpu() -> None:
@@ -144,6 +146,32 @@ def test_a_dra_claims_whole_gpu_is_attributed_by_its_slice_name() -> None:
         ("dra-pod", "gpu.nvidia.com", "gpu-2")]
     got = scrape(collector(make_inventory([make_gpu(i) for i in range(4)]), holders))
     assert {s[1]["gpu"] for s in series(got, "DCGM_FI_DEV_GPU_UTIL", pod="dra-pod")} == {"2"}
+
+
+def test_a_dra_claims_mig_device_is_attributed_through_the_published_names() -> None:
+    """The DRA plugin's names (gpu-<minor>-mig-<profile>-<GI profile id>-<start>) carry a
+    placement NVML's device list does not: the publisher's name -> UUID map says which MIG
+    device a claim holds. Its series carry the pod; its sibling's and the GPU's do not."""
+    devices = make_inventory([make_gpu(0, migs=("3g.20gb", "3g.20gb")), make_gpu(1)])
+    published = {"gpu-0-mig-3g20gb-9-0": mig_uuid(0, 0), "gpu-0-mig-3g20gb-9-4": mig_uuid(0, 1),
+                 "gpu-1": gpu_uuid(1)}
+    holders = [holder("train", "gpu-0-mig-3g20gb-9-4", resource="gpu.nvidia.com", ns="team-c",
+                      container="c"),
+               holder("whole", "gpu-1", resource="gpu.nvidia.com"),
+               holder("stale", "gpu-0-mig-1g5gb-19-6", resource="gpu.nvidia.com")]
+    got = scrape(collector(devices, holders, dra_devices=published))
+    migs = series(got, "DCGM_FI_DEV_FB_USED", gpu="0", GPU_I_PROFILE="3g.20gb")
+    assert {(s[1]["GPU_I_ID"], s[1].get("pod")) for s in migs} == {("1", None), ("2", "train")}
+    (held,) = [s for s in migs if "pod" in s[1]]
+    assert (held[1]["namespace"], held[1]["container"], held[1]["UUID"]) == (
+        "team-c", "c", gpu_uuid(0))
+    assert "pod" not in series(got, "DCGM_FI_DEV_POWER_USAGE", gpu="0")[0][1]
+    assert {s[1].get("pod") for s in series(got, "DCGM_FI_DEV_GPU_UTIL", gpu="1")} == {"whole"}
+    assert not series(got, "DCGM_FI_DEV_FB_USED", pod="stale")  # a name not published now
+    # Without the publisher's map (the node agent), whole GPUs by name still count.
+    plain = scrape(collector(devices, holders))
+    assert not [s for s in plain if s[1].get("pod") == "train"]
+    assert series(plain, "DCGM_FI_DEV_GPU_UTIL", gpu="1", pod="whole")
 
 
 def test_a_failing_query_drops_its_series_a_lost_gpu_all_but_lost() -> None:

@@ -13,6 +13,8 @@ from gpukit.plugin.dra import cli
      "--rescan-interval: 0.0 is not a positive number of seconds"),
     (["--node-name", "n", "--health-recovery-seconds", "-1"],
      "--health-recovery-seconds: -1.0 is not a positive number of seconds"),
+    (["--node-name", "n", "--metrics-address", "9402"],
+     "--metrics-address: '9402' is not host:port (use host:port, or '' to disable)"),
 ])
 def test_bad_arguments_are_refused_by_name(argv: list[str], message: str,
                                            monkeypatch: pytest.MonkeyPatch,

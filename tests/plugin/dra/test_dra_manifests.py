@@ -65,4 +65,27 @@ def test_the_daemonset_is_hardened_and_mounts_only_the_dra_paths() -> None:
             sc["capabilities"]) == (False, False, True, {"drop": ["ALL"]})
     paths = {v["hostPath"]["path"] for v in ds["volumes"] if "hostPath" in v}
     assert paths == {"/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins/gpu.nvidia.com",
-                     "/var/run/cdi", "/run/gpukit", "/dev", "/usr/lib/x86_64-linux-gnu"}
+                     "/var/run/cdi", "/run/gpukit", "/dev", "/usr/lib/x86_64-linux-gnu",
+                     "/var/lib/kubelet/pod-resources"}
+    pod_resources = next(m for m in c["volumeMounts"] if m["name"] == "pod-resources")
+    assert pod_resources["readOnly"] is True
+
+
+def test_the_daemonset_serves_the_agents_metrics_and_readiness() -> None:
+    """A DRA node runs no node agent: the DRA plugin serves its GPU metrics and /readyz on
+    the same address, port name and probe."""
+    c = objects()[("DaemonSet", "gpukit-dra-plugin")]["spec"]["template"]["spec"][
+        "containers"][0]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["GPUKIT_METRICS_ADDRESS"] == "0.0.0.0:9402"
+    assert c["ports"] == [{"name": "metrics", "containerPort": 9402, "hostPort": 9402,
+                           "protocol": "TCP"}]
+    assert c["readinessProbe"]["httpGet"] == {"host": "127.0.0.1", "port": 9402,
+                                              "path": "/readyz", "scheme": "HTTP"}
+
+
+def test_metrics_off_leaves_no_port_or_probe() -> None:
+    c = objects(metrics_address="")[("DaemonSet", "gpukit-dra-plugin")]["spec"]["template"][
+        "spec"]["containers"][0]
+    assert {e["name"]: e.get("value") for e in c["env"]}["GPUKIT_METRICS_ADDRESS"] == ""
+    assert "ports" not in c and "readinessProbe" not in c
