@@ -12,9 +12,10 @@ from typing import Any
 from . import metrics, quotas
 from .model import GPU_GROUP, VARIABLES, GpuInventory, NodeDecl
 from .problems import MISSING, InventoryError, Problem, short
-from .validate import node_from_vars
+from .validate import configs_parsed_once, node_from_vars
 
 
+@configs_parsed_once()  # the configs hosts share (group_vars) parsed once, not per host
 def load(
     path: str | Path | Sequence[str | Path],
     hosts: Sequence[str] | None = None,
