@@ -46,6 +46,7 @@ LIBRARY_CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
         "gpukit.inventory:KERNEL_MODULES", "gpukit.provision.driver:FLAVOURS",
     ),
     ("nvidia_driver", "nvidia_driver_channel"): ("gpukit.provision.driver:CHANNELS",),
+    ("rolling_upgrade", "rolling_upgrade_gpu_allocation"): ("gpukit.inventory.model:GPU_ALLOCATIONS",),
 }
 # Choices only the role acts on (its tasks branch on them; no library code reads them).
 ROLE_ONLY_CHOICES = {
