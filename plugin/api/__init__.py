@@ -1,7 +1,9 @@
-"""Kubelet gRPC APIs: device plugin v1beta1, PodResources v1, plugin registration v1 and DRA v1.
+"""Kubelet gRPC APIs: device plugin v1beta1, PodResources v1, plugin registration v1, DRA v1 and
+DRA resource health v1.
 
 `deviceplugin_pb2`, `deviceplugin_grpc`, `podresources_pb2`, `podresources_grpc`,
-`registration_pb2`, `registration_grpc`, `dra_pb2` and `dra_grpc` are the generated modules,
+`registration_pb2`, `registration_grpc`, `dra_pb2`, `dra_grpc`, `dra_health_pb2` and
+`dra_health_grpc` are the generated modules,
 loaded on first use. An installed gpukit carries them (the wheel's build generates them); only
 a checkout generates missing ones then (a fresh clone needs no build step, grpcio-tools is a
 dev dependency). They are typed `Any` on purpose: type checking must not depend on build
@@ -32,6 +34,8 @@ _MODULES = {
     "registration_grpc": "pluginregistration_v1_pb2_grpc",
     "dra_pb2": "dra_v1_pb2",
     "dra_grpc": "dra_v1_pb2_grpc",
+    "dra_health_pb2": "dra_health_v1_pb2",
+    "dra_health_grpc": "dra_health_v1_pb2_grpc",
 }
 _lock = threading.Lock()
 
@@ -75,6 +79,8 @@ __all__ = [
     "deviceplugin_grpc",
     "deviceplugin_pb2",
     "dra_grpc",
+    "dra_health_grpc",
+    "dra_health_pb2",
     "dra_pb2",
     "podresources_grpc",
     "podresources_pb2",

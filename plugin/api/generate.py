@@ -18,7 +18,7 @@ from pathlib import Path
 
 API_DIR = Path(__file__).resolve().parent
 PROTOS = ("deviceplugin_v1beta1.proto", "podresources_v1.proto", "pluginregistration_v1.proto",
-          "dra_v1.proto")
+          "dra_v1.proto", "dra_health_v1.proto")
 
 
 def stub_names(proto: str) -> tuple[str, str]:

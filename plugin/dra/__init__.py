@@ -9,5 +9,7 @@ resource.k8s.io/v1 under NVIDIA's driver name (`gpu.nvidia.com`).
 * ``claim_cdi``    the CDI spec of one prepared claim
 * ``prepare``      NodePrepareResources / NodeUnprepareResources, idempotent
 * ``server``       the gRPC side: plugin registration and the DRAPlugin service
-* ``agent``, ``cli`` the process: discovery, health, republishing, signals
+* ``health_stream`` the kubelet's DRA health stream (device health in pod status)
+* ``agent``, ``cli`` the process: discovery, health, republishing, signals, and the node
+  agent's GPU metrics and /readyz (a DRA node runs no agent)
 """

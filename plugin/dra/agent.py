@@ -37,6 +37,7 @@ from ..metrics import PluginMetrics
 from ..nvml.mig import PynvmlBackend as MigReader
 from ..resources import Unit
 from .checkpoint import Checkpoint
+from .health_stream import DeviceState, HealthBoard, HealthService
 from .names import (
     CDI_DIR,
     CHECKPOINT_FILE,
@@ -70,6 +71,7 @@ class AgentOptions:
     health: HealthSettings = field(default_factory=HealthSettings)
     pod_resources_socket: str = POD_RESOURCES_SOCKET  # the GPU metrics' pod attribution
     pod_resources_ttl: float = podresources.DEFAULT_TTL
+    health_stream: bool = True  # serve the kubelet's DRA health stream (health_stream.py)
 
 
 def placements(devices: NodeDevices, reader: MigReader) -> dict[tuple[str, int], Placement]:
@@ -116,6 +118,9 @@ class DraAgent:
             node=options.node, read_claim=self._read_claim, devices=self.devices,
             common_edits=self._common_edits, checkpoint=self.checkpoint,
             cdi_dir=options.cdi_dir, device_root=options.device_root)
+        self.health_board = HealthBoard()
+        self.health_service = (HealthService(self.health_board, options.node)
+                               if options.health_stream else None)
         self.server = self._new_server()
         self._published: list[dict[str, Any]] | None = None
         self._mig_reader = MigReader()
@@ -175,7 +180,8 @@ class DraAgent:
 
     def _new_server(self) -> DraServer:
         return DraServer(self.preparer, Path(self.options.plugin_dir) / PLUGIN_SOCKET,
-                         Path(self.options.registry_dir) / REGISTRATION_SOCKET)
+                         Path(self.options.registry_dir) / REGISTRATION_SOCKET,
+                         health=self.health_service)
 
     def start(self) -> None:
         if self.options.nvml_library:
@@ -207,17 +213,23 @@ class DraAgent:
         healthy = [d for d in current
                    if not self.health_enabled or self.tracker.unit_healthy(d.unit)]
         bodies = [d.body for d in healthy]
+        names = {d.name for d in healthy}
+        self.health_board.update([DeviceState(d.name, d.name in names, "" if d.name in names
+                                              else self._why_unhealthy(d))
+                                  for d in current])
         if bodies == self._published and not force_check:
             return
         for d in current:
-            if d not in healthy:
+            if d.name not in names:
                 log.warning("device %s (%s) withdrawn: %s", d.name, d.unit.uuid,
-                            self.tracker.reason(d.unit.uuid) or self.tracker.reason(
-                                d.unit.gpu.uuid))
+                            self._why_unhealthy(d))
         self.publisher.sync(bodies)
         self._published = bodies
-        names = {d.name for d in healthy}
         self.metrics.set_unit_health((d.unit.uuid, d.name in names) for d in current)
+
+    def _why_unhealthy(self, d: SliceDevice) -> str:
+        return self.tracker.reason(d.unit.uuid) or self.tracker.reason(d.unit.gpu.uuid) or \
+            "unhealthy"
 
     def request_rescan(self) -> None:
         self._rescan.set()
@@ -261,6 +273,7 @@ class DraAgent:
 
     def stop(self) -> None:
         self._stop.set()
+        self.health_board.close()
         self.metrics.close()
         self.health.stop()
         self.server.stop()

@@ -16,7 +16,9 @@ from typing import Any
 
 import grpc
 
-from ..api import dra_grpc, dra_pb2, registration_grpc, registration_pb2
+from ..api import dra_grpc, dra_health_grpc, dra_pb2, registration_grpc, registration_pb2
+from .health_stream import SERVICE as HEALTH_SERVICE
+from .health_stream import HealthService
 from .names import DRIVER, PLUGIN_TYPE, SUPPORTED_SERVICES
 from .prepare import ClaimRef, Preparer
 
@@ -25,14 +27,15 @@ _umask_lock = threading.Lock()
 
 
 class RegistrationService(registration_grpc.RegistrationServicer):  # type: ignore[misc]
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, services: tuple[str, ...] = SUPPORTED_SERVICES) -> None:
         self.endpoint = endpoint
+        self.services = services
         self.registered = threading.Event()
         self.last_error = ""
 
     def GetInfo(self, request: Any, context: Any) -> Any:
         return registration_pb2.PluginInfo(type=PLUGIN_TYPE, name=DRIVER, endpoint=self.endpoint,
-                                           supported_versions=list(SUPPORTED_SERVICES))
+                                           supported_versions=list(self.services))
 
     def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:
         if request.plugin_registered:
@@ -101,13 +104,19 @@ class DraServer:
     kubelet then drops the plugin; its ResourceSlices stay until the agent deletes them)."""
 
     def __init__(self, preparer: Preparer, plugin_socket: Path, registration_socket: Path,
-                 workers: int = 8) -> None:
+                 workers: int = 8, health: HealthService | None = None) -> None:
         self.plugin_socket = plugin_socket
         self.registration_socket = registration_socket
-        self.registration = RegistrationService(str(plugin_socket))
-        self._dra = grpc.server(futures.ThreadPoolExecutor(max_workers=workers,
+        # The health stream, when served, is listed so the kubelet watches it; its streams
+        # get workers of their own (health_stream.MAX_STREAMS), not prepare's.
+        services = SUPPORTED_SERVICES + ((HEALTH_SERVICE,) if health else ())
+        self.registration = RegistrationService(str(plugin_socket), services)
+        streams = health.max_streams if health else 0
+        self._dra = grpc.server(futures.ThreadPoolExecutor(max_workers=workers + streams,
                                                            thread_name_prefix="dra"))
         dra_grpc.add_DRAPluginServicer_to_server(DraService(preparer), self._dra)
+        if health is not None:
+            dra_health_grpc.add_DRAResourceHealthServicer_to_server(health, self._dra)
         self._reg = grpc.server(futures.ThreadPoolExecutor(max_workers=2,
                                                            thread_name_prefix="dra-reg"))
         registration_grpc.add_RegistrationServicer_to_server(self.registration, self._reg)
