@@ -10,8 +10,12 @@ two claims get disjoint devices; CEL selectors by productName and memory pick th
 devices; an unsatisfiable claim stays Pending with the scheduler's reason; an unchanged pod
 asking for nvidia.com/gpu is served through the DeviceClass's extended resource; an agent
 restart between prepare and unprepare neither loses nor prepares again; the own-slices
-admission policy refuses another node's slice. Every failure names node, claim, expected and
-observed.
+admission policy refuses another node's slice; the plugin serves the node agent's GPU metrics
+and /readyz (a DRA node runs no agent): series for every GPU and MIG device, a claim's device
+carrying its pod; the MIG manager's CLI changes a layout on a DRA node while no claim holds the
+GPU (the slices follow) and refuses, naming the claim, while one does; the kubelet shows a
+claim's device health (the plugin's DRA health stream) in its pod's status. Every failure names
+node, claim, expected and observed.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from labtools import MIG_CREATE, MIG_MODE, node_pynvml, wait_for
+from labtools import MIG_MODE, agent_http, node_pynvml, wait_for
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpukit import agent_manifests
 from gpukit.agent_manifests import DRA_APP, AgentDeployment
@@ -311,6 +316,22 @@ def checkpoint(node: str) -> dict[str, Any]:
     return claims
 
 
+Sample = tuple[str, dict[str, str], float]
+
+
+def plugin_metrics(node: str, name: str = "DCGM_FI_DEV_FB_USED") -> list[Sample]:
+    """The DRA plugin's series `name` on `node` (its /metrics on the node's loopback)."""
+    status, body = agent_http(node, "/metrics")
+    assert status == 200, f"node {node}: DRA plugin /metrics expected 200, observed " \
+        f"{status} {body[:300]}"
+    return [(x.name, dict(x.labels), x.value) for f in text_string_to_metric_families(body)
+            for x in f.samples if x.name == name]
+
+
+def held_by(node: str, pod: str) -> list[dict[str, str]]:
+    return [labels for _, labels, _ in plugin_metrics(node) if labels.get("pod") == pod]
+
+
 def cdi_spec_mtime(node: str, uid: str) -> str:
     """The claim's CDI spec's modification time on the node ("" when there is none): /var/run
     is the node's own tmpfs, read inside it."""
@@ -567,6 +588,48 @@ def test_a_critical_xid_withdraws_the_gpu_until_it_recovers(
              lambda: f"gpu-{gpu}" in slice_devices(resource, node), timeout=RECOVERY_S + 45)
 
 
+def device_health(core: client.CoreV1Api, pod: str, device: str) -> list[str]:
+    """The health the kubelet shows for `device` in the pod's containers' status
+    (allocatedResourcesStatus, from the plugin's DRA health stream; the resource ID is the
+    device's CDI device, `k8s.gpu.nvidia.com/claim=<uid>-<device>`, else driver/pool/device)."""
+    doc = json.loads(core.read_namespaced_pod(pod, NS, _preload_content=False).data)
+    return [r.get("health", "") for c in doc["status"].get("containerStatuses") or []
+            for s in c.get("allocatedResourcesStatus") or []
+            for r in s.get("resources") or []
+            if str(r.get("resourceID", "")).endswith((f"/{device}", f"-{device}"))]
+
+
+def test_a_claims_device_health_reaches_its_pods_status(
+        deployed: AgentDeployment, core: client.CoreV1Api, resource: client.ResourceV1Api,
+        cleanup: list[str]) -> None:
+    """The plugin serves the kubelet's DRA health stream (dra-health v1, watched with default
+    feature gates since 1.36): the device a pod's claim holds shows Healthy in the pod's
+    status, Unhealthy after a critical XID on it, and Healthy again once it recovered."""
+    node = T4
+    claim = create_claim(resource, cleanup, claim_doc(unique("health")))
+    pod = unique("health")
+    run_pod(core, cleanup, pod_doc(pod, node, {"gpu": claim}))
+    (result,) = allocated(resource, claim)
+    device = result["device"]
+    index = slice_devices(resource, node)[device]["attributes"]["index"]["int"]
+    wait_for(f"node {node}, pod {pod}: {device} Healthy in its status",
+             lambda: device_health(core, pod, device) == ["Healthy"], timeout=60,
+             explain=lambda: f"observed {device_health(core, pod, device)}\n{diagnose(node)}")
+
+    def unhealthy() -> bool:
+        if "Unhealthy" in device_health(core, pod, device):
+            return True
+        nodes.nvml_cli(load_spec().node(node), "inject-xid", "--gpu", str(index), "--xid", "79")
+        return False
+
+    wait_for(f"node {node}, pod {pod}: {device} Unhealthy in its status after XID 79",
+             unhealthy, timeout=60, every=2,
+             explain=lambda: f"observed {device_health(core, pod, device)}\n{diagnose(node)}")
+    wait_for(f"node {node}, pod {pod}: {device} Healthy again {RECOVERY_S} s after the XID",
+             lambda: device_health(core, pod, device) == ["Healthy"], timeout=RECOVERY_S + 60,
+             explain=lambda: f"observed {device_health(core, pod, device)}")
+
+
 def test_the_policy_refuses_another_nodes_slice(deployed: AgentDeployment,
                                                  core: client.CoreV1Api) -> None:
     pods = [p for p in agent.agent_pods(T4) if p.startswith(DRA_APP)]
@@ -619,18 +682,83 @@ def test_the_conformance_suites_dra_area_passes(deployed: AgentDeployment,
         f"skipped {skipped}\n{tail}")
 
 
+def test_the_plugin_serves_every_gpus_metrics_and_a_claims_pod_labels(
+        deployed: AgentDeployment, core: client.CoreV1Api, resource: client.ResourceV1Api,
+        cleanup: list[str]) -> None:
+    """A DRA node runs no node agent: the DRA plugin answers its /readyz and serves its GPU
+    metrics (dcgm-exporter's names) for every GPU of the node; the GPU a claim's pod holds
+    carries the pod's pod, namespace and container (the kubelet's PodResources, cached 5 s),
+    no other GPU does."""
+    for node in (A100, T4):
+        status, body = agent_http(node, "/readyz")
+        assert status == 200 and body.startswith("ok: registered"), (
+            f"node {node}: DRA plugin /readyz expected 200 'ok: registered...', observed "
+            f"{status} {body!r}")
+        uuids = set(nodes.gpu_uuids(load_spec().node(node)))
+        got = {labels["UUID"] for _, labels, _ in plugin_metrics(node)}
+        assert got == uuids, f"node {node}: DCGM_FI_DEV_FB_USED expected for GPUs " \
+            f"{sorted(uuids)}, observed {sorted(got)}"
+    claim = create_claim(resource, cleanup, claim_doc(unique("metrics")))
+    pod = unique("metrics")
+    run_pod(core, cleanup, pod_doc(pod, T4, {"gpu": claim}))
+    (result,) = allocated(resource, claim)
+    uuid = slice_devices(resource, T4)[result["device"]]["attributes"]["uuid"]["string"]
+    labels = wait_for(f"node {T4}, claim {claim}: pod {pod} on {result['device']}'s series",
+                      lambda: held_by(T4, pod), timeout=30,
+                      explain=lambda: f"observed {plugin_metrics(T4)}")
+    assert {(x["UUID"], x["namespace"], x["container"]) for x in labels} == {(uuid, NS, "c0")}, \
+        f"node {T4}, claim {claim} ({result['device']}): expected the pod on {uuid} only " \
+        f"(namespace {NS}, container c0), observed {labels}"
+    others = [x for _, x, _ in plugin_metrics(T4) if x["UUID"] != uuid and "pod" in x]
+    assert not others, f"node {T4}: expected no pod on other GPUs, observed {others}"
+
+
+# The MIG manager's layouts for gpu-a100's GPU 0 (the inventory's gpukit_mig_configs shape).
+MIG_LAYOUTS = {
+    "dra-3g": [{"devices": [0], "mig-enabled": True, "mig-devices": {"3g.20gb": 2}}],
+    "dra-whole": [{"devices": [0], "mig-enabled": False}],
+}
+
+
+def mig_cli(node: str, selected: str) -> tuple[int, dict[str, Any]]:
+    """`python -m gpukit.plugin.mig apply --json` against `node`'s GPUs (its mock NVML state)
+    and its DRA plugin's checkpoint, as a host-run MIG manager sees them (the node's files
+    through its init's root); no pause file: a DRA node has no device plugin to pause."""
+    from gpukit.lab import nvml
+
+    spec = load_spec()
+    init = cluster.init_proc(spec.node(node))
+    assert init is not None, f"node {node}: not running"
+    r = nodes.root(spec.node(node))
+    env = nvml.env(r / "etc/gpukit-lab/nvml/profile.yaml", r / "var/lib/gpukit-lab/nvml")
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpukit.plugin.mig", "apply", "--configs-json",
+         json.dumps(MIG_LAYOUTS), "--selected", selected, "--pause-file", "", "--json",
+         "--dra-checkpoint",
+         f"/proc/{init.pid}/root/var/lib/kubelet/plugins/{DRIVER}/checkpoint.json"],
+        env=env, capture_output=True, text=True, timeout=180)
+    try:
+        doc: dict[str, Any] = json.loads(proc.stdout)
+    except ValueError:
+        doc = {"stdout": proc.stdout, "stderr": proc.stderr[-2000:]}
+    return proc.returncode, doc
+
+
 def test_a_mig_layout_change_republishes_and_a_mig_claim_runs(
         deployed: AgentDeployment, core: client.CoreV1Api, resource: client.ResourceV1Api,
         cleanup: list[str]) -> None:
-    """GPU 0 of gpu-a100 into two 3g.20gb (no claim holds it): its slice device gives way to
-    the two MIG devices NVIDIA's driver would name, at placements 0 and 4; a mig.nvidia.com
-    claim gets one and its container its parent's node."""
+    """The MIG manager's CLI puts GPU 0 of gpu-a100 into two 3g.20gb while no claim holds it:
+    its slice device gives way to the two MIG devices NVIDIA's driver would name, at
+    placements 0 and 4, and the plugin's metrics have both GPU instances' series; a
+    mig.nvidia.com claim gets one, its container its parent's node and that instance's series
+    its pod. While the claim is prepared the CLI refuses to change GPU 0, naming the claim,
+    and the layout stays; once the pod is gone it makes GPU 0 whole again."""
     generation = max(s["spec"]["pool"]["generation"] for s in slices(resource, A100))
-    node_pynvml(A100, MIG_MODE, "create")
-    nodes.nvml_cli(load_spec().node(A100), "reset", "--gpu", "0")
-    node_pynvml(A100, MIG_CREATE)
+    rc, doc = mig_cli(A100, "dra-3g")
     want = {"gpu-0-mig-3g20gb-9-0", "gpu-0-mig-3g20gb-9-4"} | {f"gpu-{i}" for i in range(1, 8)}
     try:
+        assert rc == 0 and doc.get("changed") is True, f"node {A100}: MIG CLI apply dra-3g " \
+            f"expected exit 0 and a change, observed {rc}: {doc}"
         wait_for(f"node {A100}: MIG devices {sorted(want)} published",
                  lambda: set(slice_devices(resource, A100)) == want, timeout=90,
                  explain=lambda: f"observed {sorted(slice_devices(resource, A100))}\n"
@@ -645,12 +773,49 @@ def test_a_mig_layout_change_republishes_and_a_mig_claim_runs(
         assert mig["capacity"]["multiprocessors"]["value"] == "42" and \
             mig["capacity"]["memorySlice4"]["value"] == "1", \
             f"node {A100}, gpu-0-mig-3g20gb-9-4: observed capacity {mig['capacity']}"
+        gpu0 = nodes.gpu_uuids(load_spec().node(A100))[0]
+
+        def instances() -> list[dict[str, str]]:
+            return [x for _, x, _ in plugin_metrics(A100)
+                    if x["UUID"] == gpu0 and x.get("GPU_I_PROFILE") == "3g.20gb"]
+
+        wait_for(f"node {A100}: the metrics of GPU 0's two 3g.20gb instances",
+                 lambda: len({x["GPU_I_ID"] for x in instances()}) == 2, timeout=30,
+                 explain=lambda: f"observed {instances()}")
         claim = create_claim(resource, cleanup, claim_doc(unique("mig"), cls="mig.nvidia.com"))
         pod = unique("mig")
         run_pod(core, cleanup, pod_doc(pod, A100, {"gpu": claim}))
         got = seen(core, pod)
         assert gpu_nodes(got["DEV"]) == {"nvidia0"}, f"node {A100}, claim {claim} (MIG): " \
             f"expected its parent's node nvidia0, observed {sorted(got['DEV'])}"
+        (result,) = allocated(resource, claim)
+        labels = wait_for(f"node {A100}, claim {claim}: pod {pod} on {result['device']}'s "
+                          "series", lambda: held_by(A100, pod), timeout=30,
+                          explain=lambda: f"observed {instances()}")
+        held = {(x["UUID"], x.get("GPU_I_PROFILE"), x["namespace"], x["container"])
+                for x in labels}
+        assert held == {(gpu0, "3g.20gb", NS, "c0")} and len(labels) == 1 and len(
+            [x for x in instances() if "pod" not in x]) == 1, (
+            f"node {A100}, claim {claim} ({result['device']}): expected the pod on exactly one "
+            f"of GPU 0's 3g.20gb instances, observed {labels}; instances {instances()}")
+        rc, doc = mig_cli(A100, "dra-whole")
+        uid = resource.read_namespaced_resource_claim(claim, NS).metadata.uid
+        assert rc == 1 and f"GPU 0: claim {NS}/{claim}" in str(doc.get("msg")), (
+            f"node {A100}, claim {claim} prepared on GPU 0: MIG CLI apply dra-whole expected "
+            f"exit 1 naming the claim, observed {rc}: {doc}")
+        assert set(slice_devices(resource, A100)) == want and uid in checkpoint(A100), (
+            f"node {A100}: after the refusal expected {sorted(want)} and the claim prepared, "
+            f"observed {sorted(slice_devices(resource, A100))}")
+        core.delete_namespaced_pod(pod, NS, grace_period_seconds=0)
+        wait_for(f"node {A100}, claim {claim}: unprepared after its pod",
+                 lambda: uid not in checkpoint(A100) and not _exists(
+                     core.read_namespaced_pod, pod), timeout=90)
+        rc, doc = mig_cli(A100, "dra-whole")
+        assert rc == 0 and doc.get("changed") is True, f"node {A100}: MIG CLI apply " \
+            f"dra-whole with no claim expected exit 0 and a change, observed {rc}: {doc}"
+        wait_for(f"node {A100}: 8 whole GPUs again after the CLI",
+                 lambda: set(slice_devices(resource, A100)) == {f"gpu-{i}" for i in range(8)},
+                 timeout=90, explain=lambda: f"observed {sorted(slice_devices(resource, A100))}")
     finally:
         for name in list(cleanup):
             try:
@@ -659,9 +824,10 @@ def test_a_mig_layout_change_republishes_and_a_mig_claim_runs(
                 pass
         wait_for("MIG test pods gone", lambda: not [
             p for p in cleanup if _exists(core.read_namespaced_pod, p)], timeout=90)
-        nodes.nvml_cli(load_spec().node(A100), "reset", "--gpu", "0")
-        node_pynvml(A100, MIG_MODE, "destroy")
-        nodes.nvml_cli(load_spec().node(A100), "reset", "--gpu", "0")
+        if set(slice_devices(resource, A100)) != {f"gpu-{i}" for i in range(8)}:
+            nodes.nvml_cli(load_spec().node(A100), "reset", "--gpu", "0")
+            node_pynvml(A100, MIG_MODE, "destroy")
+            nodes.nvml_cli(load_spec().node(A100), "reset", "--gpu", "0")
         wait_for(f"node {A100}: 8 whole GPUs again",
                  lambda: set(slice_devices(resource, A100)) == {f"gpu-{i}" for i in range(8)},
                  timeout=90)
