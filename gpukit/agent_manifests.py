@@ -18,7 +18,10 @@ ResourceClaims and write ResourceSlices, and an admission policy narrows the lat
 of its own node, driver gpu.nvidia.com, pool named after the node. NVIDIA's DeviceClasses
 (gpu.nvidia.com, mig.nvidia.com) come with it, the first with `extendedResourceName:
 nvidia.com/gpu` (DRAExtendedResource, GA and locked on in Kubernetes 1.37) so pods asking for
-nvidia.com/gpu are served by DRA on nodes without the device plugin.
+nvidia.com/gpu are served by DRA on nodes without the device plugin (`dra_extended_resource`:
+the device_plugin role leaves it out on clusters before 1.36, whose apiservers drop the field,
+gpukit.provision.agent.extended_resource_supported). The role applies the DRA objects always,
+its DaemonSet on the nodes labelled gpukit.io/gpu.allocation=dra (gpukit_gpu_allocation).
 """
 
 from __future__ import annotations

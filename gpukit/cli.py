@@ -4,7 +4,7 @@
     gpukit dra ...               the DRA kubelet plugin (python -m gpukit.plugin.dra)
     gpukit mig plan|apply|...    the MIG manager (python -m gpukit.plugin.mig)
     gpukit inventory check INV   every GPU node's declaration, checked on the controller
-    gpukit manifests -i INV      the device plugin's Kubernetes objects, as site.yml applies them
+    gpukit manifests -i INV      the node agent's objects (device plugin, DRA), as site.yml applies
     gpukit report JUNIT -o HTML  the conformance suite's per-node report from its JUnit XML
     gpukit summary ...           per node: what site.yml changed, what the suite found
     gpukit lab ...               the hardware-free lab
@@ -146,16 +146,29 @@ def manifests_cmd(
     extra_vars: Annotated[list[str] | None, typer.Option(
         "--extra-vars", "-e", help="variables as ansible-playbook -e: @FILE, YAML/JSON or k=v")
     ] = None,
+    dra: Annotated[bool, typer.Option(
+        "--dra/--no-dra", help="the DRA plugin's objects too (device_plugin_dra)")] = True,
+    kubernetes_version: Annotated[str | None, typer.Option(
+        "--kubernetes-version", help="the cluster's (e.g. v1.35.4): DeviceClass gpu.nvidia.com"
+        " maps nvidia.com/gpu only from 1.36; default: assumed")] = None,
 ) -> None:
-    """Print the device plugin's Kubernetes objects exactly as site.yml's device_plugin role
-    applies them for the inventory, as one YAML stream (`| kubectl apply -f -`, GitOps)."""
+    """Print the node agent's Kubernetes objects exactly as site.yml's device_plugin role
+    applies them for the inventory (the device plugin's, then the DRA plugin's), as one YAML
+    stream (`| kubectl apply -f -`, GitOps)."""
+    import json
+
     from gpukit import inventory as inv
     from gpukit import manifests as m
 
+    given = [*(extra_vars or [])]
+    if not dra:
+        given.append(json.dumps({"device_plugin_dra": False}))
+    if kubernetes_version:
+        given.append(json.dumps({"device_plugin_kubernetes_version": kubernetes_version}))
     try:
         objects = m.for_inventory(
             inventory, limit=[*(host or []), *(group or []), *([limit] if limit else [])],
-            extra_vars=extra_vars or [])
+            extra_vars=given)
     except (m.ManifestsError, inv.InventoryError) as e:
         _fail(e)
     except ImportError as e:

@@ -1,6 +1,11 @@
-"""The device plugin's Kubernetes objects for an inventory, as site.yml applies them.
+"""The node agent's Kubernetes objects for an inventory, as site.yml applies them.
 
-`gpukit manifests --inventory INV` prints them for `kubectl apply -f -` or a GitOps repository.
+`gpukit manifests --inventory INV` prints them for `kubectl apply -f -` or a GitOps repository:
+the device plugin's, then the DRA plugin's (RBAC, own-slices policy, NVIDIA's DeviceClasses, its
+DaemonSet on the nodes labelled gpukit.io/gpu.allocation=dra), which the role applies always
+(`device_plugin_dra`, `--no-dra` leaves them out). The DeviceClass gpu.nvidia.com maps
+nvidia.com/gpu where the cluster supports it: the role asks the cluster its version, offline the
+current releases are assumed (`--kubernetes-version` names the cluster's).
 They are the objects the device_plugin role applies (roles/device_plugin/tasks/daemonset.yml):
 the role computes its variables from the inventory's (roles/device_plugin/defaults/main.yml:
 an inventory may set the role's own variables too, which win over its defaults), merges every
@@ -45,6 +50,10 @@ ROLE_DEFAULTS: dict[str, Any] = {
     "device_plugin_mode": "daemonset",
     "device_plugin_namespace": "gpukit-system",
     "device_plugin_node_selector": {label_names.DEPLOY_DEVICE_PLUGIN: "true"},
+    "device_plugin_dra": True,
+    "device_plugin_dra_node_selector": dict(agent.DRA_NODE_SELECTOR),
+    "device_plugin_dra_extended_resource": None,  # None: by the cluster's version
+    "device_plugin_kubernetes_version": None,  # the role reads the cluster's
 }
 DEFAULT_CONFIG = "device_plugin_default_config"  # 'default' when the host's configs have one
 METRICS_ADDRESS = "device_plugin_metrics_address"  # from gpukit_metrics_* (inventory.metrics)
@@ -60,6 +69,10 @@ RENDER_ARGS = {
     "host_mounts": "device_plugin_host_mounts",
     "metrics_address": METRICS_ADDRESS,
     "image_pull_policy": "device_plugin_image_pull_policy",
+    "dra": "device_plugin_dra",
+    "dra_node_selector": "device_plugin_dra_node_selector",
+    "dra_extended_resource": "device_plugin_dra_extended_resource",
+    "kubernetes_version": "device_plugin_kubernetes_version",
 }
 
 

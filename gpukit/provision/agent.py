@@ -8,10 +8,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpukit.agent_manifests import AgentDeployment, HostMount, manifests
+from gpukit.contracts import label_names
 from gpukit.contracts.plugin_config import ConfigError, parse_config, require_content
 from gpukit.provision.upgrade import node_serves
 
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+# The DRA plugin's DaemonSet runs where the node declares DRA (role node_labels sets the label
+# from gpukit_gpu_allocation): deployed always, it has no pod until a node is switched.
+DRA_NODE_SELECTOR = {label_names.GPU_ALLOCATION: "dra"}
+# DeviceClass.spec.extendedResourceName (KEP-5004, DRAExtendedResource): alpha and off by
+# default in 1.34 and 1.35, whose apiservers drop the field silently; beta and on from 1.36,
+# GA (locked on) in 1.37.
+EXTENDED_RESOURCE_SINCE = (1, 36)
 
 
 class AgentSpecError(ValueError):
@@ -82,6 +90,18 @@ def _mounts(raw: Sequence[Mapping[str, Any]]) -> tuple[HostMount, ...]:
     return tuple(out)
 
 
+def extended_resource_supported(kubernetes_version: str | None) -> bool:
+    """Whether a cluster of this version (`v1.35.4`, a server's gitVersion) maps an extended
+    resource to a DeviceClass. Unknown (None, e.g. `gpukit manifests` offline): assumed, as
+    on every supported release from 1.36."""
+    if not kubernetes_version:
+        return True
+    m = re.match(r"v?(\d+)\.(\d+)", str(kubernetes_version).strip())
+    if not m:
+        raise AgentSpecError(f"kubernetes version {kubernetes_version!r}: expected e.g. v1.37.2")
+    return (int(m.group(1)), int(m.group(2))) >= EXTENDED_RESOURCE_SINCE
+
+
 def deployment(
     image: str,
     configs: Mapping[str, Any],
@@ -95,7 +115,14 @@ def deployment(
     env: Mapping[str, Any] | None = None,
     host_mounts: Sequence[Mapping[str, Any]] = (),
     image_pull_policy: str = "IfNotPresent",
+    dra: bool = False,
+    dra_node_selector: Mapping[str, str] | None = None,
+    dra_extended_resource: bool | None = None,
+    kubernetes_version: str | None = None,
 ) -> AgentDeployment:
+    """The deployment the role's variables describe. With `dra`, the DRA plugin's objects too,
+    on `dra_node_selector` (default DRA_NODE_SELECTOR); `dra_extended_resource` None: the
+    DeviceClass maps nvidia.com/gpu where `kubernetes_version` supports it."""
     check_configs(configs)
     check_selection(configs, default_config, "gpukit_device_plugin_default_config")
     if not image:
@@ -118,6 +145,11 @@ def deployment(
         env={str(k): str(v) for k, v in (env or {}).items()},
         host_mounts=_mounts(host_mounts),
         image_pull_policy=image_pull_policy,
+        dra=bool(dra),
+        dra_node_selector={str(k): str(v) for k, v in (
+            DRA_NODE_SELECTOR if dra_node_selector is None else dra_node_selector).items()},
+        dra_extended_resource=(extended_resource_supported(kubernetes_version)
+                               if dra_extended_resource is None else bool(dra_extended_resource)),
     )
 
 
@@ -135,6 +167,21 @@ def node_serves_declared(
     if any(labels.get(k) != str(v) for k, v in selector.items()):
         return True
     return node_serves(node, expected)
+
+
+def expected_dra_devices(known: Any, host_vars: Mapping[str, Any], host: str
+                         ) -> list[dict[str, Any]]:
+    """The ResourceSlice devices a DRA node must publish (the oracle's expected_dra_devices,
+    empty on a device plugin node): the preflight's (`known`, the host's gpukit_declaration)
+    when it validated these very variables, else validated now. InventoryError: the
+    declaration is invalid."""
+    from gpukit import inventory
+    from gpukit.provision import declaration
+
+    given = {k: host_vars[k] for k in inventory.DECLARED_VARIABLES if k in host_vars}
+    if declaration.matches(known, **{k: given.get(k) for k in inventory.DECLARED_VARIABLES}):
+        return list(known["expected_dra_devices"])
+    return list(declaration.for_vars(host, host_vars)["expected_dra_devices"])
 
 
 def _dra_key(device: Mapping[str, Any]) -> tuple[str, int, str]:

@@ -14,18 +14,23 @@ from typing import Any
 
 from gpukit.contracts import label_names as ln
 from gpukit.inventory import node_meta
-from gpukit.inventory.model import TAINT_EFFECTS, Taint
+from gpukit.inventory.model import DEFAULT_GPU_ALLOCATION, GPU_ALLOCATIONS, TAINT_EFFECTS, Taint
 from gpukit.inventory.problems import Problem
 
 DEVICE_PLUGIN_CONFIG = ln.DEVICE_PLUGIN_CONFIG
 MIG_CONFIG = ln.MIG_CONFIG
 # The device plugin DaemonSet's default node selector (GPU Operator's name for it).
 DEPLOY_DEVICE_PLUGIN = ln.DEPLOY_DEVICE_PLUGIN
+# The declared GPU allocation (gpukit_gpu_allocation): the DRA plugin's DaemonSet selects
+# `dra`; the rolling upgrade reads a change of it as disruptive (gpukit.provision.dra_switch:
+# a node without the label is on the device plugin, so adding `device-plugin` changes nothing).
+GPU_ALLOCATION = ln.GPU_ALLOCATION
 MANAGED_LABELS = "gpukit/managed-labels"
 MANAGED_TAINTS = "gpukit/managed-taints"
 EFFECTS = TAINT_EFFECTS  # the inventory model's choices (one constant)
 
-__all__ = ["EFFECTS", "NodeSpecError", "Taint", "declared_labels", "parse_taints", "plan"]
+__all__ = ["EFFECTS", "NodeSpecError", "Taint", "declared_labels", "parse_taints", "plan",
+           "with_allocation"]
 
 
 class NodeSpecError(ValueError):
@@ -62,6 +67,20 @@ def declared_labels(
     if deploy_device_plugin:
         labels[DEPLOY_DEVICE_PLUGIN] = "true"
     return labels
+
+
+def with_allocation(labels: Mapping[str, str], allocation: str | None) -> dict[str, str]:
+    """`labels` with the node's GPU allocation: gpukit.io/gpu.allocation names it, and a DRA
+    node gets nvidia.com/gpu.deploy.device-plugin=false whatever else was asked, so the node
+    agent's DaemonSet leaves it: one node is never served by both APIs."""
+    mode = allocation or DEFAULT_GPU_ALLOCATION
+    if mode not in GPU_ALLOCATIONS:
+        raise NodeSpecError(f"gpukit_gpu_allocation: {mode!r} is not one of "
+                            f"{', '.join(GPU_ALLOCATIONS)}")
+    out = {**labels, GPU_ALLOCATION: mode}
+    if mode == "dra":
+        out[DEPLOY_DEVICE_PLUGIN] = "false"
+    return out
 
 
 @dataclass(frozen=True)

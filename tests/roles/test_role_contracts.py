@@ -34,11 +34,15 @@ LIBRARY_CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
         "gpukit.provision.runtime_plan:CONTAINERD_MODES",
     ),
     ("device_plugin", "device_plugin_image_pull_policy"): ("gpukit.provision.agent:PULL_POLICIES",),
+    ("device_plugin", "device_plugin_gpu_allocation"): ("gpukit.inventory.model:GPU_ALLOCATIONS",),
     ("gpu_quotas", "gpu_quotas_priority_classes.preemption_policy"): (
         "gpukit.inventory.quotas:PREEMPTION_POLICIES",
     ),
     ("gpu_telemetry", "gpu_telemetry_prometheus"): ("gpukit.inventory.metrics:PROMETHEUS_MODES",),
     ("gpu_telemetry", "gpu_telemetry_operator_scrape"): ("gpukit.telemetry_manifests:MODES",),
+    ("node_labels", "node_labels_gpu_allocation"): (
+        "gpukit.inventory.model:GPU_ALLOCATIONS", "gpukit.provision.nodes:GPU_ALLOCATIONS",
+    ),
     ("node_labels", "node_labels_taints.effect"): (
         "gpukit.inventory:TAINT_EFFECTS", "gpukit.provision.nodes:EFFECTS",
     ),

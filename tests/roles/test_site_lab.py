@@ -282,7 +282,9 @@ def test_gpukit_manifests_prints_what_the_role_applied(lab: Lab) -> None:
     assert [o["kind"] for o in printed] == [
         "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ConfigMap",
-        "DaemonSet"]  # fmt: skip
+        "DaemonSet",  # then the DRA plugin's, applied always (no pod: no node declares DRA)
+        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding", "DeviceClass", "DeviceClass", "DaemonSet"]  # fmt: skip
     dyn = DynamicClient(client.ApiClient())
     problems: list[str] = []
     for want in printed:
@@ -301,9 +303,9 @@ def test_gpukit_manifests_prints_what_the_role_applied(lab: Lab) -> None:
         problems += [f"{name}: {d}" for d in _missing_or_different(want, live)]
     assert not problems, "\n".join(problems)
     # The lab's own settings reached the DaemonSet (not only defaults on both sides).
-    pod = printed[-1]["spec"]["template"]["spec"]
+    pod = printed[7]["spec"]["template"]["spec"]
     assert pod["containers"][0]["image"] == "localhost/gpukit-lab/node-agent:dev"
-    assert sorted(printed[-2]["data"]) == sorted(
+    assert sorted(printed[6]["data"]) == sorted(
         lab.hostvars["gpu-t4"]["gpukit_device_plugin_configs"])
 
 

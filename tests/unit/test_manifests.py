@@ -1,8 +1,10 @@
-"""`gpukit manifests`: the device plugin's objects for an inventory, as the device_plugin role
-applies them (the lab's own comparison with the cluster: tests/roles/test_site_lab.py)."""
+"""`gpukit manifests`: the node agent's objects for an inventory (the device plugin's, then the
+DRA plugin's), as the device_plugin role applies them (the lab's own comparison with the
+cluster: tests/roles/test_site_lab.py)."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -21,9 +23,12 @@ LAB = REPO / "inventories" / "lab"
 EXAMPLE = REPO / "inventories" / "example"
 ROLE = REPO / "roles" / "device_plugin"
 LOOKUP = REPO / "collections/ansible_collections/gpukit/gpu/plugins/lookup/agent_manifests.py"
-KINDS = ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
-         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ConfigMap",
-         "DaemonSet"]  # fmt: skip
+DEVICE_PLUGIN_KINDS = ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
+                       "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+                       "ConfigMap", "DaemonSet"]  # fmt: skip
+DRA_KINDS = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
+             "ValidatingAdmissionPolicyBinding", "DeviceClass", "DeviceClass", "DaemonSet"]
+KINDS = DEVICE_PLUGIN_KINDS + DRA_KINDS
 
 
 def gpukit(*args: str) -> subprocess.CompletedProcess[str]:
@@ -32,7 +37,13 @@ def gpukit(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def by_kind(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {o["kind"]: o for o in objects}
+    """The device plugin's objects by kind (the DRA plugin's left out: kinds repeat)."""
+    return {o["kind"]: o for o in objects if "gpukit-dra-plugin" not in o["metadata"]["name"]
+            and o["kind"] != "DeviceClass"}
+
+
+def by_name(objects: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(o["kind"], o["metadata"]["name"]): o for o in objects}
 
 
 def group_vars(inventory: Path, name: str) -> dict[str, Any]:
@@ -59,6 +70,8 @@ def test_the_lab_inventory_gives_the_objects_its_variables_declare() -> None:
                                            m["read_only"])
                           for m in v["gpukit_device_plugin_host_mounts"]),
         image_pull_policy=v["gpukit_device_plugin_image_pull_policy"],
+        dra=True,
+        dra_node_selector={"gpukit.io/gpu.allocation": "dra"},
     ))  # fmt: skip
     got = manifests.for_inventory(LAB)
     assert [o["kind"] for o in got] == KINDS
@@ -80,7 +93,7 @@ def test_the_example_fleet_and_a_limit() -> None:
     assert sorted(got["ConfigMap"]["data"]) == sorted(declared)
     assert {yaml.safe_load(t)["version"] for t in got["ConfigMap"]["data"].values()} == {"v1"}
     # --limit (a group, a host) plays fewer hosts; their variables are the same here.
-    assert manifests.for_inventory(EXAMPLE, limit=["t4_nodes"]) == list(got.values())
+    assert by_kind(manifests.for_inventory(EXAMPLE, limit=["t4_nodes"])) == got
     assert [h for h, _ in manifests.play_vars(EXAMPLE, limit=["gpu-h100-02", "a100_nodes"])
             ] == ["gpu-a100-01", "gpu-a100-02", "gpu-a100-03", "gpu-h100-02"]  # fmt: skip
 
@@ -151,12 +164,62 @@ def test_the_command_prints_one_yaml_stream() -> None:
     r = gpukit("manifests", "--inventory", str(LAB), "--host", "gpu-t4")
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("---\napiVersion: v1\nkind: Namespace\n")
-    assert r.stdout.count("\n---\n") == len(KINDS) - 1
+    assert r.stdout.count("\n---\n") == len(KINDS) - 1  # the DRA plugin's too
     assert list(yaml.safe_load_all(r.stdout)) == manifests.for_inventory(LAB, limit=["gpu-t4"])
     # The configs read as a person writes them (literal blocks), and parse back the same.
     assert "  time-sliced: |\n    version: v1\n" in r.stdout
     none = gpukit("manifests", "--inventory", str(LAB), "--group", "h100_nodes")
     assert none.returncode == 2 and "no host of 'gpu_nodes' matches the limit" in none.stderr
+
+
+def test_the_dra_plugin_s_objects_follow_the_device_plugin_s() -> None:
+    """Applied always, the DRA plugin's DaemonSet selects the nodes labelled
+    gpukit.io/gpu.allocation=dra (none until one declares DRA), runs the agent's image with its
+    environment and host mounts (the lab's mock NVML), and NVIDIA's DeviceClasses come with it,
+    gpu.nvidia.com mapping nvidia.com/gpu."""
+    got = by_name(manifests.for_inventory(LAB))
+    agent_pod = got[("DaemonSet", "gpukit-node-agent")]["spec"]["template"]["spec"]
+    dra_pod = got[("DaemonSet", "gpukit-dra-plugin")]["spec"]["template"]["spec"]
+    assert dra_pod["nodeSelector"] == {"gpukit.io/gpu.allocation": "dra"}
+    assert agent_pod["nodeSelector"] == {"nvidia.com/gpu.deploy.device-plugin": "true"}
+    a, d = agent_pod["containers"][0], dra_pod["containers"][0]
+    assert d["image"] == a["image"] == "localhost/gpukit-lab/node-agent:dev"
+    assert {"name": "GPUKIT_NVML_PROFILE", "value": "/etc/gpukit-lab/nvml/profile.yaml"} in d["env"]
+    lab_mounts = {m["name"] for m in group_vars(LAB, "all")["gpukit_device_plugin_host_mounts"]}
+    assert lab_mounts <= {m["name"] for m in d["volumeMounts"]}
+    assert got[("DeviceClass", "gpu.nvidia.com")]["spec"]["extendedResourceName"] == (
+        "nvidia.com/gpu")
+    assert "extendedResourceName" not in got[("DeviceClass", "mig.nvidia.com")]["spec"]
+
+
+@pytest.mark.parametrize(("version", "mapped"), [
+    ("v1.35.4", False), ("v1.34.0", False), ("v1.36.1", True), ("v1.37.2", True), (None, True)])
+def test_the_extended_resource_by_the_cluster_s_version(version: str | None, mapped: bool
+                                                        ) -> None:
+    """DRAExtendedResource is alpha (off) in 1.34 and 1.35: their apiservers drop the field,
+    so the DeviceClass carries it from 1.36 on; unknown (offline), assumed; an explicit
+    device_plugin_dra_extended_resource wins over the version."""
+    extra = [json.dumps({"device_plugin_kubernetes_version": version})] if version else []
+    spec = by_name(manifests.for_inventory(LAB, extra_vars=extra))[
+        ("DeviceClass", "gpu.nvidia.com")]["spec"]
+    assert ("extendedResourceName" in spec) is mapped
+    forced = by_name(manifests.for_inventory(LAB, extra_vars=[*extra, json.dumps(
+        {"device_plugin_dra_extended_resource": not mapped})]))  # fmt: skip
+    assert ("extendedResourceName" in forced[("DeviceClass", "gpu.nvidia.com")]["spec"]) is (
+        not mapped)
+    with pytest.raises(manifests.ManifestsError, match="kubernetes version 'latest'"):
+        manifests.for_inventory(LAB, extra_vars=['{"device_plugin_kubernetes_version": "latest"}'])
+
+
+def test_the_command_leaves_dra_out_or_names_the_cluster_s_version() -> None:
+    r = gpukit("manifests", "--inventory", str(LAB), "--no-dra")
+    assert r.returncode == 0, r.stderr
+    assert [o["kind"] for o in yaml.safe_load_all(r.stdout)] == DEVICE_PLUGIN_KINDS
+    old = gpukit("manifests", "--inventory", str(LAB), "--kubernetes-version", "v1.35.4")
+    assert old.returncode == 0, old.stderr
+    classes = [o for o in yaml.safe_load_all(old.stdout) if o["kind"] == "DeviceClass"]
+    assert [c["metadata"]["name"] for c in classes] == ["gpu.nvidia.com", "mig.nvidia.com"]
+    assert not [c for c in classes if "extendedResourceName" in c["spec"]]
 
 
 # ---- held to the role: its defaults, its lookup call, the lookup's options

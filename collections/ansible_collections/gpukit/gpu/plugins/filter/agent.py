@@ -28,6 +28,12 @@ def dra_node_serves(slices, expected):
     return not agent.dra_slice_differences(slices or [], expected or [])
 
 
+@gpukit_filter
+def expected_dra_devices(hostvars, host, *, declaration=None):
+    return agent.expected_dra_devices(declaration, hostvars, host)
+
+
 class FilterModule:
     def filters(self):
-        return filter_map(merge_plugin_configs, device_plugin_node_serves, dra_node_serves)
+        return filter_map(merge_plugin_configs, device_plugin_node_serves, dra_node_serves,
+                          expected_dra_devices)

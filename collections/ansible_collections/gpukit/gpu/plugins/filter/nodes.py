@@ -4,6 +4,8 @@ Documentation: <filter>.yml beside this file (ansible-doc -t filter gpukit.gpu.<
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ansible_collections.gpukit.gpu.plugins.plugin_utils.gpukit_filters import (
     filter_map,
     gpukit_filter,
@@ -16,9 +18,13 @@ declared = library("gpukit.provision.declaration")
 
 @gpukit_filter
 def node_labels(extra, device_plugin_config=None, mig_config=None, deploy_device_plugin=True, *,
-                declaration=None):
-    return declared.labels(declaration, extra, device_plugin_config or None, mig_config or None,
-                           deploy_device_plugin)
+                declaration=None, gpu_allocation=None):
+    labels = declared.labels(declaration, extra, device_plugin_config or None, mig_config or None,
+                             deploy_device_plugin)
+    # Not given (the rolling upgrade's plan): the declaration's, as the preflight validated it.
+    if not gpu_allocation and isinstance(declaration, Mapping):
+        gpu_allocation = declaration.get("gpu_allocation")
+    return nodes.with_allocation(labels, gpu_allocation or None)
 
 
 @gpukit_filter

@@ -1,7 +1,7 @@
 # ruff: noqa: E402  (Ansible's layout: documentation strings before imports)
-"""gpukit.gpu.agent_manifests: the device plugin DaemonSet's objects (gpukit.agent_manifests),
-from the role's variables, checked by gpukit.provision.agent (`gpukit manifests` renders the
-same from an inventory, through gpukit.manifests)."""
+"""gpukit.gpu.agent_manifests: the node agent's objects, device plugin and DRA
+(gpukit.agent_manifests), from the role's variables, checked by gpukit.provision.agent
+(`gpukit manifests` renders the same from an inventory, through gpukit.manifests)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,13 @@ DOCUMENTATION = r"""
 name: agent_manifests
 author: gpukit
 version_added: "0.1.0"
-short_description: Kubernetes objects that run gpukit's device plugin as a DaemonSet
+short_description: Kubernetes objects that run gpukit's device plugin and DRA plugin as DaemonSets
 description:
   - Namespace, ServiceAccount, ClusterRole and binding (node labels), the own-node admission
     policy, the ConfigMap of named device plugin configs (each validated) and the DaemonSet.
+  - With O(dra), the DRA plugin's too - ServiceAccount, ClusterRole and binding (claims read,
+    ResourceSlices written), the own-slices admission policy, NVIDIA's DeviceClasses
+    C(gpu.nvidia.com) and C(mig.nvidia.com), and its DaemonSet on O(dra_node_selector).
   - Returns the list of objects, in apply order.
 options:
   image:
@@ -58,6 +61,21 @@ options:
     description: Image pull policy.
     type: str
     default: IfNotPresent
+  dra:
+    description: The DRA plugin's objects too.
+    type: bool
+    default: false
+  dra_node_selector:
+    description: Nodes that run the DRA plugin (none given - C(gpukit.io/gpu.allocation=dra)).
+    type: dict
+  dra_extended_resource:
+    description:
+      - Whether DeviceClass C(gpu.nvidia.com) maps C(nvidia.com/gpu) (C(extendedResourceName)).
+        Not given - where O(kubernetes_version) supports it (1.36 on; unknown - yes).
+    type: bool
+  kubernetes_version:
+    description: The cluster's version (its C(gitVersion), e.g. C(v1.35.4)).
+    type: str
 """
 
 EXAMPLES = r"""
