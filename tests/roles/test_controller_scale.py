@@ -43,3 +43,13 @@ def test_validations_grow_with_the_hosts_and_parses_do_not(
     # The lab's group_vars declare 3 named configs for every host.
     assert {n: c["parse_config"] for n, c in seen.items()} == {2: 3, 4: 3, 8: 3}
     assert all(c["sharing"] == 0 for c in seen.values())
+
+
+def test_the_free_strategy_does_not_multiply_the_preflight(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the free strategy Ansible runs a run_once task on every host: the preflight
+    validated every host once per host (16 validations for 4 hosts, 250000 for 500). Its
+    play pins the linear strategy, as site.yml's and upgrade.yml's plays do."""
+    monkeypatch.setenv("ANSIBLE_STRATEGY", "free")
+    seen = preflight_counts(4, tmp_path, monkeypatch)
+    assert (seen["node_from_vars"], seen["parse_config"]) == (4, 3)
