@@ -110,10 +110,12 @@ matrix: deps venv protos nvml rootfs
 	  $(PY) -m gpukit.cli lab down; \
 	  echo "matrix (Kubernetes $(MATRIX_K8S), containerd $(MATRIX_CONTAINERD)): exit $$rc"; exit $$rc
 
-# Fleet scale (not in `make test`: about 7 minutes): the suite on a 4-node lab of mixed profiles,
+# Fleet scale (not in `make test`: about 20 minutes): the suite on a 4-node lab of mixed profiles,
 # sequential and with nodes worked in parallel (the same report both ways, wall times printed),
-# then a simulated fleet of API-only nodes on a control plane of its own; benchmarks/fleet_scale.py
-# prints time and memory against node count.
+# upgrade.yml on that lab (50% serial: two batches of two; a failed node stops the rollout
+# before a batch that could pass the failure budget), then a simulated fleet of API-only nodes
+# on a control plane of its own; benchmarks/fleet_scale.py prints time and memory against node
+# count, benchmarks/site_scale.py site.yml's per node count and forks.
 SCALE_LAB ?= 8
 SCALE_FLEET_LAB ?= 9
 SCALE_NODES ?= gpu-a100=a100-sxm4-40gb-x8,gpu-t4=t4-x2,gpu-h100=h100-80gb-x8,gpu-a100-80=a100-80gb-x4
@@ -121,9 +123,11 @@ scale: deps venv protos nvml k8s containerd rootfs
 	GPUKIT_LAB_INSTANCE=$(SCALE_LAB) GPUKIT_LAB_NODES=$(SCALE_NODES) $(PY) -m gpukit.lab.packages build
 	GPUKIT_LAB_INSTANCE=$(SCALE_LAB) GPUKIT_LAB_NODES=$(SCALE_NODES) \
 	  $(PY) -m pytest tests/conformance/test_lab_parallel.py -s; rc=$$?; \
+	  GPUKIT_LAB_INSTANCE=$(SCALE_LAB) GPUKIT_LAB_NODES=$(SCALE_NODES) \
+	  $(PY) -m pytest tests/roles/test_upgrade_scale_lab.py -s; rc3=$$?; \
 	  GPUKIT_LAB_INSTANCE=$(SCALE_LAB) GPUKIT_LAB_NODES=$(SCALE_NODES) $(PY) -m gpukit.cli lab down; \
 	  GPUKIT_LAB_INSTANCE=$(SCALE_FLEET_LAB) $(PY) -m pytest tests/lab/test_fleet_lab.py; rc2=$$?; \
-	  [ $$rc = 0 ] && [ $$rc2 = 0 ]
+	  [ $$rc = 0 ] && [ $$rc2 = 0 ] && [ $$rc3 = 0 ]
 
 # On a machine with a real NVIDIA GPU and driver (not collected by `make test`): gpukit's
 # discovery, labels, facts and device plugin against the driver, and the driver's NVML answers
