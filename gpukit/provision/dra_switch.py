@@ -10,6 +10,7 @@ it is cleared.
   them once the checkpoint is gone): the scheduler would place pods through the stale count.
   They are removed from capacity and allocatable, as Kubernetes documents removing an
   extended resource (a JSON patch of the node's status).
+- The node keeps the node agent's labels (GFD's counts, replicas, product): removed too.
 
 Leaving DRA: no claim may stay prepared or allocated on the node, and the node's ResourceSlices
 of driver gpu.nvidia.com go (the DRA plugin's pod has left, so nothing writes them again).
@@ -29,6 +30,7 @@ from typing import Any
 from gpukit.contracts.label_names import GPU_ALLOCATION, RESOURCE_PREFIX
 from gpukit.inventory.model import GPU_ALLOCATIONS
 from gpukit.plugin.dra import names
+from gpukit.plugin.labels import owned as labeler_owns
 
 KUBELET_DEVICE_PLUGIN_CHECKPOINT = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
 PREFIX = RESOURCE_PREFIX
@@ -172,31 +174,47 @@ def allocated_claims(claims: Sequence[Mapping[str, Any]], node_name: str) -> lis
 
 
 def switch_actions(declared: str, *, checkpoint: Sequence[str] = (),
-                   status: Mapping[str, Any] | None = None,
+                   node: Mapping[str, Any] | None = None,
                    slices: Sequence[Mapping[str, Any]] = ()) -> list[str]:
     """What switching the node to `declared` clears, given what the kubelet's device plugin
-    checkpoint holds (`checkpoint_holds_device_plugin_resources`), the node's status and its
-    ResourceSlices of driver gpu.nvidia.com: empty when nothing is left of the other mode."""
+    checkpoint holds (`checkpoint_holds_device_plugin_resources`), the Node (status, labels)
+    and its ResourceSlices of driver gpu.nvidia.com: empty when nothing is left of the other
+    mode."""
     if declared == DRA:
         out = []
         if checkpoint:
             out.append("restart the kubelet without its device plugin checkpoint "
                        f"({', '.join(checkpoint)})")
-        stale = stale_resources(status or {})
+        stale = stale_resources((node or {}).get("status") or {})
         if stale:
             out.append(f"remove {', '.join(stale)} from the node's status")
+        labels = stale_labels(((node or {}).get("metadata") or {}).get("labels") or {})
+        if labels:
+            out.append(f"remove the node agent's {len(labels)} labels ({labels[0]}, ...)")
         return out
     names_ = sorted(str((s.get("metadata") or {}).get("name")) for s in slices)
     return [f"delete the ResourceSlices {', '.join(names_)}"] if names_ else []
 
 
-def clear_stale_resources(core: Any, node_name: str, *, dry_run: bool = False) -> list[str]:
-    """Remove every nvidia.com/ resource from the node's status through the API (`core`: a
-    CoreV1Api), unless `dry_run`; the resources it removes (or would). The patch is a JSON
-    patch of the status subresource, which the kubernetes.core modules cannot send."""
+def stale_labels(labels: Mapping[str, str]) -> list[str]:
+    """The node agent's labels (GFD's: counts, replicas, product, driver versions, ...) a node
+    keeps once its agent has left: none applies on a DRA node, and readers would take the
+    stale counts for what the node serves (the conformance suite's label checks did)."""
+    return sorted(name for name in labels if labeler_owns(name))
+
+
+def clear_device_plugin(core: Any, node_name: str, *, dry_run: bool = False
+                        ) -> dict[str, list[str]]:
+    """Remove what the device plugin left on the Node through the API (`core`: a CoreV1Api)
+    unless `dry_run`: every nvidia.com/ resource of its status (a JSON patch of the status
+    subresource, which the kubernetes.core modules cannot send) and the node agent's labels.
+    What it removes (or would): {"resources": [...], "labels": [...]}."""
     node = core.api_client.sanitize_for_serialization(core.read_node_status(node_name))
     status = node.get("status") or {}
+    labels = stale_labels((node.get("metadata") or {}).get("labels") or {})
     patch = status_patch(status)
     if patch and not dry_run:
         core.patch_node_status(node_name, patch)
-    return stale_resources(status)
+    if labels and not dry_run:
+        core.patch_node(node_name, {"metadata": {"labels": dict.fromkeys(labels)}})
+    return {"resources": stale_resources(status), "labels": labels}

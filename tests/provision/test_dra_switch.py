@@ -114,16 +114,20 @@ def test_claims_left_on_a_node_leaving_dra() -> None:
 
 def test_what_a_switch_clears_in_words() -> None:
     stale = {"capacity": {"cpu": "4", "nvidia.com/gpu": "2"}, "allocatable": {"nvidia.com/gpu": "2"}}
-    assert dra_switch.switch_actions("dra", checkpoint=["nvidia.com/gpu"], status=stale) == [
+    node = {"metadata": {"labels": {"nvidia.com/gpu.count": "2", "nvidia.com/gpu.replicas": "4",
+                                    "nvidia.com/gpu.deploy.device-plugin": "false",
+                                    "kubernetes.io/hostname": "gpu-t4"}}, "status": stale}
+    assert dra_switch.switch_actions("dra", checkpoint=["nvidia.com/gpu"], node=node) == [
         "restart the kubelet without its device plugin checkpoint (nvidia.com/gpu)",
-        "remove nvidia.com/gpu from the node's status"]
-    assert dra_switch.switch_actions("dra", status={"capacity": {"cpu": "4"}}) == []
+        "remove nvidia.com/gpu from the node's status",
+        "remove the node agent's 2 labels (nvidia.com/gpu.count, ...)"]
+    assert dra_switch.switch_actions("dra", node={"status": {"capacity": {"cpu": "4"}}}) == []
     slices = [{"metadata": {"name": "gpu-t4-gpu.nvidia.com-0"}}]
     assert dra_switch.switch_actions("device-plugin", slices=slices) == [
         "delete the ResourceSlices gpu-t4-gpu.nvidia.com-0"]
     assert dra_switch.switch_actions("device-plugin") == []
-    assert filters.allocation_switch_actions("dra", ["nvidia.com/gpu"], {"status": stale}) == \
-        dra_switch.switch_actions("dra", checkpoint=["nvidia.com/gpu"], status=stale)
+    assert filters.allocation_switch_actions("dra", ["nvidia.com/gpu"], node) == \
+        dra_switch.switch_actions("dra", checkpoint=["nvidia.com/gpu"], node=node)
     assert filters.allocation_switch_actions("dra") == []
 
 
@@ -139,12 +143,25 @@ def test_the_node_reported_after_the_kubelet_restart() -> None:
     assert filters.allocation_switch_reported(node, "2026-11-26T18:20:00Z")
 
 
-class _Core:
-    """The two calls clear_stale_resources makes, against one node."""
+def test_the_node_agents_labels_are_stale_on_a_dra_node_and_gpukits_own_are_not() -> None:
+    labels = {"nvidia.com/gpu.count": "2", "nvidia.com/gpu.product": "Tesla-T4",
+              "nvidia.com/cuda.driver-version.full": "550.1", "nvidia.com/mig-1g.5gb.count": "7",
+              # node_labels' and the MIG manager's, and the user's: kept.
+              "nvidia.com/gpu.deploy.device-plugin": "false", "nvidia.com/mig.config": "x",
+              "nvidia.com/device-plugin.config": "t", "nvidia.com/gpu.present": "true",
+              "gpukit.io/gpu.allocation": "dra", "example.com/pool": "a"}
+    assert dra_switch.stale_labels(labels) == [
+        "nvidia.com/cuda.driver-version.full", "nvidia.com/gpu.count",
+        "nvidia.com/gpu.product", "nvidia.com/mig-1g.5gb.count"]
 
-    def __init__(self, status: client.V1NodeStatus) -> None:
+
+class _Core:
+    """The calls clear_device_plugin makes, against one node."""
+
+    def __init__(self, status: client.V1NodeStatus, labels: dict[str, str]) -> None:
         self.api_client = client.ApiClient()
-        self.node = client.V1Node(metadata=client.V1ObjectMeta(name="gpu-t4"), status=status)
+        self.node = client.V1Node(metadata=client.V1ObjectMeta(name="gpu-t4", labels=labels),
+                                  status=status)
         self.patches: list[Any] = []
 
     def read_node_status(self, name: str) -> client.V1Node:
@@ -152,19 +169,27 @@ class _Core:
         return self.node
 
     def patch_node_status(self, name: str, body: Any) -> None:
-        self.patches.append((name, body))
+        self.patches.append(("status", name, body))
+
+    def patch_node(self, name: str, body: Any) -> None:
+        self.patches.append(("node", name, body))
 
 
 @pytest.mark.parametrize("dry_run", [False, True])
-def test_clearing_the_status_patches_only_the_nvidia_resources(dry_run: bool) -> None:
+def test_clearing_patches_only_the_nvidia_resources_and_the_agents_labels(dry_run: bool) -> None:
     core = _Core(client.V1NodeStatus(capacity={"cpu": "4", "nvidia.com/gpu": "2"},
-                                     allocatable={"cpu": "4", "nvidia.com/gpu": "2"}))
-    assert dra_switch.clear_stale_resources(core, "gpu-t4", dry_run=dry_run) == ["nvidia.com/gpu"]
-    assert core.patches == ([] if dry_run else [("gpu-t4", [
-        {"op": "remove", "path": "/status/capacity/nvidia.com~1gpu"},
-        {"op": "remove", "path": "/status/allocatable/nvidia.com~1gpu"}])])
-    clean = _Core(client.V1NodeStatus(capacity={"cpu": "4"}, allocatable={"cpu": "4"}))
-    assert dra_switch.clear_stale_resources(clean, "gpu-t4") == [] and clean.patches == []
+                                     allocatable={"cpu": "4", "nvidia.com/gpu": "2"}),
+                 {"nvidia.com/gpu.count": "2", "nvidia.com/gpu.deploy.device-plugin": "false"})
+    assert dra_switch.clear_device_plugin(core, "gpu-t4", dry_run=dry_run) == {
+        "resources": ["nvidia.com/gpu"], "labels": ["nvidia.com/gpu.count"]}
+    assert core.patches == ([] if dry_run else [
+        ("status", "gpu-t4", [{"op": "remove", "path": "/status/capacity/nvidia.com~1gpu"},
+                              {"op": "remove", "path": "/status/allocatable/nvidia.com~1gpu"}]),
+        ("node", "gpu-t4", {"metadata": {"labels": {"nvidia.com/gpu.count": None}}})])
+    clean = _Core(client.V1NodeStatus(capacity={"cpu": "4"}, allocatable={"cpu": "4"}),
+                  {"gpukit.io/gpu.allocation": "dra"})
+    assert dra_switch.clear_device_plugin(clean, "gpu-t4") == {"resources": [], "labels": []}
+    assert clean.patches == []
 
 
 def test_the_filters_take_what_k8s_info_returns() -> None:

@@ -38,8 +38,8 @@ def allocation_switch_claims(text, claims, node_name):
 
 @gpukit_filter
 def allocation_switch_actions(declared, checkpoint=None, node=None, slices=None):
-    return dra_switch.switch_actions(declared, checkpoint=checkpoint or [],
-                                     status=(node or {}).get("status") or {}, slices=slices or [])
+    return dra_switch.switch_actions(declared, checkpoint=checkpoint or [], node=node or {},
+                                     slices=slices or [])
 
 
 @gpukit_filter
