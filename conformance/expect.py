@@ -164,7 +164,10 @@ def expected_resources(decl: NodeDecl) -> dict[str, int]:
 
 
 def shared_resources(decl: NodeDecl) -> dict[str, tuple[int, ...]]:
-    """Time-sliced resource -> replicas of each of its devices (for spread checks)."""
+    """Time-sliced resource -> replicas of each of its devices (for spread checks); none on a
+    DRA node (the device plugin's time-slicing does not apply: a claim shares a GPU)."""
+    if decl.dra:
+        return {}
     out: dict[str, list[int]] = {}
     for u in expected_units(decl):
         if u.replicas > 1:

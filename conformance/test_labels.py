@@ -42,6 +42,8 @@ def test_agent_serves_the_selected_config(gpukit_suite: Any, node: str, check: C
     decl = need_decl(gpukit_suite, node)
     if decl.gpu.count == 0:
         check.skip("declares no GPUs")
+    if decl.dra:
+        check.skip("not served by the device plugin (gpukit_gpu_allocation: dra)")
     state = _labels(gpukit_suite, node).get(ln.DEVICE_PLUGIN_CONFIG_STATE)
     observed = state or "absent"
     if state == ln.CONFIG_STATE_FAILED:

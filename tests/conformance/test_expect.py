@@ -162,6 +162,7 @@ def test_per_gpu_replicas_spread_and_labels() -> None:
     assert expect.replicas_per_gpu(decl, "nvidia.com/gpu") == {0: 4, 1: 2}
     assert expect.shared_resources(decl) == {"nvidia.com/gpu": (4, 2)}
     assert expect.expected_labels(decl)["nvidia.com/gpu.replicas"] == "4"
+    assert expect.shared_resources(dataclasses.replace(decl, gpu_allocation="dra")) == {}
 
 
 def test_renamed_sharing_keeps_the_product_label() -> None:
