@@ -262,7 +262,8 @@ def test_upgrade_switches_gpu_t4_to_dra(lab: Lab) -> None:
     with Timeline(lab.core, NS) as seen:
         r = lab.upgrade()
     assert r.rc == 0 and not r.failed, r.describe()
-    assert report_lines(r) == [f"{T4}: upgraded and validated"], report_lines(r)
+    assert report_lines(r) == [f"{T4}: upgraded and validated",
+                               f"{A100}: matches the inventory"], report_lines(r)
     assert seen.states(T4)[-5:] == ["cordoned", "draining", "upgrading", "validating", "done"]
     assert all(not e.unschedulable for e in seen.node_events(A100))
     # The pod on the device plugin was drained before the switch.
@@ -318,7 +319,8 @@ def test_upgrade_switches_gpu_t4_back_to_the_device_plugin(lab: Lab) -> None:
         r = lab.upgrade()
     assert r.rc == 0 and not r.failed, r.describe()
     assert f"  {T4}: GPU allocation dra -> device-plugin" in plan_lines(r), plan_lines(r)
-    assert report_lines(r) == [f"{T4}: upgraded and validated"], report_lines(r)
+    assert report_lines(r) == [f"{T4}: upgraded and validated",
+                               f"{A100}: matches the inventory"], report_lines(r)
     assert seen.states(T4)[-5:] == ["cordoned", "draining", "upgrading", "validating", "done"]
     labels = lab.labels(T4)
     assert (labels[ln.GPU_ALLOCATION], labels[ln.DEPLOY_DEVICE_PLUGIN]) == ("device-plugin",
