@@ -207,7 +207,9 @@ class PluginManager:
 
     def stop(self) -> None:
         self._stop.set()
-        if self._loop is not None:
+        # A SIGTERM at startup can interrupt Thread.start() before it saw its thread run: join
+        # then raises; such a thread sees _stop set and ends by itself.
+        if self._loop is not None and self._loop.ident is not None and self._loop.is_alive():
             self._loop.join(timeout=10)
         if self.monitor is not None:
             self.monitor.stop()
