@@ -35,7 +35,6 @@ nodes), 2 and 4 host validations, 6 config parses at both sizes; free, unpinned:
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import resource
@@ -49,6 +48,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import site_yml  # benchmarks/site_yml.py, beside this script
 import yaml
 
 from gpukit.lab import cluster
@@ -131,14 +131,8 @@ def totals(doc: dict[str, Any]) -> tuple[int, int]:
 
 
 def slowest(doc: dict[str, Any], top: int) -> list[tuple[float, str]]:
-    out: list[tuple[float, str]] = []
-    for p in doc.get("plays", []):
-        for t in p.get("tasks", []):
-            d = t["task"].get("duration", {})
-            if "start" in d and "end" in d:
-                span = dt.datetime.fromisoformat(d["end"]) - dt.datetime.fromisoformat(d["start"])
-                out.append((round(span.total_seconds(), 2), t["task"]["name"]))
-    return sorted(out, reverse=True)[:top]
+    """site_yml.py's slowest tasks of a play record, rounded for this report's JSON."""
+    return [(round(secs, 2), name) for secs, name in site_yml.slowest(doc, top)]
 
 
 def report(runs: list[Run], top: int) -> None:
