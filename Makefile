@@ -34,8 +34,8 @@ provision: venv nvml ## converge the lab's nodes to its inventory (ansible-playb
 conformance: venv ## prove the lab serves what its inventory declares
 	@mkdir -p $(RESULTS) && rm -f $(RESULTS)/conformance.xml
 	@inv=$$($(LAB_INVENTORY)) && kc=$$($(LAB_KUBECONFIG)) || exit; \
-	  echo "pytest conformance --inventory $$inv --kubeconfig $$kc"; \
-	  $(PY) -m pytest conformance --inventory "$$inv" --kubeconfig "$$kc" \
+	  echo "pytest gpukit/conformance --inventory $$inv --kubeconfig $$kc"; \
+	  $(PY) -m pytest gpukit/conformance --inventory "$$inv" --kubeconfig "$$kc" \
 	    --junitxml $(RESULTS)/conformance.xml --report-html $(RESULTS)/conformance.html; \
 	  rc=$$?; [ "$(SUMMARY)" = 0 ] || $(PY) -m gpukit.summary --junit $(RESULTS)/conformance.xml; \
 	  exit $$rc
@@ -57,8 +57,8 @@ SHARING_LAB_TEST = tests/roles/test_upgrade_sharing_lab.py
 test: deps venv protos nvml k8s containerd rootfs ## the project's tests: lint, types, unit, lab integration
 	@# The matrix's stack, built before the lanes start (the runtime tests also judge config
 	@# edits with the real containerd of both config versions).
-	GPUKIT_CONTAINERD_VERSION=$(MATRIX_CONTAINERD) bash lab/scripts/build-containerd.sh >/dev/null
-	GPUKIT_K8S_VERSION=$(MATRIX_K8S) bash lab/scripts/build-kubernetes.sh >/dev/null
+	GPUKIT_CONTAINERD_VERSION=$(MATRIX_CONTAINERD) bash gpukit/lab/scripts/build-containerd.sh >/dev/null
+	GPUKIT_K8S_VERSION=$(MATRIX_K8S) bash gpukit/lab/scripts/build-kubernetes.sh >/dev/null
 	@$(MAKE) --no-print-directory lint
 	@# The test labs start from new nodes, as on a new machine: node roots outlive `lab down`,
 	@# and what an earlier run left on them (a pinned driver branch, an upgrade) is not the
@@ -137,8 +137,8 @@ hardware: venv protos
 	  $(PY) -m pytest tests/hardware -v --junitxml=$(RESULTS)/hardware.xml
 
 deps: build/.deps
-build/.deps: lab/scripts/install-deps.sh
-	bash lab/scripts/install-deps.sh
+build/.deps: gpukit/lab/scripts/install-deps.sh
+	bash gpukit/lab/scripts/install-deps.sh
 	@mkdir -p build && touch $@
 
 venv: $(VENV)/.installed
@@ -148,23 +148,23 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
-protos: venv ## gRPC stubs from plugin/api/*.proto (generated at build time, not committed)
+protos: venv ## gRPC stubs from gpukit/plugin/api/*.proto (generated at build time, not committed)
 	$(PY) -m gpukit.plugin.api.generate
 
 nvml: venv
-	$(MAKE) -C lab/nvml PYTHON=$(abspath $(PY)) OUT=$(abspath build/nvml)
+	$(MAKE) -C gpukit/lab/nvml PYTHON=$(abspath $(PY)) OUT=$(abspath build/nvml)
 
 # The lab's stack (gpukit.lab.config: its defaults, or GPUKIT_K8S_VERSION and
 # GPUKIT_CONTAINERD_VERSION), each built once per version into $(GPUKIT_CACHE).
 LAB_VERSION = $(PY) -c 'import sys; from gpukit.lab import config as c; c.check_versions(c.K8S_VERSION, c.CONTAINERD_VERSION); print(getattr(c, sys.argv[1]))'
 k8s: deps venv
-	@v=$$($(LAB_VERSION) K8S_VERSION) || exit; GPUKIT_K8S_VERSION=$$v bash lab/scripts/build-kubernetes.sh >/dev/null
+	@v=$$($(LAB_VERSION) K8S_VERSION) || exit; GPUKIT_K8S_VERSION=$$v bash gpukit/lab/scripts/build-kubernetes.sh >/dev/null
 
 containerd: deps venv
-	@v=$$($(LAB_VERSION) CONTAINERD_VERSION) || exit; GPUKIT_CONTAINERD_VERSION=$$v bash lab/scripts/build-containerd.sh >/dev/null
+	@v=$$($(LAB_VERSION) CONTAINERD_VERSION) || exit; GPUKIT_CONTAINERD_VERSION=$$v bash gpukit/lab/scripts/build-containerd.sh >/dev/null
 
 rootfs: deps
-	bash lab/scripts/build-rootfs.sh >/dev/null
+	bash gpukit/lab/scripts/build-rootfs.sh >/dev/null
 
 lab-down: venv
 	$(PY) -m gpukit.cli lab down

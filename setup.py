@@ -1,5 +1,5 @@
 """Build hook: the wheel carries the kubelet API's gRPC stubs, generated from
-plugin/api/*.proto while building (grpcio-tools is a build requirement, not a run-time one).
+gpukit/plugin/api/*.proto while building (grpcio-tools is a build requirement, not a run-time one).
 
 Everything else about the package is in pyproject.toml. The stubs are not committed: the
 generator's version decides which grpcio and protobuf they need at run time, so the build

@@ -93,7 +93,7 @@ def main() -> None:
     try:
         cold = timed(out, repo, cache)
         unchanged = timed(out, repo, cache)
-        changed = repo / "plugin" / "__init__.py"
+        changed = repo / "gpukit" / "plugin" / "__init__.py"
         changed.write_text(changed.read_text() + "# a change\n")
         code_change = timed(out, repo, cache)
         size = images.layers_size(out / "node-agent.tar")

@@ -25,7 +25,8 @@ def main() -> None:
         sys.exit("the lab is not up: run `make lab` first")
     t0 = time.monotonic()
     r = subprocess.run(
-        [sys.executable, "-m", "pytest", "conformance", "--lab", "-q", "-p", "no:cacheprovider"],
+        [sys.executable, "-m", "pytest", "gpukit/conformance", "--lab", "-q",
+         "-p", "no:cacheprovider"],
         cwd=REPO, capture_output=True, text=True,
     )  # fmt: skip
     elapsed = time.monotonic() - t0

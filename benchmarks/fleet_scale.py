@@ -236,7 +236,7 @@ def part_lab_and_suite(
                 break
             runs = ((1, seq), (parallelism, par)) if sequential else ((parallelism, par),)
             for p, rows in runs:
-                rows.append((n, measure([PY, "-m", "pytest", "conformance", "--lab", "-q",
+                rows.append((n, measure([PY, "-m", "pytest", "gpukit/conformance", "--lab", "-q",
                                          "-p", "no:cacheprovider",
                                          f"--node-parallelism={p}"], env)))  # fmt: skip
         per_node[n] = node_rss_mib(env)
@@ -322,7 +322,7 @@ def part_simulated(counts: Sequence[int], root: Path) -> None:
             print(f"\n{n} stand-in nodes registered and Ready: {time.monotonic() - t1:.1f}s")
             junit = root / f"junit{n}.xml"
             suite_rows.append((n, measure([
-                PY, "-m", "pytest", "conformance", "--inventory", str(inv_path),
+                PY, "-m", "pytest", "gpukit/conformance", "--inventory", str(inv_path),
                 "--kubeconfig", str(kc), "--api-only", "--no-host", "-q", "-p",
                 "no:cacheprovider", f"--junitxml={junit}"])))  # fmt: skip
             report_rows.append((n, measure([PY, "-m", "gpukit", "report", str(junit), "-o",

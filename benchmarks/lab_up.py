@@ -67,7 +67,7 @@ def build(k8s: str, ctd: str, cache: str | None = None) -> dict[str, float]:
     out = {}
     for what in ("kubernetes", "containerd"):
         t0 = time.monotonic()
-        subprocess.run(["bash", str(REPO / f"lab/scripts/build-{what}.sh")], env=env,
+        subprocess.run(["bash", str(REPO / f"gpukit/lab/scripts/build-{what}.sh")], env=env,
                        check=True, stdout=subprocess.DEVNULL)  # fmt: skip
         out[what] = time.monotonic() - t0
     return out

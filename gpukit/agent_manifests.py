@@ -287,7 +287,7 @@ def agent_mounts(d: AgentDeployment) -> tuple[list[dict[str, Any]], list[dict[st
     - its named configs (the ConfigMap), its state on the host's /run/gpukit (the MIG
       manager's pause file; /tmp), and the CDI spec directory it writes;
     - its record of the last good config on the host's /var/lib/gpukit/agent (kept across
-      reboots: a restart into an invalid config serves it, see plugin/last_good.py);
+      reboots: a restart into an invalid config serves it, see gpukit/plugin/last_good.py);
     - the host's /sys, read-only at /host/sys: GFD's gpu.mode, gpu.machine and vgpu labels
       read each GPU's PCI entry and the DMI product name (a container's own /sys shows
       neither the node's PCI tree nor, in the lab, the node's stand-in entries);
@@ -305,7 +305,7 @@ def agent_mounts(d: AgentDeployment) -> tuple[list[dict[str, Any]], list[dict[st
     volumes += driver_volumes
     mounts += [
         {"name": "configs", "mountPath": "/etc/gpukit/configs", "readOnly": True},
-        # The MIG manager pauses the plugin through a file here (see plugin/mig/pause.py).
+        # The MIG manager pauses the plugin through a file here (see gpukit/plugin/mig/pause.py).
         {"name": "run-gpukit", "mountPath": "/run/gpukit"},
         # A writable /tmp on the host's /run, not an emptyDir: kubernetes.core's k8s_drain
         # deletes every pod with an emptyDir, DaemonSet pods too (kubernetes.core#622), so
@@ -366,7 +366,7 @@ def _security_context() -> dict[str, Any]:
     Another uid would need CAP_DAC_OVERRIDE, which a non-root process loses at exec (no ambient
     capabilities; no_new_privs ignores file capabilities), and a user namespace (hostUsers:
     false) rules out hostNetwork. Root's own files are what this uid could read, hence the
-    narrow mounts (see plugin/README.md, Deployment)."""
+    narrow mounts (see gpukit/plugin/README.md, Deployment)."""
     return {
         "privileged": False,
         "allowPrivilegeEscalation": False,

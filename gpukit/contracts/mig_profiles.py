@@ -2,7 +2,8 @@
 
 The tables live once, in ``gpukit/contracts/mig_profiles.yaml``. This module reads them into frozen
 dataclasses for the device plugin's MIG planner, the labeler and the conformance suite; the mock
-NVML library compiles the same file into a C header at build time (``lab/nvml/gen_mig_tables.py``),
+NVML library compiles the same file into a C header at build time
+(``gpukit/lab/nvml/gen_mig_tables.py``),
 so what the planner believes and what the (mock) GPU accepts cannot drift apart.
 
 Example::

@@ -7,7 +7,7 @@
 * ``waits``     watching a pod or a DaemonSet until it gets where a caller needs it
 * ``names``     DNS-1123 names for the objects gpukit creates
 
-The node agent (plugin/node_api.py), the conformance suite (conformance/cluster.py) and the lab
-build their clients here; roles reach the API through kubernetes.core modules instead.
+The node agent (gpukit/plugin/node_api.py), the conformance suite (gpukit/conformance/cluster.py)
+and the lab build their clients here; roles reach the API through kubernetes.core modules instead.
 It imports only gpukit.contracts (tests/unit/test_import_direction.py).
 """

@@ -1,7 +1,8 @@
 """What gpukit ships for watching GPUs: Prometheus alert rules (`gpu-alerts.rules.yaml`, with
 their promtool unit tests `gpu-alerts.test.yaml`) and a Grafana dashboard (`gpu-dashboard.json`),
-written against the node agent's metrics (dcgm-exporter's names: plugin/gpu_metrics.py, and its
-own gpukit_plugin_*). Package data, so the controller's gpukit (the roles' library) carries them;
+written against the node agent's metrics (dcgm-exporter's names: gpukit/plugin/gpu_metrics.py, and
+its own gpukit_plugin_*). Package data, so the controller's gpukit (the roles' library) carries
+them;
 `gpukit.telemetry_manifests` wraps them for clusters with the Prometheus operator."""
 
 from __future__ import annotations

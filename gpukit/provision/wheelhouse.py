@@ -89,7 +89,7 @@ def excluded_packages(repo: Path) -> tuple[str, ...]:
 
 
 def source_files(repo: Path) -> list[tuple[str, Path]]:
-    """(path in the package, file) of gpukit's sources, following the package's symlinks; the
+    """(path in the package, file) of gpukit's sources; the
     packages the wheel excludes are left out, so that a change there rebuilds nothing."""
     out: list[tuple[str, Path]] = []
     pkg = repo / "gpukit"
@@ -131,7 +131,7 @@ def _pip(args: Sequence[str], what: str) -> None:
 
 
 def build_project_wheel(repo: Path, cache: Path) -> Path:
-    """gpukit's wheel, built from a copy of the sources (symlinked packages resolved)."""
+    """gpukit's wheel, built from a copy of the sources."""
     out_dir = cache / f"gpukit-{source_digest(repo)}"
     done = out_dir / ".complete"
     if done.exists():

@@ -51,7 +51,7 @@ def run_suite(tmp: Path, *args: str) -> Run:
     junit, html = tmp / "junit.xml", tmp / "report.html"
     t0 = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "conformance", "--lab", "-q", "-p", "no:cacheprovider",
+        [sys.executable, "-m", "pytest", "gpukit/conformance", "--lab", "-q", "-p", "no:cacheprovider",
          f"--junitxml={junit}", f"--report-html={html}", *args],
         cwd=lp.REPO, capture_output=True, text=True, timeout=300,
     )
@@ -112,7 +112,7 @@ def test_suite_passes_on_the_provisioned_lab(lab: Lab, tmp_path: Path) -> None:
 
 
 def test_job_manifests_are_accepted_by_the_apiserver(lab: Lab) -> None:
-    docs = list(yaml.safe_load_all((lp.REPO / "conformance/deploy/job.yaml").read_text()))
+    docs = list(yaml.safe_load_all((lp.REPO / "gpukit/conformance/deploy/job.yaml").read_text()))
     namespace, rest = docs[0], docs[1:]
     name = namespace["metadata"]["name"]
     cluster.kubectl(lab.spec, "apply", "-f", "-", stdin=yaml.safe_dump(namespace))
@@ -304,7 +304,7 @@ def test_an_interrupted_run_leaves_nothing_behind(
     before = {n.metadata.name for n in api.list_namespace(label_selector=selector).items}
     held = tmp_path / "held"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "conformance", "--lab", "-q", "-p", "no:cacheprovider",
+        [sys.executable, "-m", "pytest", "gpukit/conformance", "--lab", "-q", "-p", "no:cacheprovider",
          "-p", "hold_after_first_test", "--nodes", "gpu-t4", "-m", "isolation"],
         cwd=lp.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         # As from a terminal: a background job of a shell (make test's lanes) ignores SIGINT,

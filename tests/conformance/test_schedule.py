@@ -189,7 +189,7 @@ class PlanOfCollection:
 
 def test_the_lab_inventory_plans_fill_before_release_before_the_exclusive_pods() -> None:
     rec = PlanOfCollection()
-    rc = pytest.main(["conformance", "--inventory", str(REPO / "inventories/lab"),
+    rc = pytest.main(["gpukit/conformance", "--inventory", str(REPO / "inventories/lab"),
                       "--collect-only", "-q", "-p", "no:cacheprovider"], plugins=[rec])
     assert rc == 0
     a100 = [str(k) for k in rec.steps["gpu-a100"]]
@@ -202,7 +202,7 @@ def test_the_lab_inventory_plans_fill_before_release_before_the_exclusive_pods()
 
 
 def test_node_parallelism_must_be_a_whole_number_of_nodes() -> None:
-    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "conformance",
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "gpukit/conformance",
                         "--inventory", "inventories/lab", "--node-parallelism", "0",
                         "--collect-only"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 4, r.stdout + r.stderr
@@ -223,7 +223,7 @@ class SkipsOfCollection(PlanOfCollection):
 
 def test_api_only_skips_what_needs_a_kubelet_naming_it_and_works_nothing_ahead() -> None:
     rec = SkipsOfCollection()
-    rc = pytest.main(["conformance", "--inventory", str(REPO / "inventories/lab"), "--api-only",
+    rc = pytest.main(["gpukit/conformance", "--inventory", str(REPO / "inventories/lab"), "--api-only",
                       "--collect-only", "-q", "-p", "no:cacheprovider"], plugins=[rec])
     assert rc == 0
     s = rec.skips

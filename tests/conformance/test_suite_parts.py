@@ -25,7 +25,7 @@ from gpukit.conformance.suite import PodResourcesView
 from gpukit.k8s.names import dns_name
 
 REPO = Path(__file__).resolve().parents[2]
-DEPLOY = REPO / "conformance" / "deploy"
+DEPLOY = REPO / "gpukit" / "conformance" / "deploy"
 
 
 def _pytest(*args: str) -> subprocess.CompletedProcess[str]:
@@ -37,23 +37,23 @@ def _pytest(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_collects_per_node_and_resource_from_the_inventory_alone() -> None:
-    r = _pytest("conformance", "--inventory", "inventories/lab", "--collect-only", "-q")
+    r = _pytest("gpukit/conformance", "--inventory", "inventories/lab", "--collect-only", "-q")
     assert r.returncode == 0, r.stdout + r.stderr
     ids = [ln for ln in r.stdout.splitlines() if "::" in ln]
-    assert "conformance/test_isolation.py::test_devices_are_disjoint[gpu-a100-mig-1g.5gb]" in ids
-    assert "conformance/test_timeslicing.py::test_request_above_one[gpu-t4-gpu]" in ids
+    assert "gpukit/conformance/test_isolation.py::test_devices_are_disjoint[gpu-a100-mig-1g.5gb]" in ids
+    assert "gpukit/conformance/test_timeslicing.py::test_request_above_one[gpu-t4-gpu]" in ids
     assert not any("test_request_above_one[gpu-a100" in i for i in ids)  # nothing shared there
     assert not any("test_mig_devices_belong_to_declared_parents[gpu-t4" in i for i in ids)
     # areas in order; within an area, tests that need free devices last
     areas = [i.split("::")[0] for i in ids]
-    assert areas.index("conformance/test_discovery.py") < areas.index(
-        "conformance/test_workload.py")
+    assert areas.index("gpukit/conformance/test_discovery.py") < areas.index(
+        "gpukit/conformance/test_workload.py")
     ts = [i for i in ids if "test_timeslicing" in i]
     assert "test_request_above_one" in ts[-1]
 
 
 def test_markers_select_areas_and_nodes() -> None:
-    r = _pytest("conformance", "--inventory", "inventories/lab", "--nodes", "gpu-t4",
+    r = _pytest("gpukit/conformance", "--inventory", "inventories/lab", "--nodes", "gpu-t4",
                 "-m", "timeslicing", "--collect-only", "-q")
     ids = [ln for ln in r.stdout.splitlines() if "::" in ln]
     assert ids and all("test_timeslicing" in i and "gpu-t4" in i for i in ids), r.stdout
@@ -61,7 +61,7 @@ def test_markers_select_areas_and_nodes() -> None:
 
 def test_host_vars_override_the_inventory_files(tmp_path: Path) -> None:
     """What a play applied (-e included) is what the node is held to."""
-    args = ("conformance", "--inventory", "inventories/lab", "--nodes", "gpu-t4",
+    args = ("gpukit/conformance", "--inventory", "inventories/lab", "--nodes", "gpu-t4",
             "-k", "test_request_above_one", "--collect-only", "-q")  # fmt: skip
     shared = _pytest(*args)
     assert "test_request_above_one[gpu-t4-gpu]" in shared.stdout, shared.stdout + shared.stderr
@@ -80,11 +80,11 @@ def test_host_vars_override_the_inventory_files(tmp_path: Path) -> None:
 def test_host_vars_pin_a_driver_version_or_refuse_it_naming_it() -> None:
     """Issue #14: the pinned version is a declaration variable; a malformed one is a usage
     error naming host, variable and value."""
-    args = ("conformance", "--inventory", "inventories/lab", "--nodes", "gpu-t4",
+    args = ("gpukit/conformance", "--inventory", "inventories/lab", "--nodes", "gpu-t4",
             "-k", "test_driver_version", "--collect-only", "-q")  # fmt: skip
     ok = _pytest(*args, "--host-vars", '{"gpu-t4": {"nvidia_driver_version": "550.127.05"}}')
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert "conformance/test_host.py::test_driver_version[gpu-t4]" in ok.stdout, ok.stdout
+    assert "gpukit/conformance/test_host.py::test_driver_version[gpu-t4]" in ok.stdout, ok.stdout
     bad = _pytest(*args, "--host-vars", '{"gpu-t4": {"nvidia_driver_version": "550.127.x"}}')
     assert bad.returncode == 4, bad.stdout + bad.stderr
     assert ("host gpu-t4: nvidia_driver_version: '550.127.x' is not a driver version"
@@ -98,7 +98,7 @@ def test_a_bad_inventory_is_a_usage_error_naming_host_and_variable(tmp_path: Pat
         {"all": {"children": {"gpu_nodes": {"hosts": {"n1": {}}}}}}))
     (bad / "group_vars" / "gpu_nodes.yml").write_text(yaml.safe_dump(
         {"gpukit_gpu": {"product": "Tesla T4", "count": 2}, "gpukit_mig_config": "nope"}))
-    r = _pytest("conformance", "--inventory", str(bad), "--collect-only", "-q")
+    r = _pytest("gpukit/conformance", "--inventory", str(bad), "--collect-only", "-q")
     assert r.returncode == 4, r.stdout + r.stderr
     assert "host n1: gpukit_mig_config: 'nope' is not a named MIG layout" in r.stderr
 
@@ -116,7 +116,7 @@ def test_an_unusable_cluster_is_one_usage_error_before_any_test(tmp_path: Path,
                                                    "insecure-skip-tls-verify": True}}],
             "users": [{"name": "u", "user": {"token": "t"}}],
             "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
-    r = _pytest("conformance", "--inventory", "inventories/lab", "--kubeconfig", str(path),
+    r = _pytest("gpukit/conformance", "--inventory", "inventories/lab", "--kubeconfig", str(path),
                 "-q", "--report-html", str(tmp_path / "r.html"))
     out = r.stdout + r.stderr
     assert r.returncode == 4, out

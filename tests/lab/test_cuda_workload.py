@@ -5,7 +5,7 @@ gpu-a100 runs the lab's nvidia-container-runtime (test_runtime_strategies' fixtu
 package, containerd's `nvidia` runtime and a RuntimeClass, the agent with one named config per
 strategy, passDeviceSpecs false) and has the stand-in driver package installed (libcuda.so and
 libnvidia-ml.so.<version> with their soname links). The workload is the lab's cuda-probe
-image (lab/cuda/cuda_probe.c: its own C library, no driver library): it dlopens libcuda.so.1,
+image (gpukit/lab/cuda/cuda_probe.c: its own C library, no driver library): it dlopens libcuda.so.1,
 calls cuInit and cuDeviceGetCount and prints what it found; the stand-in libcuda counts the
 device nodes the container may open.
 
@@ -44,7 +44,7 @@ core, toolkit, deployed, pods, mig_gpu0 = rs.core, rs.toolkit, rs.deployed, rs.p
 CONTROL, NODE, NS = rs.CONTROL, rs.NODE, rs.NS
 root, sh, set_toolkit, nvml_status = rs.root, rs.sh, rs.set_toolkit, rs.nvml_status
 
-BRANCH = BRANCHES[0]  # the lab's GPUs report this driver (lab/profiles)
+BRANCH = BRANCHES[0]  # the lab's GPUs report this driver (gpukit/lab/profiles)
 LIBS = "/usr/lib/x86_64-linux-gnu"
 NVML_LIB = f"{LIBS}/libnvidia-ml.so.1"
 NODE_SPEC = "etc/cdi/nvidia.yaml"

@@ -420,7 +420,7 @@ def test_plugin_socket_and_pod_are_locked_down(
     st = sock.stat()
     assert (st.st_mode & 0o777, st.st_uid) == (0o600, 0)
     # Why the agent stays uid 0: only root may create its socket here and connect to the
-    # kubelet's (connect needs write permission on the socket; see plugin/README.md).
+    # kubelet's (connect needs write permission on the socket; see gpukit/plugin/README.md).
     # (The kubelet makes the dir 0750 when it is missing; the lab's node image has it 0755.)
     pst = plugins.stat()
     assert pst.st_uid == 0 and not pst.st_mode & 0o022, oct(pst.st_mode)
@@ -562,7 +562,7 @@ def _agent_pods(core: client.CoreV1Api, d: AgentDeployment) -> dict[str, client.
             if p.metadata.deletion_timestamp is None}  # fmt: skip
 
 
-NODE_STATUS_PERIOD = 4.0  # the lab kubelets' nodeStatusUpdateFrequency (lab/nodes.py)
+NODE_STATUS_PERIOD = 4.0  # the lab kubelets' nodeStatusUpdateFrequency (gpukit/lab/nodes.py)
 
 
 def test_the_agent_pod_is_ready_only_once_registered(

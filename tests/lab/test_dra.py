@@ -661,14 +661,14 @@ def test_the_policy_refuses_another_nodes_slice(deployed: AgentDeployment,
 
 def test_the_conformance_suites_dra_area_passes(deployed: AgentDeployment,
                                                 tmp_path: Any) -> None:
-    """The suite's `dra` area (conformance/test_dra.py) on both nodes, the lab inventory with
+    """The suite's `dra` area (gpukit/conformance/test_dra.py) on both nodes, the lab inventory with
     every node declared on DRA (as a play's -e would: --host-vars) and gpu-a100's MIG layout
     left out (its GPUs are whole until the next test): every check passes, none skipped."""
     host_vars = {A100: {"gpukit_gpu_allocation": "dra", "gpukit_mig_config": None},
                  T4: {"gpukit_gpu_allocation": "dra"}}
     junit = tmp_path / "junit.xml"
     r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
-                        str(REPO / "conformance"), "--lab", "-m", "dra",
+                        str(REPO / "gpukit" / "conformance"), "--lab", "-m", "dra",
                         "--host-vars", json.dumps(host_vars), f"--junitxml={junit}", "-q"],
                        capture_output=True, text=True, timeout=900, cwd=REPO)
     tail = r.stdout[-4000:] + r.stderr[-2000:]

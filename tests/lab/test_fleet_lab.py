@@ -65,7 +65,7 @@ def test_the_api_side_checks_pass_and_the_rest_skip_by_name(
     junit = tmp_path / "junit.xml"
     # Not the tenancy area: the stand-ins simulate nodes, not the cluster-wide objects (quotas,
     # LimitRanges, PriorityClasses) site.yml's gpu_quotas role applies, and its pods need a kubelet.
-    r = subprocess.run([sys.executable, "-m", "pytest", "conformance", "--inventory", str(path),
+    r = subprocess.run([sys.executable, "-m", "pytest", "gpukit/conformance", "--inventory", str(path),
                         "--kubeconfig", str(paths().admin_kubeconfig), "--api-only", "--no-host",
                         "-m", "not tenancy",
                         "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"],

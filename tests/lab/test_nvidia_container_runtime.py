@@ -1,4 +1,4 @@
-"""The lab's nvidia-container-runtime (lab/runtime/nvidia_container_runtime.py) without a lab:
+"""The lab's nvidia-container-runtime (gpukit/lab/runtime/nvidia_container_runtime.py) without a lab:
 a bundle dir with a config.json, a fake /dev (stat table) and /proc, the config's keys; what
 it writes into the OCI spec, what it refuses, and that only `create` is touched. Its NVML
 enumeration against the mock library (MIG devices and their capability minors included)."""

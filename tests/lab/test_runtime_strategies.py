@@ -337,7 +337,7 @@ def _suite(tmp_path: Path, inventory: Path) -> tuple[int, dict[str, str], str]:
     RuntimeClass: (exit status, failure text per test, output)."""
     junit = tmp_path / f"junit-{uuid.uuid4().hex[:6]}.xml"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "conformance", "-q", "-p", "no:cacheprovider",
+        [sys.executable, "-m", "pytest", "gpukit/conformance", "-q", "-p", "no:cacheprovider",
          "--inventory", str(inventory), "--kubeconfig", str(paths().admin_kubeconfig),
          "--nodes", NODE, "--no-host", "--shell-image", images.SHELL,
          "--runtime-class", RUNTIME_CLASS, "-k", "test_pod_without_gpu_sees_none",

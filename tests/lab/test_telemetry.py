@@ -1,5 +1,5 @@
 """GPU telemetry on the real kubelet: the node agent's dcgm-style series follow the lab's GPU
-workload (gpu-work, lab/nvml/workload) and carry the pod, namespace and container the kubelet's
+workload (gpu-work, gpukit/lab/nvml/workload) and carry the pod, namespace and container the kubelet's
 PodResources API names.
 
 The agent is deployed as gpukit.agent_manifests has it (the kubelet's pod-resources directory

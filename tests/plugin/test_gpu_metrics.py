@@ -1,4 +1,4 @@
-"""The agent's GPU metrics (plugin/gpu_metrics.py): dcgm-exporter's names and labels, attributed
+"""The agent's GPU metrics (gpukit/plugin/gpu_metrics.py): dcgm-exporter's names and labels, attributed
 to the containers the kubelet's PodResources API names, computed at scrape time.
 
 First with hand-made devices and readings (names, labels, attribution of whole GPUs, MIG devices,

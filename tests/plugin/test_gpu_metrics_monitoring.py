@@ -4,7 +4,7 @@ fires in the shipped `promtool test rules` cases; the dashboard is valid JSON wh
 parses (promtool checks them as recording rules) and names only metrics the agent exports; the
 Prometheus operator's objects select the agent and carry the rules and the dashboard.
 
-promtool comes from Debian's `prometheus` package (lab/scripts/install-deps.sh)."""
+promtool comes from Debian's `prometheus` package (gpukit/lab/scripts/install-deps.sh)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def promtool() -> str:
     path = shutil.which("promtool")
     if path is None:
         pytest.fail("promtool is missing: install Debian's prometheus package "
-                    "(lab/scripts/install-deps.sh)")
+                    "(gpukit/lab/scripts/install-deps.sh)")
     return path
 
 

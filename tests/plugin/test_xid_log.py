@@ -17,7 +17,7 @@ from gpukit.plugin.metrics import PluginMetrics
 from gpukit.plugin.nvml import MIG_ID_UNSET
 from gpukit.plugin.resources import Unit, build_resources
 
-# What the agent writes per line (plugin/cli.py's logging format).
+# What the agent writes per line (gpukit/plugin/cli.py's logging format).
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 

@@ -41,7 +41,7 @@ def containerd_binary(release: str) -> Path:
     binary = cache / "containerd" / release / "bin" / "containerd"
     if os.access(binary, os.X_OK):
         return binary
-    script = REPO / "lab/scripts/build-containerd.sh"
+    script = REPO / "gpukit/lab/scripts/build-containerd.sh"
     r = subprocess.run(["bash", str(script)], env={**os.environ, "GPUKIT_CONTAINERD_VERSION": release},
                        capture_output=True, text=True, timeout=570)  # fmt: skip
     if r.returncode != 0 or not os.access(binary, os.X_OK):

@@ -146,7 +146,7 @@ def test_the_conformance_suite_passes_on_both_nodes(lab: Lab, tmp_path: Path) ->
 
     junit = tmp_path / "conformance.xml"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "conformance", "--inventory", str(lab.inventory),
+        [sys.executable, "-m", "pytest", "gpukit/conformance", "--inventory", str(lab.inventory),
          "--kubeconfig", str(paths().admin_kubeconfig), "-q", "-p", "no:cacheprovider",
          f"--junitxml={junit}"],
         cwd=REPO, capture_output=True, text=True, timeout=1200)  # fmt: skip

@@ -146,7 +146,7 @@ def test_the_suites_tenancy_area_passes(lab: Lab) -> None:
     lab.play()
     proc = subprocess.run(
         # --lab: this instance's inventory, kubeconfig, images and host networking.
-        [sys.executable, "-m", "pytest", "conformance", "--lab", "-m", "tenancy", "-q",
+        [sys.executable, "-m", "pytest", "gpukit/conformance", "--lab", "-m", "tenancy", "-q",
          "-p", "no:cacheprovider"],
         cwd=REPO, capture_output=True, text=True, timeout=600,
     )  # fmt: skip

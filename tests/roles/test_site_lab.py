@@ -378,7 +378,7 @@ def test_drop_in_mode_on_the_nodes_containerd(lab: Lab) -> None:
     name = "gpu-t4"
     root = nodes.root(lab.node(name))
     in_place = lab.sh(name, f"cat {CONTAINERD}")
-    installer = (REPO / "lab/node" / f"containerd-v{lab.config_version}.toml").read_text()
+    installer = (REPO / "gpukit/lab/node" / f"containerd-v{lab.config_version}.toml").read_text()
     other = (f"# left by another tool\nversion = {lab.config_version}\n\n"
              f'[plugins."{CRI_TABLE[lab.config_version]}".containerd.runtimes.other]\n'
              '  runtime_type = "io.containerd.runc.v2"\n')  # fmt: skip
@@ -554,7 +554,7 @@ def agent_pods(core: client.CoreV1Api) -> dict[str, str]:
 
 def run_conformance(inventory: Path, junit: Path, *args: str) -> tuple[int, str]:
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "conformance", "--inventory", str(inventory),
+        [sys.executable, "-m", "pytest", "gpukit/conformance", "--inventory", str(inventory),
          "--kubeconfig", str(paths().admin_kubeconfig), "-q", "-p", "no:cacheprovider",
          f"--junitxml={junit}", *args],
         cwd=REPO, capture_output=True, text=True, timeout=600,

@@ -50,8 +50,8 @@ def python_root() -> ModuleType:
         ("*.py", "x.py", True), ("*.py", "d/x.py", False),
         ("**/*.pyc", "x.pyc", True), ("**/*.pyc", "a/b/x.pyc", True),
         ("**/__pycache__", "a/__pycache__/m.pyc", True),
-        ("plugin/api/*_pb2.py", "plugin/api/x_pb2.py", True),
-        ("plugin/api/*_pb2.py", "plugin/api/x_pb2_grpc.py", False),
+        ("gpukit/plugin/api/*_pb2.py", "gpukit/plugin/api/x_pb2.py", True),
+        ("gpukit/plugin/api/*_pb2.py", "gpukit/plugin/api/x_pb2_grpc.py", False),
         ("a?c", "abc", True), ("a?c", "a/c", False), ("[!x]y", "zy", True), ("[!x]y", "xy", False),
         ("/lead", "lead", True), ("dir/", "dir/f", True),
     ],
@@ -76,19 +76,18 @@ def test_both_ignore_files_say_the_same() -> None:
 def test_the_repository_context_is_the_agents_sources_without_build_outputs() -> None:
     files = build_context.context_files(REPO)
     tops = {f.split("/")[0] for f in files}
-    assert tops == {"pyproject.toml", "setup.py", "gpukit", "plugin", "deploy"}
+    assert tops == {"pyproject.toml", "setup.py", "gpukit", "deploy"}
     assert {
         "gpukit/__init__.py",
-        "gpukit/plugin",
         "gpukit/contracts/mig_profiles.yaml",
-        "plugin/cli.py",
+        "gpukit/plugin/cli.py",
         "deploy/python_root.py",
         "deploy/agent_requirements.py",
-        "plugin/api/deviceplugin_v1beta1.proto",
+        "gpukit/plugin/api/deviceplugin_v1beta1.proto",
     } <= set(files)
     assert not [f for f in files if f.startswith(NOT_THE_AGENTS)]
     assert not [f for f in files if "__pycache__" in f or f.endswith((".pyc", "_pb2.py"))]
-    assert not [f for f in files if f.startswith(("lab/", "conformance/", "tests/", ".venv/",
+    assert not [f for f in files if f.startswith(("gpukit/lab/", "gpukit/conformance/", "tests/", ".venv/",
                                                   ".git/", "build/"))]  # fmt: skip
 
 
@@ -148,8 +147,8 @@ def test_the_agent_image_installs_the_dependencies_the_agent_imports(tmp_path: P
     # The package's modules; the stubs' generator runs in the wheel's build (setup.py, with
     # grpcio-tools: build requirements).
     sources = [REPO / f for f in build_context.context_files(REPO)
-               if f.startswith(("gpukit/", "plugin/")) and f.endswith(".py")
-               and f != "plugin/api/generate.py"]  # fmt: skip
+               if f.startswith("gpukit/") and f.endswith(".py")
+               and f != "gpukit/plugin/api/generate.py"]  # fmt: skip
     stubs = generate.generate(tmp_path / "api")
     assert {_distribution(m) for m in _imported(sources + stubs)} == listed
     assert not {"typer", "cryptography", "tomlkit"} & listed
@@ -220,20 +219,18 @@ def test_buildah_sees_the_same_context(tmp_path: Path) -> None:
     names = ["pyproject.toml", "Makefile", "README.md", "gpukit/__init__.py", "gpukit/cli.py",
              "gpukit/__pycache__/a.cpython-311.pyc", "gpukit/contracts/c.py",
              "gpukit/contracts/__pycache__/c.cpython-311.pyc", "gpukit/provision/p.py",
-             "plugin/api/x.proto", "plugin/api/x_pb2.py", "plugin/api/x_pb2_grpc.py",
-             "plugin/api/gen.py", "plugin/.pytest_cache/v", "lab/deep/er/f.py", "lab/f.pyc",
-             "conformance/c.py", "deploy/python_root.py", "tests/t.py", ".venv/bin/p",
+             "gpukit/plugin/api/x.proto", "gpukit/plugin/api/x_pb2.py", "gpukit/plugin/api/x_pb2_grpc.py",
+             "gpukit/plugin/api/gen.py", "gpukit/plugin/.pytest_cache/v", "gpukit/lab/deep/er/f.py", "gpukit/lab/f.pyc",
+             "gpukit/conformance/c.py", "deploy/python_root.py", "tests/t.py", ".venv/bin/p",
              ".git/HEAD", "build/x"]  # fmt: skip
     for rel in names:
         (ctx / rel).parent.mkdir(parents=True, exist_ok=True)
         (ctx / rel).write_text(rel)
-    (ctx / "gpukit/plugin").symlink_to("../plugin")
-    (ctx / "gpukit/lab").symlink_to("../lab")
     shutil.copy(REPO / ".containerignore", ctx)
     (tmp_path / "Containerfile").write_text("FROM scratch\nCOPY . /ctx/\n")
     store = ["buildah", "--root", str(tmp_path / "root"), "--runroot", str(tmp_path / "run"),
              "--storage-driver", "vfs"]  # fmt: skip
-    assert shutil.which("buildah"), "buildah is missing: run lab/scripts/install-deps.sh"
+    assert shutil.which("buildah"), "buildah is missing: run gpukit/lab/scripts/install-deps.sh"
     subprocess.run([*store, "bud", "--isolation", "chroot", "--pull=never", "-q",
                     "-f", str(tmp_path / "Containerfile"), "-t", "ctx-test", str(ctx)],
                    check=True, capture_output=True)  # fmt: skip
@@ -248,9 +245,10 @@ def test_buildah_sees_the_same_context(tmp_path: Path) -> None:
         subprocess.run([*store, "rm", ctr], capture_output=True)
         subprocess.run([*store, "rmi", "--all", "--force"], capture_output=True)
     assert seen == build_context.context_files(ctx)
-    assert {"gpukit/plugin", "gpukit/__init__.py", "gpukit/contracts/c.py"} <= set(seen)
-    assert not {"plugin/api/x_pb2.py", "gpukit/lab", "gpukit/cli.py", "lab/deep/er/f.py",
-                "conformance/c.py", "gpukit/provision/p.py"} & set(seen)  # fmt: skip
+    assert {"gpukit/plugin/api/x.proto", "gpukit/plugin/api/gen.py", "gpukit/__init__.py",
+            "gpukit/contracts/c.py"} <= set(seen)
+    assert not {"gpukit/plugin/api/x_pb2.py", "gpukit/cli.py", "gpukit/lab/deep/er/f.py",
+                "gpukit/lab/f.pyc", "gpukit/conformance/c.py", "gpukit/provision/p.py"} & set(seen)  # fmt: skip
 
 
 STATUS = """\

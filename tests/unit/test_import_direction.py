@@ -18,9 +18,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-# Source folder of each top-level part (the symlinks under gpukit/ point at the first three).
-ROOTS = {"gpukit.plugin": REPO / "plugin", "gpukit.lab": REPO / "lab",
-         "gpukit.conformance": REPO / "conformance", "gpukit": REPO / "gpukit"}
+ROOTS = {"gpukit": REPO / "gpukit"}
 
 # Which parts of gpukit each part may import (its own part always).
 ALLOWED: dict[str, set[str]] = {
@@ -32,7 +30,7 @@ ALLOWED: dict[str, set[str]] = {
     # `gpukit` alone: the package root's __version__.
     "gpukit.plugin": {"gpukit.contracts", "gpukit.k8s", "gpukit.mig", "gpukit"},
     # The suite reads the declaration model and speaks the kubelet's published PodResources
-    # API (stubs generated from plugin/api); never the agent's builders.
+    # API (stubs generated from gpukit/plugin/api); never the agent's builders.
     "gpukit.conformance": {"gpukit.contracts", "gpukit.k8s", "gpukit.inventory",
                            "gpukit.plugin.api"},
     # The suite's oracle: what a node must serve, from the declaration's types alone. It sits
@@ -81,8 +79,6 @@ def _modules() -> dict[str, Path]:
     for package, root in ROOTS.items():
         for path in root.rglob("*.py"):
             rel = path.relative_to(root)
-            if package == "gpukit" and rel.parts[0] in {"plugin", "lab", "conformance"}:
-                continue  # the symlinks: read once, from their own folder
             if any(p.startswith(".") or p in {"build", "gen"} for p in rel.parts):
                 continue
             parts = [*package.split("."), *rel.with_suffix("").parts]

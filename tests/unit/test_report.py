@@ -100,7 +100,7 @@ def run(api: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The suite's run: its JUnit XML (junit.xml) and its own report (suite.html)."""
     out = tmp_path_factory.mktemp("run")
     r = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "conformance",
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "gpukit/conformance",
          "--inventory", "inventories/lab", "--kubeconfig", str(api), "--no-host",
          "--host-vars", json.dumps(HOST_VARS), "-m", "discovery or timeslicing",
          "-k", "not kubelet_sees and not shared_resource_names",

@@ -79,7 +79,7 @@ def test_mig_header_is_checked_against_real_nvml_h(tmp_path: Path) -> None:
     good = render(mig_profiles.tables(), "test")
     assert "_Static_assert(NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1 == 7" in good
     assert '.name = "1g.5gb+me"' in good
-    src = REPO_ROOT / "lab" / "nvml" / "src"
+    src = REPO_ROOT / "gpukit" / "lab" / "nvml" / "src"
     cc = ["cc", "-fsyntax-only", "-DNVML_NO_UNVERSIONED_FUNC_DEFS", f"-I{hdr.include_dir()}",
           f"-I{src}", f"-I{tmp_path}", "-x", "c", "-"]
     (tmp_path / "mig_tables.h").write_text(good)

@@ -1,4 +1,4 @@
-"""The mock NVML's telemetry moves with the work on each GPU (lab/nvml/src/telemetry.c):
+"""The mock NVML's telemetry moves with the work on each GPU (gpukit/lab/nvml/src/telemetry.c):
 utilisation, memory, power, temperature, clocks, energy and PCIe follow the processes set
 through the lab control and the lab workload (gpu-work) that registers itself on the devices it
 can open, for exactly as long as it lives; ECC counters and remapped rows follow injected ECC

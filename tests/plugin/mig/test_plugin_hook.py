@@ -1,5 +1,5 @@
 """The device plugin honours the MIG manager's pause (needs the small hook in
-plugin/manager.py described in plugin/mig/README.md; skipped until it is there): devices of the
+gpukit/plugin/manager.py described in gpukit/plugin/mig/README.md; skipped until it is there): devices of the
 GPUs being changed turn Unhealthy while paused, and the new layout is served right after."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ pytestmark = [
     pytest.mark.nvml,
     pytest.mark.skipif(
         "pause_file" not in {f.name for f in dataclasses.fields(ManagerOptions)},
-        reason="device plugin pause hook not installed (plugin/mig/README.md, 'Plugin hook')"),
+        reason="device plugin pause hook not installed (gpukit/plugin/mig/README.md, 'Plugin hook')"),
 ]
 
 

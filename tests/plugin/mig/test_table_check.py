@@ -1,4 +1,4 @@
-"""The MIG table held to the driver before a GPU is planned (plugin/nvml/mig.py check_table),
+"""The MIG table held to the driver before a GPU is planned (gpukit/plugin/nvml/mig.py check_table),
 against the mock NVML, in-process: the shipped tables agree with it; a table the driver
 contradicts (sliceCount, instanceCount, memorySizeMB, placements) is refused for that GPU with
 the profile, field and both values named (CLI: exit 2); multiprocessor and engine counts only

@@ -1,0 +1,346 @@
+"""The stand-in NVIDIA packages the lab's apt repository serves.
+
+Shaped like a vendor repository, so the roles run the real apt flow (sources, keyring,
+branch pin, install, upgrade across branches, conflicts between flavours):
+
+* `nvidia-driver` (one version per branch): the meta package, depending on
+  `nvidia-driver-<branch> (= the same version)`.
+* `nvidia-driver-<branch>` (`<driver version>-1`): the driver's user space where the real
+  driver installs it: `libnvidia-ml.so.<version>` (the mock NVML) and `libcuda.so.<version>`
+  (a stand-in built from gpukit/lab/cuda/libcuda.c: cuInit, cuDriverGetVersion, cuDeviceGetCount
+  answer from the device nodes the process may open) with their `.so.1` soname links;
+  `nvidia-smi` (the lab's, over a vendored pynvml) and stand-ins of `nvidia-debugdump`,
+  `nvidia-cuda-mps-control` and `nvidia-cuda-mps-server` (they say they are stand-ins).
+* `nvidia-kernel-open-<branch>`, `nvidia-kernel-<branch>` (`<driver version>-1`): the
+  "kernel module", open or proprietary: a unit that "loads" it at boot.
+* `nvidia-persistenced` (one version per branch): a persistence daemon stand-in holding the
+  daemon's socket, /run/nvidia-persistenced/socket, and its unit.
+* `nvidia-container-toolkit` (`1.17.4-1`): `nvidia-container-runtime`, which edits a
+  container's OCI spec for its GPUs as NVIDIA's does and runs runc, and `nvidia-cdi-hook`,
+  the hooks NVIDIA's CDI specs name (gpukit.lab.runtime).
+
+The loaded "kernel module" decides which driver version the GPUs report (through NVML):
+the unit it ships rewrites the node's mock NVML profile at boot. So after an upgrade the old
+version stays live until the node reboots, as on a real machine, and a role can tell that a
+reboot is due by comparing the installed package with what NVML reports.
+
+Driver flavours, branches and the meta package conflict the way vendor packages do: the
+user-space drivers provide and conflict with `nvidia-driver-binary`, the kernel modules with
+`nvidia-kernel-module`, so installing another branch or flavour replaces the old one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpukit.lab.packages import cuda_lib
+from gpukit.lab.packages.deb import File, Package, symlink, text
+
+LIB_DIR = "/usr/lib/x86_64-linux-gnu"
+NVML_LIB_PATH = f"{LIB_DIR}/libnvidia-ml.so.1"
+LIBCUDA_PATH = f"{LIB_DIR}/libcuda.so.1"
+LAB_DIR = "/usr/lib/nvidia/lab"
+TOOLKIT_VERSION = "1.17.4-1"
+
+
+@dataclass(frozen=True)
+class Branch:
+    name: str  # "550"
+    driver_version: str  # "550.90.07"
+    cuda_version: str  # what the driver reports to CUDA: "12.4"
+
+    @property
+    def deb_version(self) -> str:
+        return f"{self.driver_version}-1"
+
+
+BRANCHES = (
+    Branch("550", "550.90.07", "12.4"),
+    Branch("570", "570.86.15", "12.8"),
+)
+
+LOAD_MODULE = """\
+#!/bin/sh
+# Stand-in for loading the NVIDIA kernel module at boot: from now on the node's GPUs
+# report the driver version of the module that was installed when the node booted.
+set -e
+. {lab}/kernel-module
+profile=/etc/gpukit-lab/nvml/profile.yaml
+if [ -f "$profile" ]; then
+  sed -i -e "s/^driver_version:.*/driver_version: \\"$VERSION\\"/" \\
+         -e "s/^cuda_driver_version:.*/cuda_driver_version: \\"$CUDA\\"/" \\
+         -e "s/^nvml_version:.*/nvml_version: \\"${{CUDA%%.*}}.$VERSION\\"/" "$profile"
+fi
+mkdir -p /run/nvidia
+printf '%s %s\\n' "$VERSION" "$FLAVOUR" > /run/nvidia/module-loaded
+"""
+
+LOAD_UNIT = """\
+[Unit]
+Description=Load the NVIDIA kernel module (gpukit lab stand-in)
+Before=containerd.service kubelet.service nvidia-persistenced.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart={lab}/load-module
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+# Debian's convention for "this upgrade needs a reboot" (update-notifier, unattended-upgrades).
+REBOOT_REQUIRED = """\
+touch /run/reboot-required
+grep -qxF "$DPKG_MAINTSCRIPT_PACKAGE" /run/reboot-required.pkgs 2>/dev/null || \\
+  echo "$DPKG_MAINTSCRIPT_PACKAGE" >> /run/reboot-required.pkgs
+"""
+
+ENABLE_UNIT = """\
+if [ "$1" = configure ] && command -v deb-systemd-helper >/dev/null; then
+  deb-systemd-helper unmask {unit} >/dev/null || true
+  deb-systemd-helper enable {unit} >/dev/null || true
+fi
+"""
+
+DISABLE_UNIT = """\
+if [ "$1" = remove ] || [ "$1" = purge ]; then
+  if command -v deb-systemd-helper >/dev/null; then
+    deb-systemd-helper purge {unit} >/dev/null || true
+  fi
+fi
+"""
+
+NVIDIA_SMI = """\
+#!/bin/sh
+# nvidia-smi of the gpukit lab: a read-only nvidia-smi over NVML (vendored pynvml).
+exec /usr/bin/python3 {lab}/nvidia_smi.py "$@"
+"""
+
+PERSISTENCED = """\
+#!/bin/sh
+# Stand-in for nvidia-persistenced: a real one keeps the GPUs initialised while no client
+# holds them and answers on its socket (NVIDIA's CDI specs mount it into containers); this
+# one holds the socket and stays up, so its unit behaves like the real service.
+exec /usr/bin/python3 -I -c '
+import os, signal, socket
+path = "/run/nvidia-persistenced/socket"
+os.makedirs(os.path.dirname(path), exist_ok=True)
+if os.path.exists(path):
+    os.unlink(path)
+s = socket.socket(socket.AF_UNIX)
+s.bind(path)
+s.listen()
+signal.signal(signal.SIGTERM, lambda *_: (os.unlink(path), os._exit(0)))
+while True:
+    s.accept()[0].close()
+'
+"""
+
+# The driver's other tools NVIDIA's CDI specs mount into containers; the lab's GPUs have no
+# coredumps and no MPS, so these only say what they are.
+STANDIN_TOOL = """\
+#!/bin/sh
+echo "$(basename "$0"): stand-in of the gpukit lab's NVIDIA driver (no {what})" >&2
+exit 1
+"""
+STANDIN_TOOLS = {
+    "nvidia-debugdump": "GPU coredumps",
+    "nvidia-cuda-mps-control": "multi-process service",
+    "nvidia-cuda-mps-server": "multi-process service",
+}
+
+PERSISTENCED_UNIT = """\
+[Unit]
+Description=NVIDIA Persistence Daemon (gpukit lab stand-in)
+Wants=syslog.target
+
+[Service]
+Type=simple
+ExecStart=/usr/bin/nvidia-persistenced
+Restart=on-failure
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+# The runtime itself is gpukit.lab.runtime.nvidia_container_runtime (one stdlib-only file);
+# the package ships it beside a launcher, as NVIDIA's ships a Go binary.
+RUNTIME_SOURCE = Path(__file__).resolve().parent.parent / "runtime" / "nvidia_container_runtime.py"
+RUNTIME_DIR = "/usr/lib/nvidia-container-toolkit"
+RUNTIME = f"""\
+#!/bin/sh
+# nvidia-container-runtime (gpukit lab stand-in): edits the OCI spec for the GPUs a container
+# asks for, as NVIDIA's does, then runs runc. See {RUNTIME_DIR}/nvidia_container_runtime.py.
+exec /usr/bin/python3 -I {RUNTIME_DIR}/nvidia_container_runtime.py "$@"
+"""
+
+HOOK_SOURCE = RUNTIME_SOURCE.with_name("nvidia_cdi_hook.py")
+CDI_HOOK_PATH = "/usr/bin/nvidia-cdi-hook"
+CDI_HOOK = f"""\
+#!/bin/sh
+# nvidia-cdi-hook (gpukit lab stand-in): the OCI hooks NVIDIA's CDI specs name.
+# See {RUNTIME_DIR}/nvidia_cdi_hook.py.
+exec /usr/bin/python3 -I {RUNTIME_DIR}/nvidia_cdi_hook.py "$@"
+"""
+
+RUNTIME_LOG = "/var/log/nvidia-container-runtime.log"
+# NVIDIA's packaged config.toml (defaults commented out as there), with the log enabled.
+RUNTIME_CONFIG = f"""\
+#accept-nvidia-visible-devices-as-volume-mounts = false
+#accept-nvidia-visible-devices-envvar-when-unprivileged = true
+disable-require = false
+supported-driver-capabilities = "compat32,compute,display,graphics,ngx,utility,video"
+
+[nvidia-container-cli]
+environment = []
+ldconfig = "@/sbin/ldconfig"
+load-kmods = true
+#root = "/run/nvidia/driver"
+
+[nvidia-container-runtime]
+debug = "{RUNTIME_LOG}"
+log-level = "info"
+mode = "auto"
+runtimes = ["docker-runc", "runc", "crun"]
+
+[nvidia-container-runtime.modes.cdi]
+annotation-prefixes = ["cdi.k8s.io/"]
+default-kind = "nvidia.com/gpu"
+spec-dirs = ["/etc/cdi", "/var/run/cdi"]
+"""
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Host files the packages ship."""
+
+    nvml_lib: Path  # the mock libnvidia-ml.so.1
+    nvidia_smi: Path  # gpukit/lab/nvidia_smi.py
+    pynvml: Path  # pynvml.py (nvidia-ml-py, BSD), vendored for nvidia-smi
+    build_dir: Path | None = None  # where the stand-in libcuda is built (None: a temp dir)
+
+    def libcuda(self, branch: Branch) -> Path:
+        if self.build_dir is not None:
+            return cuda_lib.build(branch.cuda_version, self.build_dir)
+        import tempfile
+
+        return cuda_lib.build(branch.cuda_version, Path(tempfile.gettempdir()) / "gpukit-cuda")
+
+
+def driver_packages(branch: Branch, src: Sources) -> list[Package]:
+    """The packages of one driver branch."""
+    v = branch.deb_version
+    b = branch.name
+    kernel: list[Package] = []
+    flavours = (("open", f"nvidia-kernel-open-{b}"), ("proprietary", f"nvidia-kernel-{b}"))
+    for flavour, pkg in flavours:
+        kernel.append(
+            Package(
+                name=pkg,
+                version=v,
+                section="non-free/kernel",
+                description=(
+                    f"NVIDIA kernel module, {flavour} flavour, branch {b}\n"
+                    "Loaded at boot by nvidia-lab-module.service; the GPUs then report this\n"
+                    "driver version."
+                ),
+                files={
+                    f"{LAB_DIR}/kernel-module": text(
+                        f'VERSION="{branch.driver_version}"\nCUDA="{branch.cuda_version}"\n'
+                        f'FLAVOUR="{flavour}"\n'
+                    ),
+                    f"{LAB_DIR}/load-module": text(LOAD_MODULE.format(lab=LAB_DIR), 0o755),
+                    "/lib/systemd/system/nvidia-lab-module.service": text(
+                        LOAD_UNIT.format(lab=LAB_DIR)
+                    ),
+                },
+                provides=("nvidia-kernel-module",),
+                conflicts=("nvidia-kernel-module",),
+                replaces=("nvidia-kernel-module",),
+                postinst=ENABLE_UNIT.format(unit="nvidia-lab-module.service") + REBOOT_REQUIRED,
+                postrm=DISABLE_UNIT.format(unit="nvidia-lab-module.service"),
+            )
+        )
+    userspace = Package(
+        name=f"nvidia-driver-{b}",
+        version=v,
+        description=(
+            f"NVIDIA driver user space, branch {b}\n"
+            "libnvidia-ml (the gpukit lab's mock NVML), a stand-in libcuda, nvidia-smi."
+        ),
+        files={
+            f"{LIB_DIR}/libnvidia-ml.so.{branch.driver_version}": File(source=src.nvml_lib),
+            NVML_LIB_PATH: symlink(f"libnvidia-ml.so.{branch.driver_version}"),
+            f"{LIB_DIR}/libcuda.so.{branch.driver_version}": File(source=src.libcuda(branch)),
+            LIBCUDA_PATH: symlink(f"libcuda.so.{branch.driver_version}"),
+            "/usr/bin/nvidia-smi": text(NVIDIA_SMI.format(lab=LAB_DIR), 0o755),
+            **{f"/usr/bin/{tool}": text(STANDIN_TOOL.format(what=what), 0o755)
+               for tool, what in STANDIN_TOOLS.items()},
+            f"{LAB_DIR}/nvidia_smi.py": File(source=src.nvidia_smi),
+            f"{LAB_DIR}/pynvml.py": File(source=src.pynvml),
+            f"{LAB_DIR}/driver-version": text(branch.driver_version + "\n"),
+        },
+        depends=(f"nvidia-kernel-open-{b} (= {v}) | nvidia-kernel-{b} (= {v})", "python3"),
+        provides=("nvidia-driver-binary",),
+        conflicts=("nvidia-driver-binary",),
+        replaces=("nvidia-driver-binary",),
+        postinst='if [ "$1" = configure ] && command -v ldconfig >/dev/null; then ldconfig; fi\n',
+    )
+    meta = Package(
+        name="nvidia-driver",
+        version=v,
+        section="non-free/metapackages",
+        description=(
+            "NVIDIA driver meta package\n"
+            "Depends on the newest driver; pin it by version to stay on a branch."
+        ),
+        depends=(f"nvidia-driver-{b} (= {v})",),
+    )
+    persistenced = Package(
+        name="nvidia-persistenced",
+        version=v,
+        section="non-free/utils",
+        description="NVIDIA persistence daemon",
+        files={
+            "/usr/bin/nvidia-persistenced": text(PERSISTENCED, 0o755),
+            "/lib/systemd/system/nvidia-persistenced.service": text(PERSISTENCED_UNIT),
+        },
+        postinst=ENABLE_UNIT.format(unit="nvidia-persistenced.service"),
+        postrm=DISABLE_UNIT.format(unit="nvidia-persistenced.service"),
+    )
+    return [*kernel, userspace, meta, persistenced]
+
+
+def toolkit_packages() -> list[Package]:
+    return [
+        Package(
+            name="nvidia-container-toolkit",
+            version=TOOLKIT_VERSION,
+            section="non-free/utils",
+            description=(
+                "NVIDIA container runtime\n"
+                "nvidia-container-runtime: adds the GPUs a container asks for (legacy or CDI\n"
+                "mode) to its OCI spec, then runs runc; nvidia-cdi-hook, the hooks of CDI\n"
+                "specs. CDI specs come from gpukit."
+            ),
+            files={
+                "/usr/bin/nvidia-container-runtime": text(RUNTIME, 0o755),
+                f"{RUNTIME_DIR}/nvidia_container_runtime.py": File(source=RUNTIME_SOURCE),
+                CDI_HOOK_PATH: text(CDI_HOOK, 0o755),
+                f"{RUNTIME_DIR}/nvidia_cdi_hook.py": File(source=HOOK_SOURCE),
+                "/etc/nvidia-container-runtime/config.toml": text(RUNTIME_CONFIG, conffile=True),
+            },
+            depends=("python3 (>= 3.11)", "python3-yaml"),
+        )
+    ]
+
+
+def all_packages(src: Sources) -> list[Package]:
+    """Every package of the lab repository."""
+    out: list[Package] = []
+    for branch in BRANCHES:
+        out += driver_packages(branch, src)
+    out += toolkit_packages()
+    return out

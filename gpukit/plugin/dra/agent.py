@@ -1,0 +1,281 @@
+"""The DRA plugin process: discovery, ResourceSlices, the kubelet's gRPC, health.
+
+Every `rescan_interval` (and on SIGUSR1) it rediscovers the node's GPUs through the NVML layer
+and the GPU instances' placements through the MIG backend's reader (a MIG layout change shows
+up as new devices), withdraws devices the health monitor calls unhealthy (XIDs, lost GPUs),
+and republishes when the device list changed; every `resync_interval` it makes sure the API
+still holds its slices (the kubelet wipes a driver's slices when its plugin was gone for a
+while). The gRPC sockets are served again when someone removed them.
+
+A DRA node runs no node agent, so this process serves the agent's GPU metrics (dcgm-exporter's
+names, gpukit/plugin/gpu_metrics.py; a MIG device a claim holds attributed through the names it
+publishes) and its /readyz (`metrics`, served by the CLI). Scrapes run on the HTTP server's
+threads and take the agent's lock only to copy the device lists: a slow NVML query or
+PodResources List delays the scrape, never a prepare.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from gpukit.contracts.plugin_config import HealthSettings
+
+from .. import cdi, nvml, podresources
+from ..devices import NodeDevices
+from ..gpu_metrics import GpuMetricsCollector, GpuMetricsSources
+from ..health import HealthMonitor, HealthTracker, effective_ignored_xids
+from ..metrics import PluginMetrics
+from ..nvml.mig import PynvmlBackend as MigReader
+from ..resources import Unit
+from .checkpoint import Checkpoint
+from .health_stream import DeviceState, HealthBoard, HealthService
+from .names import (
+    CDI_DIR,
+    CHECKPOINT_FILE,
+    KUBELET_DIR,
+    PLUGIN_DIR,
+    PLUGIN_SOCKET,
+    REGISTRATION_SOCKET,
+    REGISTRY_DIR,
+)
+from .prepare import Preparer
+from .server import DraServer
+from .slice_devices import Placement, SliceDevice, node_slice_devices
+from .slices import SlicePublisher
+
+log = logging.getLogger(__name__)
+POD_RESOURCES_SOCKET = podresources.socket_path(f"{KUBELET_DIR}/device-plugins")
+
+
+@dataclass
+class AgentOptions:
+    node: str
+    nvml_library: str | None = None
+    device_root: str = "/"  # host prefix of /dev nodes and driver files
+    device_root_in_plugin: str = "/"  # where this process sees that tree
+    proc_root: str = "/"
+    plugin_dir: str = PLUGIN_DIR
+    registry_dir: str = REGISTRY_DIR
+    cdi_dir: str = CDI_DIR
+    rescan_interval: float = 10.0
+    resync_interval: float = 30.0
+    health: HealthSettings = field(default_factory=HealthSettings)
+    pod_resources_socket: str = POD_RESOURCES_SOCKET  # the GPU metrics' pod attribution
+    pod_resources_ttl: float = podresources.DEFAULT_TTL
+    health_stream: bool = True  # serve the kubelet's DRA health stream (health_stream.py)
+
+
+def placements(devices: NodeDevices, reader: MigReader) -> dict[tuple[str, int], Placement]:
+    """(GPU UUID, GPU instance id) -> placement, for every MIG-enabled GPU. One reader for
+    the agent's life: it checks each GPU's MIG table once and logs what it found once."""
+    out: dict[tuple[str, int], Placement] = {}
+    for gpu in devices.gpus:
+        if gpu.mig_enabled:
+            for gi in reader.gpu(gpu.index).gpu_instances:
+                out[(gpu.uuid, gi.id)] = Placement(gi.start, gi.size)
+    return out
+
+
+class DraAgent:
+    def __init__(self, options: AgentOptions, api_client: Any) -> None:
+        self.options = options
+        self.api_client = api_client
+        self.publisher = SlicePublisher(api_client, options.node)
+        self.checkpoint = Checkpoint(Path(options.plugin_dir) / CHECKPOINT_FILE)
+        self._devices: dict[str, SliceDevice] = {}
+        self._node_devices = NodeDevices()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._rescan = threading.Event()
+        self._resync = threading.Event()
+        enabled, ignored = effective_ignored_xids(options.health)
+        self.health_enabled = enabled
+        self.tracker = HealthTracker(ignored, options.health.recovery_seconds)
+        self.metrics = PluginMetrics()
+        self.metrics.readiness = self.readiness
+        self.health = HealthMonitor(self.tracker, self._units, self.request_rescan,
+                                    options.health.probe_interval_seconds,
+                                    on_xid=self.metrics.count_xid)
+        self._nvml_ready = False
+        self.pod_resources = podresources.PodResourcesCache(
+            lambda: podresources.list_holders(options.pod_resources_socket),
+            ttl=options.pod_resources_ttl)
+        self.gpu_metrics = GpuMetricsCollector(GpuMetricsSources(
+            devices=self.node_devices, nvml_ready=lambda: self._nvml_ready,
+            holders=self.pod_resources.holders, last_xid=self.metrics.last_xids,
+            hostname=options.node, dra_devices=self.device_uuids))
+        self.metrics.add_collector(self.gpu_metrics)
+        self.preparer = Preparer(
+            node=options.node, read_claim=self._read_claim, devices=self.devices,
+            common_edits=self._common_edits, checkpoint=self.checkpoint,
+            cdi_dir=options.cdi_dir, device_root=options.device_root)
+        self.health_board = HealthBoard()
+        self.health_service = (HealthService(self.health_board, options.node)
+                               if options.health_stream else None)
+        self.server = self._new_server()
+        self._published: list[dict[str, Any]] | None = None
+        self._mig_reader = MigReader()
+
+    # -- what the preparer asks ------------------------------------------------------------
+
+    def devices(self) -> Mapping[str, SliceDevice]:
+        """Every device of the current layout, healthy or not: a claim prepared before a
+        device turned unhealthy still names it."""
+        with self._lock:
+            return dict(self._devices)
+
+    def node_devices(self) -> NodeDevices:
+        with self._lock:
+            return self._node_devices
+
+    def device_uuids(self) -> dict[str, str]:
+        """Published device name -> its GPU's or MIG device's UUID (the metrics' attribution
+        of DRA claims, which PodResources names by device)."""
+        with self._lock:
+            return {name: d.unit.uuid for name, d in self._devices.items()}
+
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, why) for /readyz: the kubelet registered the driver over intact sockets
+        and this node's devices are published (pods can be allocated and prepared here)."""
+        problems: list[str] = []
+        server = self.server
+        if not server.sockets_intact():
+            problems.append("DRA sockets not served")
+        elif not server.registration.registered.is_set():
+            why = server.registration.last_error
+            problems.append("not registered with the kubelet" + (f": {why}" if why else ""))
+        published = self._published
+        if published is None:
+            problems.append("ResourceSlices not published yet")
+        if problems:
+            return False, "; ".join(problems)
+        return True, f"registered, {len(published or [])} device(s) published"
+
+    def _units(self) -> Mapping[str, Unit]:
+        with self._lock:
+            return {d.unit.uuid: d.unit for d in self._devices.values()}
+
+    def _common_edits(self) -> Mapping[str, Any]:
+        with self._lock:
+            version = self._node_devices.driver_version
+        return cdi.node_edits(self.options.device_root_in_plugin, self.options.device_root,
+                              version)
+
+    def _read_claim(self, namespace: str, name: str) -> Mapping[str, Any]:
+        resp = client.ResourceV1Api(self.api_client).read_namespaced_resource_claim(
+            name, namespace, _preload_content=False)
+        claim: dict[str, Any] = json.loads(resp.data)
+        return claim
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def _new_server(self) -> DraServer:
+        return DraServer(self.preparer, Path(self.options.plugin_dir) / PLUGIN_SOCKET,
+                         Path(self.options.registry_dir) / REGISTRATION_SOCKET,
+                         health=self.health_service)
+
+    def start(self) -> None:
+        if self.options.nvml_library:
+            nvml.load_library(self.options.nvml_library)
+        nvml.init()
+        self._nvml_ready = True
+        self.rescan()
+        self.server.start()
+        if self.health_enabled:
+            self.health.start()
+        threading.Thread(target=self.publisher.watch_changes, name="gpukit-dra-slices",
+                         args=(self.request_resync, self._stop), daemon=True).start()
+        kept = self.checkpoint.all()
+        if kept:
+            log.info("prepared claims from the checkpoint: %s", ", ".join(
+                f"{c.namespace}/{c.name}" for c in kept.values()))
+
+    def rescan(self) -> None:
+        found = nvml.discover(with_topology=False)
+        devices = {d.name: d for d in node_slice_devices(found, placements(found, self._mig_reader),
+                                                         self.options.proc_root)}
+        with self._lock:
+            self._node_devices, self._devices = found, devices
+        self.publish()
+
+    def publish(self, force_check: bool = False) -> None:
+        with self._lock:
+            current = list(self._devices.values())
+        healthy = [d for d in current
+                   if not self.health_enabled or self.tracker.unit_healthy(d.unit)]
+        bodies = [d.body for d in healthy]
+        names = {d.name for d in healthy}
+        self.health_board.update([DeviceState(d.name, d.name in names, "" if d.name in names
+                                              else self._why_unhealthy(d))
+                                  for d in current])
+        if bodies == self._published and not force_check:
+            return
+        for d in current:
+            if d.name not in names:
+                log.warning("device %s (%s) withdrawn: %s", d.name, d.unit.uuid,
+                            self._why_unhealthy(d))
+        self.publisher.sync(bodies)
+        self._published = bodies
+        self.metrics.set_unit_health((d.unit.uuid, d.name in names) for d in current)
+
+    def _why_unhealthy(self, d: SliceDevice) -> str:
+        return self.tracker.reason(d.unit.uuid) or self.tracker.reason(d.unit.gpu.uuid) or \
+            "unhealthy"
+
+    def request_rescan(self) -> None:
+        self._rescan.set()
+
+    def request_resync(self) -> None:
+        """Someone changed or removed this node's slices: check them at once."""
+        self._resync.set()
+        self._rescan.set()  # wakes the loop
+
+    def request_reload(self) -> None:
+        self._rescan.set()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._stop.wait(timeout)
+
+    def run(self) -> None:
+        """The background loop; returns when stopped."""
+        next_rescan = next_resync = time.monotonic()
+        while not self._stop.is_set():
+            now = time.monotonic()
+            try:
+                if self._rescan.is_set() or now >= next_rescan:
+                    self._rescan.clear()
+                    self.rescan()
+                    next_rescan = now + self.options.rescan_interval
+                if now >= next_resync or self._resync.is_set():
+                    self._resync.clear()
+                    self.publish(force_check=True)
+                    next_resync = now + self.options.resync_interval
+                if not self.server.sockets_intact():
+                    log.warning("a DRA socket was removed: serving again")
+                    self.server.stop(0)
+                    self.server = self._new_server()
+                    self.server.start()
+            except Exception:  # the agent keeps serving prepared claims whatever fails here
+                log.exception("DRA agent loop")
+            self._rescan.wait(1.0)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.health_board.close()
+        self.metrics.close()
+        self.health.stop()
+        self.server.stop()
+        self._nvml_ready = False
+        nvml.shutdown()

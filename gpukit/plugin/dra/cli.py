@@ -1,0 +1,149 @@
+"""`python -m gpukit.plugin.dra` / `gpukit dra`: the DRA kubelet plugin for driver
+gpu.nvidia.com, as a DaemonSet container or a host process.
+
+It needs the node's name (NODE_NAME), a Kubernetes API (in-cluster ServiceAccount, or
+--kubeconfig) to read ResourceClaims and write the node's ResourceSlices, the kubelet's
+plugins_registry/ and plugins/gpu.nvidia.com/ directories, and the CDI spec directory
+containerd reads. On a DRA node it also serves the node agent's GPU metrics and /readyz
+(--metrics-address; the kubelet's pod-resources socket for their pod labels). Signals:
+SIGUSR1 rescans the GPUs (e.g. after a MIG change), SIGTERM/SIGINT stop cleanly (sockets
+removed; prepared claims and their CDI specs stay for the next start).
+Exit codes: 0 stopped, 1 startup failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import threading
+
+from gpukit import __version__
+from gpukit.contracts.plugin_config import (
+    DEFAULT_METRICS_ADDRESS,
+    HealthSettings,
+    parse_host_port,
+)
+
+from ..signals import INBOX, StopRequested
+from .names import CDI_DIR, PLUGIN_DIR, REGISTRY_DIR
+
+log = logging.getLogger("gpukit.plugin.dra")
+
+
+def build_parser(prog: str = "gpukit-dra-plugin") -> argparse.ArgumentParser:
+    env = os.environ.get
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__)
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    p.add_argument("--node-name", default=env("NODE_NAME") or None,
+                   help="this node: the pool's name and the slices' nodeName [NODE_NAME]")
+    p.add_argument("--kubeconfig", default=env("KUBECONFIG") or None,
+                   help="kubeconfig (default: in-cluster ServiceAccount) [KUBECONFIG]")
+    p.add_argument("--nvml-library", default=env("GPUKIT_NVML_LIB") or None,
+                   help="libnvidia-ml.so.1 to load [GPUKIT_NVML_LIB]")
+    p.add_argument("--device-root", default=env("GPUKIT_DEVICE_ROOT", "/"),
+                   help="host directory holding dev/nvidia* and the driver's files (CDI host "
+                        "paths) [GPUKIT_DEVICE_ROOT]")
+    p.add_argument("--device-root-in-plugin", default=env("GPUKIT_DEVICE_ROOT_IN_PLUGIN") or None,
+                   help="where this process sees --device-root (default: the same) "
+                        "[GPUKIT_DEVICE_ROOT_IN_PLUGIN]")
+    p.add_argument("--proc-root", default=env("GPUKIT_PROC_ROOT", "/"),
+                   help="where /proc/driver/nvidia is found, as <root>/proc/... "
+                        "[GPUKIT_PROC_ROOT]")
+    p.add_argument("--plugin-dir", default=env("GPUKIT_DRA_PLUGIN_DIR", PLUGIN_DIR),
+                   help="the plugin's socket and checkpoint [GPUKIT_DRA_PLUGIN_DIR]")
+    p.add_argument("--registry-dir", default=env("GPUKIT_DRA_REGISTRY_DIR", REGISTRY_DIR),
+                   help="the kubelet's plugin registration directory [GPUKIT_DRA_REGISTRY_DIR]")
+    p.add_argument("--cdi-spec-dir", default=env("GPUKIT_CDI_SPEC_DIR", CDI_DIR),
+                   help="where claims' CDI specs go [GPUKIT_CDI_SPEC_DIR]")
+    p.add_argument("--rescan-interval", type=float,
+                   default=float(env("GPUKIT_DRA_RESCAN_SECONDS", "10")),
+                   help="seconds between GPU rescans [GPUKIT_DRA_RESCAN_SECONDS]")
+    p.add_argument("--health-recovery-seconds", type=float,
+                   default=float(env("GPUKIT_RECOVERY_SECONDS", "60")),
+                   help="seconds without a critical XID before a withdrawn device is published "
+                        "again [GPUKIT_RECOVERY_SECONDS]")
+    p.add_argument("--health-probe-interval", type=float,
+                   default=float(env("GPUKIT_HEALTH_PROBE_INTERVAL_SECONDS", "5")),
+                   help="seconds between GPU probes [GPUKIT_HEALTH_PROBE_INTERVAL_SECONDS]")
+    p.add_argument("--metrics-address", metavar="HOST:PORT",
+                   default=env("GPUKIT_METRICS_ADDRESS", DEFAULT_METRICS_ADDRESS),
+                   help="the GPU metrics and /readyz, as the node agent serves them; '' "
+                        "disables [GPUKIT_METRICS_ADDRESS]")
+    p.add_argument("--pod-resources-socket",
+                   default=env("GPUKIT_POD_RESOURCES_SOCKET") or None,
+                   help="the kubelet's PodResources socket (the metrics' pod labels; default "
+                        "/var/lib/kubelet/pod-resources/kubelet.sock) "
+                        "[GPUKIT_POD_RESOURCES_SOCKET]")
+    p.add_argument("--log-level", default=env("GPUKIT_LOG_LEVEL", "INFO"))
+    return p
+
+
+def main(argv: list[str] | None = None, prog: str = "gpukit-dra-plugin") -> int:
+    INBOX.install()  # first: a SIGTERM before there is a handler is lost (gpukit/plugin/signals.py)
+    try:
+        return _main(argv, prog)
+    except StopRequested as stop:
+        log.info("stopped by %s while starting", stop)
+        return 0
+
+
+def _main(argv: list[str] | None, prog: str) -> int:
+    args = build_parser(prog).parse_args(argv)
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.node_name:
+        print("error: the node's name is needed (--node-name or NODE_NAME)", file=sys.stderr)
+        return 1
+    for flag in ("rescan_interval", "health_recovery_seconds", "health_probe_interval"):
+        value = getattr(args, flag)
+        if value <= 0:
+            print(f"error: --{flag.replace('_', '-')}: {value} is not a positive number of "
+                  "seconds", file=sys.stderr)
+            return 1
+    if args.metrics_address:
+        try:
+            parse_host_port(args.metrics_address)
+        except ValueError as exc:
+            print(f"error: --metrics-address: {exc} (use host:port, or '' to disable)",
+                  file=sys.stderr)
+            return 1
+    from gpukit.k8s import connect
+
+    from .agent import AgentOptions, DraAgent
+
+    options = AgentOptions(
+        node=args.node_name, nvml_library=args.nvml_library, device_root=args.device_root,
+        device_root_in_plugin=args.device_root_in_plugin or args.device_root,
+        proc_root=args.proc_root, plugin_dir=args.plugin_dir, registry_dir=args.registry_dir,
+        cdi_dir=args.cdi_spec_dir, rescan_interval=args.rescan_interval,
+        health=HealthSettings(recovery_seconds=args.health_recovery_seconds,
+                              probe_interval_seconds=args.health_probe_interval))
+    if args.pod_resources_socket:
+        options.pod_resources_socket = args.pod_resources_socket
+    try:
+        agent = DraAgent(options, connect.api_client(args.kubeconfig, in_cluster_first=True))
+        agent.start()
+    except StopRequested:
+        raise
+    except Exception as exc:
+        print(f"error: the DRA plugin for node {args.node_name} cannot start: {exc}",
+              file=sys.stderr)
+        return 1
+    loop = threading.Thread(target=agent.run, name="gpukit-dra", daemon=True)
+    loop.start()
+    try:
+        agent.metrics.serve(args.metrics_address)
+    except OSError as exc:  # claims are served all the same; only the metrics are missing
+        log.error("metrics endpoint %s unavailable: %s", args.metrics_address, exc)
+    try:
+        INBOX.serve(agent)
+        log.info("stopping")
+    finally:
+        INBOX.starting = False
+        agent.stop()
+        loop.join(timeout=5)
+    return 0

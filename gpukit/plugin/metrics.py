@@ -1,0 +1,162 @@
+"""Prometheus metrics for the device plugin, on a registry of its own, and its readiness.
+
+Labels carry only resource names, device IDs (GPU/MIG UUIDs), XID numbers and error kinds:
+nothing from the config file or the environment, so the endpoint exposes no secrets. The GPU
+metrics (dcgm-exporter's names, attributed to pods: gpukit/plugin/gpu_metrics.py) are a collector on
+the same registry, computed at each scrape.
+
+The same HTTP endpoint answers `/readyz` (the DaemonSet's readinessProbe): 200 when the
+`readiness` callable (set by the manager) says every resource is registered and served, else
+503; the body says why.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.types import StartResponse, WSGIEnvironment
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
+from prometheus_client.registry import Collector
+
+from gpukit.contracts.plugin_config import parse_host_port
+
+log = logging.getLogger(__name__)
+Readiness = Callable[[], tuple[bool, str]]  # (ready, why)
+READY_PATH = "/readyz"
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a stuck scrape must not hold up the agent's exit
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # a probe every few seconds is not worth a log line
+
+
+class PluginMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.devices = Gauge(
+            "gpukit_plugin_devices", "Devices advertised to the kubelet, by resource and health",
+            ["resource", "health"], registry=r,
+        )
+        self.device_healthy = Gauge(
+            "gpukit_plugin_device_healthy", "1 when a GPU or MIG device is healthy",
+            ["device"], registry=r,
+        )
+        self.allocations = Counter(
+            "gpukit_plugin_allocations", "Allocate container requests answered",
+            ["resource", "result"], registry=r,
+        )
+        self.allocated_devices = Counter(
+            "gpukit_plugin_allocated_devices", "Device IDs handed out by Allocate",
+            ["resource"], registry=r,
+        )
+        self.xids = Counter(
+            "gpukit_plugin_xid_events", "XID events seen", ["device", "xid", "critical"],
+            registry=r,
+        )
+        self.errors = Counter(
+            "gpukit_plugin_errors", "Errors by kind (nvml, config, register, resources, cdi)",
+            ["kind"], registry=r,
+        )
+        self.registrations = Counter(
+            "gpukit_plugin_registrations", "Registrations with the kubelet",
+            ["resource", "result"], registry=r,
+        )
+        self.device_lists = Counter(
+            "gpukit_plugin_device_lists_sent", "ListAndWatch responses sent to the kubelet",
+            ["resource", "reason"], registry=r,
+        )
+        self.config_reloads = Counter(
+            "gpukit_plugin_config_reloads", "Config reloads", ["result"], registry=r,
+        )
+        self.config_failed = Gauge(
+            "gpukit_plugin_config_failed",
+            "1 while the selected config is refused and an earlier one is served", registry=r,
+        )
+        self.labels_restored = Counter(
+            "gpukit_plugin_labels_restored", "Owned node labels found drifted and restored",
+            registry=r,
+        )
+        # The last XID per device (GPU or MIG UUID), whatever its class: DCGM_FI_DEV_XID_ERRORS.
+        self.last_xid: dict[str, int] = {}
+        self.readiness: Readiness | None = None
+        self._metrics_app = make_wsgi_app(self.registry)
+        self._server: WSGIServer | None = None
+
+    def count_xid(self, device: str, xid: int, critical: bool) -> None:
+        """Every XID event, also those whose log lines are summarised (health.XidLog)."""
+        self.xids.labels(device=device, xid=str(xid), critical=str(critical).lower()).inc()
+        self.last_xid[device] = xid
+
+    def last_xids(self) -> dict[str, int]:
+        return dict(self.last_xid)
+
+    def add_collector(self, collector: Collector) -> None:
+        """A collector computed at scrape time (the GPU metrics, gpukit/plugin/gpu_metrics.py)."""
+        self.registry.register(collector)
+
+    def set_devices(self, counts: Mapping[str, Mapping[str, int]]) -> None:
+        """counts: resource -> {"Healthy": n, "Unhealthy": m}; resources gone are zeroed."""
+        self.devices.clear()
+        for resource, by_health in counts.items():
+            for health, n in by_health.items():
+                self.devices.labels(resource=resource, health=health).set(n)
+
+    def set_unit_health(self, health: Iterable[tuple[str, bool]]) -> None:
+        self.device_healthy.clear()
+        for uuid, ok in health:
+            self.device_healthy.labels(device=uuid).set(1 if ok else 0)
+
+    def ready(self) -> tuple[bool, str]:
+        if self.readiness is None:
+            return False, "no readiness check installed"
+        try:
+            return self.readiness()
+        except Exception as exc:  # a probe must get an answer, not a dropped connection
+            log.exception("readiness check failed")
+            return False, f"readiness check failed: {exc}"
+
+    def app(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterator[bytes]:
+        """WSGI: /readyz here, anything else the Prometheus exposition."""
+        if environ.get("PATH_INFO") != READY_PATH:
+            yield from self._metrics_app(environ, start_response)
+            return
+        ok, why = self.ready()
+        body = f"{'ok' if ok else 'not ready'}: {why}\n".encode()
+        start_response("200 OK" if ok else "503 Service Unavailable",
+                       [("Content-Type", "text/plain; charset=utf-8"),
+                        ("Content-Length", str(len(body)))])
+        yield body
+
+    def serve(self, address: str) -> tuple[str, int] | None:
+        """Start the HTTP endpoint at host:port ("" disables it); returns where it listens."""
+        if not address:
+            return None
+        host, port = parse_host_port(address)
+        server_cls = _Server6 if ":" in host else _Server
+        server = make_server(host, port, self.app, server_cls, handler_class=_QuietHandler)
+        threading.Thread(target=server.serve_forever, name="gpukit-metrics", daemon=True).start()
+        self._server = server
+        log.info("metrics on http://%s:%d/metrics, readiness on %s", host, server.server_port,
+                 READY_PATH)
+        return host, server.server_port
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
