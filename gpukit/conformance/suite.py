@@ -18,6 +18,7 @@ from gpukit.conformance import expect
 from gpukit.k8s.names import dns_name
 from gpukit.k8s.nodes import allocatable
 
+from . import attribution as attribution_mod
 from . import exclusive
 from . import fill as fill_mod
 from .cluster import Kube, load_api_client, pod_manifest
@@ -115,6 +116,7 @@ class Suite:
         self._names: dict[str, int] = {}
         self._expect_errors: dict[str, str] = {}
         self._collection_nodes: dict[str, Any] | None = None
+        self._planned: dict[str, list[StageKey]] = {}  # the run's tests' stages, per node
         self.closed = False
         if options.lab and not options.inventory:
             from gpukit.lab.config import load_spec
@@ -352,6 +354,11 @@ class Suite:
         them."""
         self.stages.once(node, key_for("release"), lambda: self._release(node))
 
+    def attribution(self, node: str) -> attribution_mod.Attribution:
+        """The agent's pod labels on the fill's devices, observed while the fill runs (once)."""
+        return self.stages.once(node, key_for("attribution"),
+                                lambda: attribution_mod.observe(self, node))
+
     def _release(self, node: str) -> None:
         if not self.stages.done(node, key_for("fill")):
             return
@@ -359,6 +366,12 @@ class Suite:
             done = self.fill(node)
         except Exception:  # the fill failed: whatever it created goes with the run's pods
             return
+        if key_for("attribution") in self._planned.get(node, ()):
+            # Its tests come after the release (the metrics area): observe before the pods go.
+            try:
+                self.attribution(node)
+            except Exception:  # kept in the stage for its test
+                pass
         if done.pods:
             left = self.kube.delete_pods(self.namespace, done.pods, self.options.pod_timeout,
                                          node=node)
@@ -396,6 +409,8 @@ class Suite:
             return self.helper(node)
         if key.stage == "fill":
             return self.fill(node)
+        if key.stage == "attribution":
+            return self.attribution(node)
         if key.stage == "release":
             self.release(node)
             return None
@@ -417,6 +432,7 @@ class Suite:
             return not (key.stage == "workload" and not self.options.agent_image)
 
         steps = {n: [k for k in keys if wanted(n, k)] for n, keys in steps.items()}
+        self._planned = steps
         self.stages.start({n: k for n, k in steps.items() if k}, self.run_stage,
                           self.options.node_parallelism)
 

@@ -11,41 +11,29 @@ inventory's gpukit_metrics_port (9402 without --inventory)."""
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from gpukit.conformance import attribution
+from gpukit.conformance.attribution import FB_USED, Sample
 from gpukit.conformance.checks import Check
-from gpukit.conformance.common import allocated_units, need_probe
-from gpukit.inventory.metrics import DEFAULT_PORT
+from gpukit.conformance.common import need_probe
 
 pytestmark = pytest.mark.metrics
 
-Sample = tuple[str, dict[str, str], float]
-FB_USED, FB_FREE = "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"
-ATTRIBUTION_WAIT_S = 20.0
-
-
-def _port(suite: Any, node: str) -> int:
-    decl = suite.decl(node)
-    return decl.metrics.port if decl is not None else DEFAULT_PORT
+FB_FREE = "DCGM_FI_DEV_FB_FREE"
 
 
 def scrape(suite: Any, node: str, check: Check) -> list[Sample]:
     """The agent's /metrics through the API server's node proxy (fails naming node and port)."""
-    port = _port(suite, node)
     try:
-        body = suite.kube.core.connect_get_node_proxy_with_path(f"{node}:{port}", "metrics")
-    except Exception as exc:  # any failure is the observation
-        check.record(f"agent metrics at {node}:{port} (API server node proxy)", "served",
-                     f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}", False)
+        return attribution.scrape(suite, node)
+    except attribution.ScrapeError as exc:
+        check.record("agent metrics (API server node proxy)", "served", str(exc), False)
         check.verify()
         raise AssertionError("unreachable") from exc
-    return [(s.name, dict(s.labels), s.value) for f in text_string_to_metric_families(body)
-            for s in f.samples]
 
 
 def _series(samples: list[Sample], name: str) -> list[Sample]:
@@ -107,43 +95,26 @@ def test_memory_series_agree_with_nvml(gpukit_suite: Any, node: str, check: Chec
     check.verify()
 
 
-@pytest.mark.stages("probe", "fill")
+@pytest.mark.stages("probe", "fill", "attribution")
 @pytest.mark.per_resource("all")
 def test_a_running_gpu_pod_s_series_carry_its_labels(gpukit_suite: Any, node: str,
                                                      resource: str, check: Check) -> None:
     """The series of the devices a running fill pod was given carry its pod, namespace and
-    container (dcgm-exporter's attribution, through the kubelet's PodResources API)."""
-    probe = need_probe(gpukit_suite, node)
-    running = gpukit_suite.fill(node).running(resource)
-    if not running:
+    container (dcgm-exporter's attribution, through the kubelet's PodResources API), as the
+    suite observed while the fill ran (conformance.attribution)."""
+    need_probe(gpukit_suite, node)
+    if not gpukit_suite.fill(node).running(resource):
         check.skip(f"no running pod of {resource} on the node")
+    seen = gpukit_suite.attribution(node)
+    if seen.error:
+        check.record("agent metrics while the fill ran", "served", seen.error, False)
+        check.verify()
     ns = gpukit_suite.namespace
-    # The fill's record outlives some of its pods (the isolation checks delete one to let the
-    # over-request run): only pods running now can be attributed now.
-    live = {p.metadata.name for p in gpukit_suite.kube.core.list_namespaced_pod(ns).items
-            if p.status.phase == "Running"}
-    pods = [s for s in running if s.pod in live][:4]  # a few pods prove the attribution
-    if not pods:
-        check.skip(f"no pod of {resource} from the fill is still running on the node")
-    want = {seen.pod: sorted({probe.by_uuid[u][0].uuid if u in probe.by_uuid else u
-                              for u in allocated_units(seen, probe)}) for seen in pods}
-
-    def attributed() -> dict[str, list[str]]:
-        """pod -> parent UUIDs of the FB_USED series labelled with it (container main)."""
-        got: dict[str, set[str]] = defaultdict(set)
-        for _, labels, _ in _series(scrape(gpukit_suite, node, check), FB_USED):
-            if labels.get("namespace") == ns and labels.get("container") == "main":
-                got[labels.get("pod", "")].add(labels.get("UUID", ""))
-        return {pod: sorted(got.get(pod, set())) for pod in want}
-
-    # The agent reads the kubelet's PodResources at most every 5 s: a pod that just started
-    # may be a scrape or two away from its labels.
-    deadline = time.monotonic() + ATTRIBUTION_WAIT_S
-    observed = attributed()
-    while observed != want and time.monotonic() < deadline:
-        time.sleep(1)
-        observed = attributed()
+    want = seen.want.get(resource, {})
+    check.true(f"fill pods of {resource} observed while running", bool(want), "at least 1",
+               len(want))
+    observed = seen.observed.get(resource, {})
     for pod, uuids in want.items():
         check.equal(f"pod {ns}/{pod} container main: UUIDs of its {FB_USED} series", uuids,
-                    observed[pod], resource)
+                    observed.get(pod, []), resource)
     check.verify()
