@@ -32,9 +32,9 @@ from typing import Any
 
 import yaml
 
+from gpukit.contracts import dra as dra_names
 from gpukit.contracts import label_names
 from gpukit.contracts.plugin_config import DEFAULT_CDI_DIR, DEFAULT_KUBELET_DIR, parse_host_port
-from gpukit.plugin.dra import names as dra_names
 from gpukit.plugin.metrics import READY_PATH
 
 APP = "gpukit-node-agent"

@@ -25,6 +25,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gpukit.contracts import dra
 from gpukit.contracts import label_names as ln
 from gpukit.contracts.device_ids import mig_resource_name
 from gpukit.inventory.model import GPU_RESOURCE, GpuMig, NodeDecl
@@ -274,7 +275,7 @@ def _mig_labels(decl: NodeDecl, resource: str, profile: str, count: int) -> dict
 
 # -- DRA: the node's ResourceSlice devices (driver gpu.nvidia.com) ---------------------------
 
-DRA_DRIVER = "gpu.nvidia.com"
+DRA_DRIVER = dra.DRIVER
 
 
 @dataclass(frozen=True)
@@ -331,13 +332,12 @@ def expected_dra_devices(decl: NodeDecl) -> list[ExpectedDraDevice]:
     for g in gpus:
         if not g.mig_enabled:
             out.append(ExpectedDraDevice("gpu", g.index, gpu.product, None, gpu.memory_mib,
-                                         None, r"gpu-\d+"))
+                                         None, dra.device_name_pattern()))
             continue
         assert table is not None  # the model refuses MIG on a product without a table
         for name in g.profiles:
             p = table.gpu_instance_profile(name)
-            part = re.sub(r"[^a-z0-9-]", "-", name.replace(".", "").lower()).strip("-")
             out.append(ExpectedDraDevice("mig", g.index, gpu.product, name, p.memory_mb,
                                          p.multiprocessors,
-                                         rf"gpu-\d+-mig-{re.escape(part)}-{p.driver_id}-\d+"))
+                                         dra.device_name_pattern(name, p.driver_id)))
     return out

@@ -26,16 +26,15 @@ from gpukit.conformance import expect
 from gpukit.conformance.checks import SECURE_ACCELERATOR_ACCESS, Check
 from gpukit.conformance.cluster import PodState, pod_manifest
 from gpukit.conformance.common import need_decl
+from gpukit.contracts.dra import GPU_CLASS, MIG_CLASS, parse_device_name
 from gpukit.contracts.label_names import RESOURCE_PREFIX
 
 pytestmark = pytest.mark.dra
 
 DRIVER = expect.DRA_DRIVER
-GPU_CLASS, MIG_CLASS = "gpu.nvidia.com", "mig.nvidia.com"
 # What a container sees: its GPU device nodes (not the control nodes nvidiactl, nvidia-uvm...).
 LIST_GPUS = ('echo "DEV=$(ls /dev | grep -E "^nvidia[0-9]+$" | tr "\\n" " ")"; '
              "exec sleep 3600")
-_MINOR = re.compile(r"^gpu-(\d+)(?:-mig-.+)?$")
 
 
 # -- what the node publishes ----------------------------------------------------------------
@@ -209,8 +208,8 @@ def claims(gpukit_suite: Any, node: str) -> Iterator[Claims]:
 
 
 def _device_node(device: str) -> str:
-    m = _MINOR.match(device)
-    return f"nvidia{m.group(1)}" if m else f"<no minor in {device}>"
+    parsed = parse_device_name(device)
+    return f"nvidia{parsed.minor}" if parsed else f"<no minor in {device}>"
 
 
 def _one_class(decl: inv.NodeDecl) -> str:

@@ -10,5 +10,9 @@ tests/unit/test_import_direction.py, fails when one does):
 * ``label_syntax``   Kubernetes' label key/value syntax
 * ``config_versions``  versioned config names a rolling change labels nodes with
 * ``device_ids``     the device IDs the node agent gives the kubelet (replicas, MIG resources)
+* ``dra``            NVIDIA's DRA driver names (driver, DeviceClasses, CDI kind, kubelet paths)
+                     and its ResourceSlice device-name rule (built and parsed only here)
+* ``dra_claim_config``  NVIDIA's DRA claim parameters (``resource.nvidia.com/v1beta1``
+                     ``GpuConfig`` / ``MigDeviceConfig``), validated as its driver decodes them
 * ``bounded_yaml``   YAML reading with size and depth bounds, for files users bring
 """

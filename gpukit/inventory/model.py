@@ -1,7 +1,7 @@
 """The declarations: what the inventory says about each GPU node, typed and validated.
 
 The choices a declaration is checked against live once: where the library applies them
-(kernel module flavours: gpukit.provision.driver) or here (runtimes, taint effects); the roles'
+(kernel module flavours: contracts.nvidia_driver) or here (runtimes, taint effects); the roles'
 argument_specs are tested against these constants (tests/roles/test_role_contracts.py).
 """
 
@@ -14,10 +14,10 @@ from typing import Any
 from gpukit.contracts import label_names as ln
 from gpukit.contracts import mig_profiles
 from gpukit.contracts.mig_parted import MigConfigEntry
+from gpukit.contracts.nvidia_driver import FLAVOURS
 from gpukit.contracts.plugin_config import Config
+from gpukit.contracts.runtime_hardening import OPT_OUT_VARIABLE
 from gpukit.mig.declared import GpuMig as GpuMig  # what a declared layout means for one GPU
-from gpukit.provision.driver import FLAVOURS
-from gpukit.provision.toolkit_config import OPT_OUT_VARIABLE
 
 from . import metrics
 from .quotas import Tenancy

@@ -12,11 +12,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from gpukit.contracts import mig_parted
+from gpukit.contracts import runtime_hardening as toolkit_config
 from gpukit.contracts.mig_parted import MigConfigEntry
+from gpukit.contracts.nvidia_driver import DriverSpec, DriverSpecError
 from gpukit.contracts.plugin_config import Config, ConfigError, parse_config, require_content
 from gpukit.mig import declared
-from gpukit.provision import toolkit_config
-from gpukit.provision.driver import DriverSpec, DriverSpecError
 
 from . import metrics, node_meta
 from .model import (

@@ -33,9 +33,9 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from gpukit.contracts.device_ids import strip_replica
+from gpukit.contracts.dra import DRIVER as DRA_DRIVER
 
 from .devices import Gpu, MigDevice, NodeDevices
-from .dra.names import DRIVER as DRA_DRIVER
 from .dra.slice_devices import gpu_name
 from .nvml.telemetry import Reading, read_gpu, read_mig
 from .podresources import Holder

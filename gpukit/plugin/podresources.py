@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import grpc
 
+from gpukit.contracts.dra import DRIVER as DRA_DRIVER
 from gpukit.contracts.label_names import RESOURCE_PREFIX
 
 from .api import podresources_grpc, podresources_pb2
-from .dra.names import DRIVER as DRA_DRIVER
 
 log = logging.getLogger(__name__)
 SOCKET_NAME = "kubelet.sock"

@@ -27,9 +27,9 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from gpukit.contracts import dra as names
 from gpukit.contracts.label_names import GPU_ALLOCATION, RESOURCE_PREFIX
 from gpukit.inventory.model import GPU_ALLOCATIONS
-from gpukit.plugin.dra import names
 from gpukit.plugin.labels import owned as labeler_owns
 
 KUBELET_DEVICE_PLUGIN_CHECKPOINT = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"

@@ -25,16 +25,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+# The hardening rule lives below the model and provisioning both; roles reach it here.
+from gpukit.contracts.runtime_hardening import CONFIGS_VARIABLE as CONFIGS_VARIABLE
+from gpukit.contracts.runtime_hardening import HARDENED_STRATEGIES as HARDENED_STRATEGIES
+from gpukit.contracts.runtime_hardening import NVIDIA_DEFAULT_STRATEGY as NVIDIA_DEFAULT_STRATEGY
+from gpukit.contracts.runtime_hardening import OPT_OUT_VARIABLE as OPT_OUT_VARIABLE
+from gpukit.contracts.runtime_hardening import unhardened_configs as unhardened_configs
 from gpukit.provision.edit import Edit
 
 DEFAULT_PATH = "/etc/nvidia-container-runtime/config.toml"
 ENVVAR_UNPRIVILEGED = "accept-nvidia-visible-devices-envvar-when-unprivileged"
 VOLUME_MOUNTS = "accept-nvidia-visible-devices-as-volume-mounts"
-OPT_OUT_VARIABLE = "gpukit_runtime_accept_envvar_unprivileged"
-CONFIGS_VARIABLE = "gpukit_device_plugin_configs"
-# Strategies that reach an unprivileged container under the hardening.
-HARDENED_STRATEGIES = ("volume-mounts", "cdi-annotations", "cdi-cri")
-NVIDIA_DEFAULT_STRATEGY = "envvar"  # a config that names none (NVIDIA's plugin, and gpukit's)
 
 
 class ToolkitConfigError(ValueError):
@@ -101,41 +102,6 @@ def plan(current: str | None, s: ToolkitSettings, path: str = DEFAULT_PATH) -> E
         changes.insert(0, f"{path}: created")
     return Edit(path=path, before=current, after=after if changes else current,
                 changes=tuple(changes))  # fmt: skip
-
-
-# --- agreement with the device plugin's configs -----------------------------------------------
-
-
-def _strategies(cfg: Mapping[str, Any]) -> tuple[tuple[str, ...], bool]:
-    """(the config's strategies, whether it names them itself: else NVIDIA's default)."""
-    flags = cfg.get("flags")
-    plugin = flags.get("plugin") if isinstance(flags, Mapping) else None
-    raw = plugin.get("deviceListStrategy") if isinstance(plugin, Mapping) else None
-    if raw is None:
-        return (NVIDIA_DEFAULT_STRATEGY,), False
-    return ((raw,) if isinstance(raw, str) else tuple(str(r) for r in raw)), True
-
-
-def unhardened_configs(configs: Mapping[str, Any] | None
-                       ) -> list[tuple[str, tuple[str, ...], str]]:
-    """The device plugin configs that would give unprivileged pods no GPU under the hardened
-    runtime: (name, strategies, why) for each config using none of HARDENED_STRATEGIES."""
-    if not isinstance(configs, Mapping):
-        return []  # not a mapping: the device plugin role refuses it with its own message
-    out = []
-    for name, cfg in configs.items():
-        if not isinstance(cfg, Mapping):
-            continue
-        strategies, explicit = _strategies(cfg)
-        if not set(strategies) & set(HARDENED_STRATEGIES):
-            where = "" if explicit else " (not set: NVIDIA's default)"
-            out.append((str(name), strategies, (
-                f"uses deviceListStrategy {','.join(strategies)}{where}, but {OPT_OUT_VARIABLE}"
-                " is false (NVIDIA's hardening: the runtime ignores NVIDIA_VISIBLE_DEVICES in"
-                " unprivileged containers), so unprivileged pods would get no GPU; set its"
-                " flags.plugin.deviceListStrategy to volume-mounts, cdi-annotations or cdi-cri,"
-                f" or set {OPT_OUT_VARIABLE}: true")))
-    return out
 
 
 def hardening_problems(

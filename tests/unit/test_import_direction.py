@@ -43,7 +43,9 @@ ALLOWED: dict[str, set[str]] = {
     # operator's objects for them (PodMonitor, ServiceMonitor, PrometheusRule).
     "gpukit.monitoring": set(),
     "gpukit.telemetry_manifests": {"gpukit.agent_manifests", "gpukit.monitoring"},
-    "gpukit.inventory": {"gpukit.contracts", "gpukit.mig", "gpukit.provision"},
+    # The model refuses what the roles would through the rules both share below them
+    # (contracts.nvidia_driver, contracts.runtime_hardening), never through provisioning.
+    "gpukit.inventory": {"gpukit.contracts", "gpukit.mig"},
     # The declaration check: the model's validation and the oracle's answers for every host.
     "gpukit.inventory.check": {"gpukit.contracts", "gpukit.inventory", "gpukit.conformance.expect"},
     "gpukit.provision": {"gpukit.contracts", "gpukit.mig", "gpukit.plugin",
@@ -66,6 +68,10 @@ EXCEPTIONS = {
         "the workload check loads the lab's NVML only on a lab node",
     ("gpukit.conformance.exclusive", "gpukit.lab.nvml"): "as above",
 }
+# Who may import the DRA kubelet plugin from outside the agent: the command line's `gpukit dra`
+# starts it. Everyone else reads NVIDIA's DRA contract from gpukit.contracts.dra.
+DRA_PLUGIN = "gpukit.plugin.dra"
+DRA_PLUGIN_USERS = {"gpukit.cli"}
 # Who may import the oracle besides the suite (and the unrestricted lab and CLI): the one
 # module where the model meets it.
 ORACLE = "gpukit.conformance.expect"
@@ -148,6 +154,60 @@ def crossings() -> list[str]:
 
 def test_imports_go_down_only() -> None:
     assert crossings() == []
+
+
+def part_edges(modules: dict[str, Path]) -> set[tuple[str, str]]:
+    """(part, part) for every import between two parts (ALLOWED's keys); a package importing
+    its own submodules (a face re-exporting what lies inside it) is no edge."""
+    known = set(modules)
+    edges = set()
+    for module, path in modules.items():
+        for target in _imports(module, path, known):
+            if target.startswith(module + "."):
+                continue
+            a, b = _part(module), _part(target)
+            if a != b:
+                edges.add((a, b))
+    return edges
+
+
+def mutual(edges: set[tuple[str, str]]) -> list[tuple[str, str]]:
+    return sorted((a, b) for a, b in edges if a < b and (b, a) in edges)
+
+
+def dra_plugin_importers(modules: dict[str, Path]) -> list[str]:
+    known = set(modules)
+    return sorted(f"{m} imports {t}" for m, p in modules.items()
+                  for t in _imports(m, p, known)
+                  if (t == DRA_PLUGIN or t.startswith(DRA_PLUGIN + "."))
+                  and not m.startswith("gpukit.plugin.") and m not in DRA_PLUGIN_USERS)
+
+
+def test_no_two_parts_import_each_other() -> None:
+    # The table could allow both directions and every import still pass it: read the graph.
+    assert mutual(part_edges(_modules())) == []
+    allowed_both = sorted((a, b) for a in ALLOWED for b in ALLOWED[a]
+                          if a < b and b in ALLOWED and a in ALLOWED[b])
+    assert allowed_both == []
+
+
+def test_the_dra_plugin_is_imported_only_inside_the_agent() -> None:
+    assert dra_plugin_importers(_modules()) == []
+
+
+def test_the_loop_and_dra_checks_see_a_planted_import(tmp_path: Path) -> None:
+    # Each rule would pass on a scan that finds nothing: plant a violation into a copy of
+    # the real module set and see it named.
+    modules = dict(_modules())
+    back = tmp_path / "back.py"
+    back.write_text("from gpukit.provision import driver\n")
+    modules["gpukit.inventory.back"] = back
+    assert ("gpukit.inventory", "gpukit.provision") in mutual(part_edges(modules))
+    core = tmp_path / "core.py"
+    core.write_text("def f():\n    from gpukit.plugin.dra import slices\n")
+    modules["gpukit.provision.core"] = core
+    assert dra_plugin_importers(modules) == [
+        "gpukit.provision.core imports gpukit.plugin.dra.slices"]
 
 
 def test_every_module_belongs_to_a_part() -> None:

@@ -27,6 +27,15 @@ from typing import Any
 
 from kubernetes import client
 
+from gpukit.contracts.dra import (
+    CDI_DIR,
+    CHECKPOINT_FILE,
+    KUBELET_DIR,
+    PLUGIN_DIR,
+    PLUGIN_SOCKET,
+    REGISTRATION_SOCKET,
+    REGISTRY_DIR,
+)
 from gpukit.contracts.plugin_config import HealthSettings
 
 from .. import cdi, nvml, podresources
@@ -38,15 +47,6 @@ from ..nvml.mig import PynvmlBackend as MigReader
 from ..resources import Unit
 from .checkpoint import Checkpoint
 from .health_stream import DeviceState, HealthBoard, HealthService
-from .names import (
-    CDI_DIR,
-    CHECKPOINT_FILE,
-    KUBELET_DIR,
-    PLUGIN_DIR,
-    PLUGIN_SOCKET,
-    REGISTRATION_SOCKET,
-    REGISTRY_DIR,
-)
 from .prepare import Preparer
 from .server import DraServer
 from .slice_devices import Placement, SliceDevice, node_slice_devices

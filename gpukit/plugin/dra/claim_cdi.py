@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpukit.contracts.dra import CDI_CLASS, CDI_KIND, CDI_VENDOR
+
 from .. import cdi
 from ..resources import Unit
-from .names import CDI_CLASS, CDI_KIND, CDI_VENDOR
 
 
 def spec_file(claim_uid: str) -> str:

@@ -20,6 +20,7 @@ import sys
 import threading
 
 from gpukit import __version__
+from gpukit.contracts.dra import CDI_DIR, PLUGIN_DIR, REGISTRY_DIR
 from gpukit.contracts.plugin_config import (
     DEFAULT_METRICS_ADDRESS,
     HealthSettings,
@@ -27,7 +28,6 @@ from gpukit.contracts.plugin_config import (
 )
 
 from ..signals import INBOX, StopRequested
-from .names import CDI_DIR, PLUGIN_DIR, REGISTRY_DIR
 
 log = logging.getLogger("gpukit.plugin.dra")
 

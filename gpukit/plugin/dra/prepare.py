@@ -23,10 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpukit.contracts import dra_claim_config as opaque
+from gpukit.contracts.dra import DRIVER
+
 from .. import cdi
-from . import claim_cdi, opaque
+from . import claim_cdi
 from .checkpoint import Checkpoint, PreparedClaim, PreparedDevice
-from .names import DRIVER
 from .slice_devices import SliceDevice
 
 log = logging.getLogger(__name__)

@@ -16,10 +16,11 @@ from typing import Any
 
 import grpc
 
+from gpukit.contracts.dra import DRIVER, PLUGIN_TYPE, SUPPORTED_SERVICES
+
 from ..api import dra_grpc, dra_health_grpc, dra_pb2, registration_grpc, registration_pb2
 from .health_stream import SERVICE as HEALTH_SERVICE
 from .health_stream import HealthService
-from .names import DRIVER, PLUGIN_TYPE, SUPPORTED_SERVICES
 from .prepare import ClaimRef, Preparer
 
 log = logging.getLogger(__name__)

@@ -15,16 +15,21 @@ Plain data: what NVML said comes in as `NodeDevices` and the GPU instances' plac
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from gpukit.contracts import mig_profiles
+from gpukit.contracts.dra import (
+    PCI_BUS_ID_ATTRIBUTE,
+    TYPE_GPU,
+    TYPE_MIG,
+    gpu_device_name,
+    mig_device_name,
+)
 
 from ..devices import Gpu, MigDevice, NodeDevices
 from ..resources import Unit, gpu_unit, mig_unit
-from .names import PCI_BUS_ID_ATTRIBUTE, TYPE_GPU, TYPE_MIG
 
 # NVML's architectures as NVIDIA's tools spell them (go-nvlib's GetArchitectureAsString).
 ARCHITECTURES = {
@@ -71,17 +76,12 @@ def semver(text: str) -> str | None:
     return ".".join(str(n) for n in numbers)
 
 
-def _rfc1123(text: str) -> str:
-    return re.sub(r"[^a-z0-9-]", "-", text.lower()).strip("-")
-
-
 def gpu_name(gpu: Gpu) -> str:
-    return f"gpu-{gpu.minor}"
+    return gpu_device_name(gpu.minor)
 
 
 def mig_name(parent: Gpu, profile: str, driver_profile_id: int, start: int) -> str:
-    profile_part = _rfc1123(profile.replace(".", ""))
-    return f"gpu-{parent.minor}-mig-{profile_part}-{driver_profile_id}-{start}"
+    return mig_device_name(parent.minor, profile, driver_profile_id, start)
 
 
 def _common(gpu: Gpu, node: NodeDevices) -> dict[str, dict[str, Any]]:

@@ -19,7 +19,7 @@ from typing import Any
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
-from .names import DRIVER
+from gpukit.contracts.dra import DRIVER
 
 log = logging.getLogger(__name__)
 

@@ -10,15 +10,14 @@ prepared claim and its devices by NVIDIA's names: `gpu-<minor>` for a whole GPU,
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..dra import names
+from gpukit.contracts import dra as names
+
 from ..dra.checkpoint import Checkpoint
 
 DEFAULT_CHECKPOINT = Path(names.PLUGIN_DIR) / names.CHECKPOINT_FILE
-_DEVICE = re.compile(r"^gpu-(\d+)(?:-mig-.+)?$")
 
 
 def held_by_minor(checkpoint: Path) -> dict[int, tuple[str, ...]]:
@@ -27,8 +26,8 @@ def held_by_minor(checkpoint: Path) -> dict[int, tuple[str, ...]]:
     out: dict[int, set[str]] = {}
     for claim in Checkpoint(checkpoint).all().values():
         for device in claim.devices:
-            if m := _DEVICE.match(device.device):
-                out.setdefault(int(m.group(1)), set()).add(f"{claim.namespace}/{claim.name}")
+            if parsed := names.parse_device_name(device.device):
+                out.setdefault(parsed.minor, set()).add(f"{claim.namespace}/{claim.name}")
     return {minor: tuple(sorted(c)) for minor, c in sorted(out.items())}
 
 

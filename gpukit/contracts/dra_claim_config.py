@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .names import CONFIG_API_VERSION, DRIVER
+from gpukit.contracts.dra import CONFIG_API_VERSION, DRIVER
 
 GPU_CONFIG = "GpuConfig"
 MIG_CONFIG = "MigDeviceConfig"

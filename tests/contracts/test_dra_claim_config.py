@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gpukit.plugin.dra import opaque
+from gpukit.contracts import dra_claim_config as opaque
 
 API = "resource.nvidia.com/v1beta1"
 

@@ -1,0 +1,88 @@
+"""NVIDIA's DRA driver contract (k8s-dra-driver-gpu, now the Go module
+`sigs.k8s.io/dra-driver-nvidia-gpu`; driver `gpu.nvidia.com`): the names it uses, so claims and
+DeviceClasses written for it work unchanged, its ResourceSlice device-name rule, and where the
+kubelet looks for a DRA plugin. Its claim parameters (`resource.nvidia.com/v1beta1`) are
+`gpukit.contracts.dra_claim_config`."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+DRIVER = "gpu.nvidia.com"
+# Device types (the `type` attribute) and NVIDIA's DeviceClasses.
+TYPE_GPU = "gpu"
+TYPE_MIG = "mig"
+GPU_CLASS = "gpu.nvidia.com"
+MIG_CLASS = "mig.nvidia.com"
+# A prepared claim's CDI devices: `k8s.gpu.nvidia.com/claim=<claim uid>-<device>`, in a
+# transient spec file per claim (CDI's GenerateTransientSpecName: <vendor>-<class>_<uid>).
+CDI_VENDOR = f"k8s.{DRIVER}"
+CDI_CLASS = "claim"
+CDI_KIND = f"{CDI_VENDOR}/{CDI_CLASS}"
+# Opaque parameters: NVIDIA's config API group.
+CONFIG_API_VERSION = "resource.nvidia.com/v1beta1"
+# The standard attribute Kubernetes defines for a device's PCI address
+# (k8s.io/dynamic-resource-allocation/deviceattribute).
+PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
+
+# The kubelet: plugin registration sockets, and the DRA plugin's own directory.
+KUBELET_DIR = "/var/lib/kubelet"
+REGISTRY_DIR = f"{KUBELET_DIR}/plugins_registry"
+PLUGIN_DIR = f"{KUBELET_DIR}/plugins/{DRIVER}"
+REGISTRATION_SOCKET = f"{DRIVER}-reg.sock"
+PLUGIN_SOCKET = "dra.sock"
+CHECKPOINT_FILE = "checkpoint.json"
+PLUGIN_TYPE = "DRAPlugin"
+# The gRPC services a plugin lists as supported_versions; v1 is the kubelet's first choice.
+SUPPORTED_SERVICES = ("v1.DRAPlugin",)
+CDI_DIR = "/var/run/cdi"
+
+
+# ResourceSlice device names, as NVIDIA's driver names its devices (selectors and claims' status
+# name them): a whole GPU `gpu-<minor>`, a MIG device `gpu-<parent minor>-mig-<profile without
+# dots, RFC 1123>-<GPU instance profile id>-<placement start>`. Built and parsed here only.
+_DEVICE_NAME = re.compile(r"^gpu-(\d+)(?:-mig-([a-z0-9-]+?)-(\d+)-(\d+))?$")
+
+
+@dataclass(frozen=True)
+class DeviceName:
+    minor: int  # the GPU's (a MIG device's parent's) /dev/nvidia<minor>
+    profile_part: str = ""  # MIG only: the profile as it stands in the name (1g5gb)
+    gi_profile_id: int | None = None  # MIG only: the driver's GPU instance profile id
+    start: int | None = None  # MIG only: the placement's start slice
+
+    @property
+    def is_mig(self) -> bool:
+        return self.gi_profile_id is not None
+
+
+def mig_profile_part(profile: str) -> str:
+    """A MIG profile as it stands in a device name: no dots, RFC 1123 (`1g.5gb+me` -> 1g5gb-me)."""
+    return re.sub(r"[^a-z0-9-]", "-", profile.replace(".", "").lower()).strip("-")
+
+
+def gpu_device_name(minor: int) -> str:
+    return f"gpu-{minor}"
+
+
+def mig_device_name(parent_minor: int, profile: str, gi_profile_id: int, start: int) -> str:
+    return f"gpu-{parent_minor}-mig-{mig_profile_part(profile)}-{gi_profile_id}-{start}"
+
+
+def parse_device_name(name: str) -> DeviceName | None:
+    """The parts of a device name NVIDIA's driver (or gpukit's) published; None for others."""
+    m = _DEVICE_NAME.match(name)
+    if m is None:
+        return None
+    if m.group(2) is None:
+        return DeviceName(int(m.group(1)))
+    return DeviceName(int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4)))
+
+
+def device_name_pattern(profile: str | None = None, gi_profile_id: int | None = None) -> str:
+    """A regular expression for the names of a whole GPU (no profile) or of one MIG profile's
+    devices on any GPU and placement (the suite's expectation, where minors are not declared)."""
+    if profile is None:
+        return r"gpu-\d+"
+    return rf"gpu-\d+-mig-{re.escape(mig_profile_part(profile))}-{gi_profile_id}-\d+"
