@@ -9,6 +9,7 @@ Python object is built, with a message that says which bound was hit.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -81,6 +82,43 @@ def load(text: str) -> Any:
             return None
         if _expanded_size(node) > MAX_NODES:
             raise BoundExceeded(f"more than {MAX_NODES} values once aliases are expanded")
-        return loader.construct_document(node)
+        try:
+            return loader.construct_document(node)
+        except (ValueError, TypeError, OverflowError) as exc:
+            # PyYAML's constructors raise these for values that look typed but are not, e.g.
+            # a date `2001-13-45`: the document is bad, like any other YAML error.
+            raise Unconstructable(f"{type(exc).__name__}: {str(exc)[:200]}") from exc
     finally:
         loader.dispose()
+
+
+class Unconstructable(yaml.YAMLError):
+    """A value PyYAML could parse but not construct (an impossible date, ...)."""
+
+
+class UnreadableText(ValueError):
+    """A file that is not a YAML/JSON text at all: too large, binary, not UTF-8. One line,
+    naming what was found (callers add the file)."""
+
+
+def read_text(path: Path) -> str:
+    """A user's config file as text, refused before parsing when it cannot be one: larger
+    than MAX_BYTES, a NUL byte (binary), or not UTF-8 (a ConfigMap `binaryData` entry, a
+    file saved in another encoding). Raises OSError when it cannot be read."""
+    with path.open("rb") as f:
+        data = f.read(MAX_BYTES + 1)
+    return decode(data)
+
+
+def decode(data: bytes) -> str:
+    """As `read_text`, for bytes already in hand."""
+    if len(data) > MAX_BYTES:
+        raise UnreadableText(f"larger than {MAX_BYTES} bytes")
+    nul = data.find(b"\0")
+    if nul >= 0:
+        raise UnreadableText(f"binary, not text (a NUL byte at offset {nul})")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UnreadableText(f"not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
+                             f"{exc.start})") from None

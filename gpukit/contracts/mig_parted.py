@@ -332,9 +332,11 @@ def load_text(text: str, source: str) -> MigConfigs:
 def load_file(path: str | Path) -> MigConfigs:
     p = Path(path)
     try:
-        text = p.read_text()
+        text = bounded_yaml.read_text(p)
     except OSError as e:
         raise MigConfigError([f"{p}: cannot read: {e.strerror or e}"]) from e
+    except bounded_yaml.UnreadableText as e:
+        raise MigConfigError([f"{p}: refused, the file is {e}"]) from None
     return load_text(text, str(p))
 
 

@@ -211,9 +211,11 @@ def set_path(doc: dict[str, Any], dotted: str, value: Any) -> None:
 def load_document(path: Path) -> dict[str, Any]:
     """Read a YAML/JSON config file into a mapping; errors name the file and what is wrong."""
     try:
-        text = path.read_text()
+        text = bounded_yaml.read_text(path)
     except OSError as exc:
         raise ConfigError([f"cannot read config file: {exc.strerror or exc}"], str(path)) from exc
+    except bounded_yaml.UnreadableText as exc:
+        raise ConfigError([f"<root>: refused, the file is {exc}"], str(path)) from None
     return require_content(parse_document(text, str(path)), str(path))
 
 

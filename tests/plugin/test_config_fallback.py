@@ -1,5 +1,5 @@
 """Bad input never takes a node's GPUs away (issue 14 points 1, 2): an agent restarted into an
-unknown or malformed selected config serves its last good one and says so (node label,
+unknown, malformed, binary or non-UTF-8 selected config serves its last good one and says so (node label,
 Event, metric); an empty config is refused like any invalid one; with no last good config the
 agent refuses loudly as before."""
 
@@ -58,7 +58,7 @@ def configs(short_tmp: Path) -> Path:
     return d
 
 
-@pytest.mark.parametrize("bad", ["unknown", "malformed", "empty"])
+@pytest.mark.parametrize("bad", ["unknown", "malformed", "empty", "binary", "not-utf8"])
 def test_a_restart_into_bad_input_serves_the_last_good_config(
         kubelet: FakeKubelet, short_tmp: Path, configs: Path, bad: str) -> None:
     record = short_tmp / "state" / "last-good.json"
@@ -77,8 +77,12 @@ def test_a_restart_into_bad_input_serves_the_last_good_config(
         node.labels_now[ln.DEVICE_PLUGIN_CONFIG] = "no-such-config"
     elif bad == "malformed":
         (configs / "shared").write_text("version: v1\nsharing: [unclosed\n")
-    else:
+    elif bad == "empty":
         (configs / "shared").write_text("")
+    elif bad == "binary":  # a ConfigMap binaryData entry, mounted as its raw bytes
+        (configs / "shared").write_bytes(b"\x1f\x8b\x08\x00" + bytes(64))
+    else:
+        (configs / "shared").write_bytes(SHARED.replace("4", "\xe9").encode("latin-1"))
     second = agent(short_tmp, node, record)
     second.start()
     try:
@@ -89,7 +93,8 @@ def test_a_restart_into_bad_input_serves_the_last_good_config(
         [(reason, message, kind)] = node.events
         assert (reason, kind) == ("DevicePluginConfigRefused", "Warning")
         expected = {"unknown": "names no config", "malformed": "malformed YAML",
-                    "empty": "the config is empty"}[bad]
+                    "empty": "the config is empty", "binary": "binary, not text",
+                    "not-utf8": "not UTF-8 text"}[bad]
         assert expected in message and "serving the last good config 'shared'" in message
         # Fixing the input brings the state back, and the fixed config is the new record.
         if bad == "unknown":
