@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import metrics, quotas
+from . import known_variables, metrics, quotas
 from .model import GPU_GROUP, VARIABLES, GpuInventory, NodeDecl
 from .problems import MISSING, InventoryError, Problem, short
 from .validate import configs_parsed_once, node_from_vars
@@ -58,8 +58,15 @@ def load(
         raise InventoryError(problems, source)
     nodes: list[NodeDecl] = []
     tenancy_vars: dict[str, dict[str, Any]] = {}  # cluster-wide, seen by every GPU host
+    strays: dict[tuple[str, str], Problem] = {}  # unknown variables, each (name, where) once
     for host in members:
         hv = variables.get_vars(host=host)
+        for name, hint in known_variables.unknown(set(hv), _MODEL_VARIABLES).items():
+            where = _origin(hv[name])
+            strays.setdefault((name, where or host.name), Problem(
+                None if where else host.name, name, MISSING,
+                f"is not a variable gpukit knows{f' (set in {where})' if where else ''}"
+                + (f": {hint}" if hint else "")))
         templar = Templar(loader=loader, variables=hv)
 
         def value(name: str, default: Any = MISSING, _hv: Any = hv, _t: Any = templar,
@@ -87,6 +94,7 @@ def load(
             problems.extend(exc.problems)
     tenancy, tenancy_problems = quotas.from_hosts(tenancy_vars)
     problems.extend(tenancy_problems)
+    problems.extend(strays.values())
     if problems:
         raise InventoryError(problems, source)
     seen: dict[str, str] = {}
@@ -106,6 +114,23 @@ def load(
                                           f"of this inventory (known: {sorted(seen)})")], source)
         nodes = [n for n in nodes if n.node_name in wanted or n.host in wanted]
     return GpuInventory(source=source, nodes=tuple(nodes), tenancy=tenancy)
+
+
+# What the model reads beside the collection (the reference of known_variables).
+_MODEL_VARIABLES = frozenset((*VARIABLES, *quotas.VARIABLES))
+
+
+def _origin(value: Any) -> str:
+    """`file:line` an inventory value came from (Ansible 2.19 tags what it loads); "" when
+    the value carries none."""
+    try:
+        from ansible._internal._datatag._tags import Origin  # type: ignore[import-untyped]
+    except ImportError:  # another ansible-core: the host names it instead
+        return ""
+    tag = Origin.get_tag(value)
+    if tag is None or not tag.path:
+        return ""
+    return f"{tag.path}:{tag.line_num}" if tag.line_num else str(tag.path)
 
 
 # The declaration variables but the kubeconfig (model.VARIABLES): what a host may declare.
