@@ -14,5 +14,8 @@ tests/unit/test_import_direction.py, fails when one does):
                      and its ResourceSlice device-name rule (built and parsed only here)
 * ``dra_claim_config``  NVIDIA's DRA claim parameters (``resource.nvidia.com/v1beta1``
                      ``GpuConfig`` / ``MigDeviceConfig``), validated as its driver decodes them
+* ``gpu_architectures``  NVML's architecture codes, NVIDIA's spellings, GFD's gpu.family
+* ``nvidia_driver``  NVIDIA's driver channels and packages; a declared driver (``DriverSpec``)
+* ``runtime_hardening``  the device plugin strategies that reach unprivileged containers
 * ``bounded_yaml``   YAML reading with size and depth bounds, for files users bring
 """

@@ -98,18 +98,6 @@ class NodeDevices:
         return v // 1000, (v % 1000) // 10
 
 
-def arch_family(major: int, minor: int) -> str:
-    """GFD's `nvidia.com/gpu.family` from the CUDA compute capability."""
-    if major == 7:
-        return "volta" if minor < 5 else "turing"
-    if major == 8:
-        return "ampere" if minor < 9 else "ada-lovelace"
-    return {
-        1: "tesla", 2: "fermi", 3: "kepler", 5: "maxwell", 6: "pascal", 9: "hopper",
-        10: "blackwell", 12: "blackwell",
-    }.get(major, "undefined")
-
-
 def mig_memory_gb(total_memory_bytes: int, mig_memory_mb: int) -> int:
     """go-nvlib's rounding of a MIG device's memory to the GB figure in its profile name."""
     one_mb, one_gb = 1024 * 1024, 1024 * 1024 * 1024

@@ -20,11 +20,12 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from gpukit.contracts import gpu_architectures
 from gpukit.contracts import label_names as ln
 from gpukit.contracts.device_ids import mig_resource_name
 from gpukit.contracts.plugin_config import Config
 
-from .devices import Gpu, MigDevice, NodeDevices, arch_family
+from .devices import Gpu, MigDevice, NodeDevices
 
 SYSFS_ROOT_ENV = "GPUKIT_SYSFS_ROOT"
 DEFAULT_SYSFS_ROOT = "/sys"
@@ -262,7 +263,7 @@ def _full_gpu_labels(gpus: list[Gpu], count: int, config: Config | None) -> dict
     if gpu.memory_mb:
         values[ln.MEMORY] = gpu.memory_mb
     if gpu.compute_major:
-        values[ln.FAMILY] = arch_family(gpu.compute_major, gpu.compute_minor)
+        values[ln.FAMILY] = gpu_architectures.gfd_family(gpu.compute_major, gpu.compute_minor)
         values[ln.COMPUTE_MAJOR] = gpu.compute_major
         values[ln.COMPUTE_MINOR] = gpu.compute_minor
     return _resource_labels(ln.GPU_RESOURCE, values)

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpukit.contracts import mig_profiles
+from gpukit.contracts import gpu_architectures, mig_profiles
 from gpukit.contracts.dra import (
     PCI_BUS_ID_ATTRIBUTE,
     TYPE_GPU,
@@ -31,12 +31,6 @@ from gpukit.contracts.dra import (
 from ..devices import Gpu, MigDevice, NodeDevices
 from ..resources import Unit, gpu_unit, mig_unit
 
-# NVML's architectures as NVIDIA's tools spell them (go-nvlib's GetArchitectureAsString).
-ARCHITECTURES = {
-    "kepler": "Kepler", "maxwell": "Maxwell", "pascal": "Pascal", "volta": "Volta",
-    "turing": "Turing", "ampere": "Ampere", "ada": "Ada Lovelace", "hopper": "Hopper",
-    "blackwell": "Blackwell",
-}
 _BINARY_SUFFIXES = (("Ei", 1 << 60), ("Pi", 1 << 50), ("Ti", 1 << 40), ("Gi", 1 << 30),
                     ("Mi", 1 << 20), ("Ki", 1 << 10))  # fmt: skip
 
@@ -89,8 +83,7 @@ def _common(gpu: Gpu, node: NodeDevices) -> dict[str, dict[str, Any]]:
     if gpu.brand:
         attrs["brand"] = {"string": gpu.brand}
     if gpu.architecture:
-        attrs["architecture"] = {"string": ARCHITECTURES.get(gpu.architecture,
-                                                             gpu.architecture.capitalize())}
+        attrs["architecture"] = {"string": gpu_architectures.display_name(gpu.architecture)}
     versions = {
         "cudaComputeCapability": semver(f"{gpu.compute_major}.{gpu.compute_minor}")
         if gpu.compute_major else None,

@@ -14,15 +14,13 @@ from typing import Any
 
 import pynvml
 
+from gpukit.contracts import gpu_architectures
+
 from ..devices import Gpu, Link, MigDevice, NodeDevices, mig_memory_gb, profile_name
 from .calls import NvmlError, _text, call, normalize_bus_id, optional
 
 log = logging.getLogger(__name__)
 
-_ARCHITECTURES = {
-    2: "kepler", 3: "maxwell", 4: "pascal", 5: "volta", 6: "turing", 7: "ampere", 8: "ada",
-    9: "hopper", 10: "blackwell",
-}
 # nvmlDeviceGetBrand as NVIDIA's tools spell it (go-nvlib's GetBrandAsString, what NVIDIA's DRA
 # driver publishes as `brand`); a code this table lacks is left out, not guessed.
 _BRANDS = {
@@ -96,7 +94,7 @@ def _describe_gpu(index: int, handle: Any) -> Gpu:
         memory_mb=int(mem.total) // (1024 * 1024), pci_bus_id=bus_id,
         numa_node=int(numa) if numa is not None and numa >= 0 else None,
         compute_major=int(major), compute_minor=int(minor_cc),
-        architecture=_ARCHITECTURES.get(int(arch), ""), brand=_BRANDS.get(int(brand), ""),
+        architecture=gpu_architectures.from_nvml(int(arch)), brand=_BRANDS.get(int(brand), ""),
         mig_capable=mig_capable,
         mig_enabled=mig_enabled, mig_devices=migs,
     )
