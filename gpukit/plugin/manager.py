@@ -25,68 +25,33 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Protocol
 
 import grpc
 
 from gpukit.contracts import label_names as ln
 from gpukit.contracts.plugin_config import Config, ConfigError
 
-from . import cdi, last_good, nvml, podresources
+from . import cdi, nvml, podresources
 from .allocate import Allocator
 from .api import KUBELET_SOCKET_NAME
+from .config_keeper import ConfigKeeper
 from .config_source import ConfigSource, LoadedConfig
 from .devices import NodeDevices
 from .gpu_metrics import GpuMetricsCollector, GpuMetricsSources
 from .health import HealthMonitor, HealthTracker, effective_ignored_xids
-from .labels import compute_labels, label_changes, write_labels_file
+from .label_publisher import LabelPublisher
+from .labels import compute_labels
 from .metrics import PluginMetrics
 from .mig.pause import PauseWatcher
 from .node_api import NodeClient
-from .nvml import telemetry
+from .nvml_backend import InitError as InitError
+from .nvml_backend import NvmlBackend as NvmlBackend
+from .nvml_backend import PynvmlBackend as PynvmlBackend
+from .nvml_backend import no_reading
 from .resources import Resource, ResourceError, ResourceSet, Unit, build_resources
 from .server import DeviceView, PluginServer, ResourceState, inode, register
 
 log = logging.getLogger(__name__)
-
-
-class InitError(RuntimeError):
-    """Startup failed and failOnInitError asks to stop; the message says what to fix."""
-
-
-class NvmlBackend(Protocol):
-    def init(self) -> None: ...
-    def discover(self, with_topology: bool) -> NodeDevices: ...
-    def shutdown(self) -> None: ...
-
-
-class PynvmlBackend:
-    """The real thing: pynvml against libnvidia-ml.so.1 (or the lab mock)."""
-
-    def __init__(self, library: str | None = None) -> None:
-        self.library = library
-
-    def init(self) -> None:
-        if self.library:
-            nvml.load_library(self.library)
-        nvml.init()
-
-    def discover(self, with_topology: bool) -> NodeDevices:
-        return nvml.discover(with_topology=with_topology)
-
-    def shutdown(self) -> None:
-        nvml.shutdown()
-
-    def read_gpu(self, uuid: str) -> telemetry.Reading:
-        return telemetry.read_gpu(uuid)
-
-    def read_mig(self, uuid: str) -> telemetry.Reading:
-        return telemetry.read_mig(uuid)
-
-
-def _no_reading(uuid: str) -> telemetry.Reading:
-    return telemetry.Reading()  # a backend without telemetry (tests' stand-ins)
 
 
 @dataclass
@@ -153,12 +118,10 @@ class PluginManager:
         self._next_config_poll = 0.0
         self._next_nvml_retry = 0.0
         self._config_fingerprint: tuple[object, ...] = ()
-        self._last_labels: dict[str, str] | None = None
-        self._next_label_reassert = 0.0
-        self._labels_drifted = threading.Event()
-        # Why the selected config is refused while an older one is served; None when fine.
-        self.config_failure: str | None = None
-        self._reported_failure: str | None = None
+        self.configs = ConfigKeeper(source, self.metrics, node_client,
+                                    self.options.last_good_file)
+        self.labels = LabelPublisher(self.metrics, node_client, source.node_name or "",
+                                     self.options)
         self._last_cdi: dict[str, object] | None = None
         self.pause = PauseWatcher(self.options.pause_file) if self.options.pause_file else None
         self.metrics.readiness = self.readiness
@@ -169,10 +132,15 @@ class PluginManager:
             devices=lambda: self.devices, nvml_ready=lambda: self.nvml_ready,
             holders=self.pod_resources.holders, last_xid=self.metrics.last_xids,
             hostname=self.source.node_name or socket.gethostname(),
-            read_gpu=getattr(backend, "read_gpu", _no_reading),
-            read_mig=getattr(backend, "read_mig", _no_reading))))
+            read_gpu=getattr(backend, "read_gpu", no_reading),
+            read_mig=getattr(backend, "read_mig", no_reading))))
 
     # -- properties ---------------------------------------------------------------------------
+
+    @property
+    def config_failure(self) -> str | None:
+        """Why the selected config is refused while an older one is served; None when fine."""
+        return self.configs.failure
 
     @property
     def config(self) -> Config:
@@ -194,16 +162,16 @@ class PluginManager:
         try:
             loaded = self.source.load()
         except ConfigError as exc:
-            loaded = self._last_good_or_raise(exc)
+            loaded = self.configs.last_good_or_raise(exc)
         else:
-            self._config_accepted(loaded)
+            self.configs.accepted(loaded)
         self._set_config(loaded)
         self._config_fingerprint = self.source.fingerprint()
         self._init_nvml(startup=True)
         self.rescan(startup=True)
         self._loop = threading.Thread(target=self._run, name="gpukit-manager", daemon=True)
         self._loop.start()
-        self._start_label_watch()
+        self.labels.start_watch(self._stop)
 
     def stop(self) -> None:
         self._stop.set()
@@ -274,64 +242,16 @@ class PluginManager:
         self.nvml_ready = True
         log.info("NVML initialised")
 
-    def _last_good_or_raise(self, exc: ConfigError) -> LoadedConfig:
-        """Starting into an invalid selected config: serve the last good one, or fail."""
-        path = self.options.last_good_file
-        record = last_good.load(path) if path else None
-        if record is None:
-            raise exc
-        try:
-            loaded = self.source.resolve(record.document, record.name,
-                                         Path(record.path) if record.path else None)
-        except ConfigError as again:  # e.g. written by an older agent with other rules
-            log.error("the last good config record %s no longer validates: %s", path, again)
-            raise exc from again
-        self._config_refused(exc, f"serving the last good {record.describe()}")
-        return loaded
-
-    def _config_refused(self, exc: ConfigError, instead: str) -> None:
-        """Say it where operators look: log, metric, node label (at the next label update)
-        and one Event per distinct problem on the node."""
-        self.config_failure = str(exc)
-        self.metrics.config_failed.set(1)
-        self.metrics.errors.labels(kind="config").inc()
-        log.error("selected config refused, %s: %s", instead, exc)
-        node = self.source.node_name
-        if self.node_client is None or not node or self._reported_failure == str(exc):
-            return
-        try:
-            self.node_client.event(node, "DevicePluginConfigRefused",
-                                   f"gpukit node agent: {exc}; {instead}")
-            self._reported_failure = str(exc)
-        except Exception as err:  # reporting must not take the node's GPUs down with it
-            log.error("cannot record an Event on node %s: %s", node, err)
-
-    def _config_accepted(self, loaded: LoadedConfig) -> None:
-        if self.config_failure is not None:
-            log.info("selected config accepted again")
-        self.config_failure = None
-        self._reported_failure = None
-        self.metrics.config_failed.set(0)
-        path = self.options.last_good_file
-        if not path:
-            return
-        try:
-            last_good.save(path, last_good.LastGood(
-                loaded.name, str(loaded.path) if loaded.path else "", loaded.document))
-        except OSError as exc:
-            log.error("cannot record the last good config in %s: %s", path, exc)
-            self.metrics.errors.labels(kind="state").inc()
-
     def reload(self) -> bool:
         """Re-read the config; keep the running one if the new one is invalid."""
         try:
             loaded = self.source.load()
         except ConfigError as exc:
             self.metrics.config_reloads.labels(result="rejected").inc()
-            self._config_refused(exc, "keeping the current config")
-            self._update_labels()
+            self.configs.refused(exc, "keeping the current config")
+            self.labels.publish(self._wanted_labels)
             return False
-        self._config_accepted(loaded)
+        self.configs.accepted(loaded)
         self._config_fingerprint = self.source.fingerprint()
         with self._lock:
             old = self.config
@@ -400,7 +320,7 @@ class PluginManager:
             self._reconcile()
             self._write_cdi()
         self._apply_health()
-        self._update_labels()
+        self.labels.publish(self._wanted_labels)
         self._register_pending()
         self._next_rescan = time.monotonic() + self.config.gpukit.rescan_interval_seconds
 
@@ -547,47 +467,6 @@ class PluginManager:
                 ln.CONFIG_STATE_FAILED if self.config_failure else ln.CONFIG_STATE_SUCCESS)
         return labels
 
-    def _update_labels(self, reassert: bool = False) -> None:
-        """Write the labels when this agent's view changed, or (reassert) whatever the node
-        now says: only owned labels that differ are patched, others are never touched."""
-        opts = self.options
-        if not opts.labels_file and not (opts.node_labels and self.node_client):
-            return
-        labels = self._wanted_labels()
-        if labels == self._last_labels and not reassert:
-            return
-        self._next_label_reassert = time.monotonic() + opts.label_reassert_seconds
-        try:
-            if opts.labels_file:
-                write_labels_file(labels, opts.labels_file)
-            if opts.node_labels and self.node_client and self.source.node_name:
-                current = self.node_client.labels(self.source.node_name)
-                patch = label_changes(current, labels)
-                if patch and reassert and labels == self._last_labels:
-                    log.warning("node %s: restoring drifted label(s) %s", self.source.node_name,
-                                ", ".join(sorted(patch)))
-                    self.metrics.labels_restored.inc(len(patch))
-                self.node_client.patch_labels(self.source.node_name, patch)
-        except Exception as exc:  # labels are best effort; the plugin keeps serving
-            log.error("cannot update node labels: %s", exc)
-            self.metrics.errors.labels(kind="labels").inc()
-            return
-        self._last_labels = labels
-
-    def _start_label_watch(self) -> None:
-        client, node = self.node_client, self.source.node_name
-        watch = getattr(client, "watch_labels", None)
-        if not (self.options.node_labels and node and watch is not None):
-            return
-        threading.Thread(target=watch, args=(node, self._labels_seen, self._stop),
-                         name="gpukit-node-watch", daemon=True).start()
-
-    def _labels_seen(self, current: dict[str, str]) -> None:
-        """From the node watch: flag drift of owned labels; the loop restores them."""
-        wanted = self._last_labels
-        if wanted is not None and label_changes(current, wanted):
-            self._labels_drifted.set()
-
     # -- kubelet ------------------------------------------------------------------------------
 
     def _register_pending(self) -> None:
@@ -712,9 +591,8 @@ class PluginManager:
                     self._reload_requested.clear()
                     self.reload()
                     continue
-                if self._labels_drifted.is_set() or now >= self._next_label_reassert:
-                    self._labels_drifted.clear()
-                    self._update_labels(reassert=True)
+                if self.labels.due(now):
+                    self.labels.publish(self._wanted_labels, reassert=True)
                 interval = self.config.gpukit.rescan_interval_seconds
                 due = interval > 0 and now >= self._next_rescan
                 if self._rescan_requested.is_set() or due:

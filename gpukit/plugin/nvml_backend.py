@@ -1,0 +1,48 @@
+"""Where the agent gets NVML from: the real library through pynvml (or the lab's mock), or a
+test's stand-in with the same three calls; and the startup error the agent stops with."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from . import nvml
+from .devices import NodeDevices
+from .nvml import telemetry
+
+
+class InitError(RuntimeError):
+    """Startup failed and failOnInitError asks to stop; the message says what to fix."""
+
+
+class NvmlBackend(Protocol):
+    def init(self) -> None: ...
+    def discover(self, with_topology: bool) -> NodeDevices: ...
+    def shutdown(self) -> None: ...
+
+
+class PynvmlBackend:
+    """The real thing: pynvml against libnvidia-ml.so.1 (or the lab mock)."""
+
+    def __init__(self, library: str | None = None) -> None:
+        self.library = library
+
+    def init(self) -> None:
+        if self.library:
+            nvml.load_library(self.library)
+        nvml.init()
+
+    def discover(self, with_topology: bool) -> NodeDevices:
+        return nvml.discover(with_topology=with_topology)
+
+    def shutdown(self) -> None:
+        nvml.shutdown()
+
+    def read_gpu(self, uuid: str) -> telemetry.Reading:
+        return telemetry.read_gpu(uuid)
+
+    def read_mig(self, uuid: str) -> telemetry.Reading:
+        return telemetry.read_mig(uuid)
+
+
+def no_reading(uuid: str) -> telemetry.Reading:
+    return telemetry.Reading()  # a backend without telemetry (tests' stand-ins)
