@@ -222,6 +222,15 @@ class MigGpu:
 @dataclass(frozen=True)
 class MigTables:
     gpus: Mapping[str, MigGpu]
+    not_mig_capable: frozenset[str] = frozenset()  # lower-cased NVML product names
+
+    def no_table_reason(self, product_name: str) -> str:
+        """Why a product has no table, honestly: NVIDIA says it has no MIG, or gpukit lacks
+        its table (never "not MIG capable" for a product gpukit merely does not know)."""
+        if product_name.strip().lower() in self.not_mig_capable:
+            return f"{product_name} is not MIG capable"
+        return (f"no MIG table for {product_name!r} in gpukit (known: "
+                f"{', '.join(n for g in self.gpus.values() for n in g.product_names[:1])})")
 
     def for_product(self, product_name: str) -> MigGpu | None:
         """The table for an NVML product name (``nvmlDeviceGetName``), or None when the GPU is
@@ -407,13 +416,20 @@ def load(path: Path | str | None = None) -> MigTables:
         raise r.fail("version", f"expected 1, got {top.get('version')!r}")
     gpus_raw = r.mapping(r.get(top, "gpus", "(top level)"), "gpus")
     gpus = {str(k): _parse_gpu(r, str(k), v) for k, v in gpus_raw.items()}
-    return MigTables(gpus=gpus)
+    without = top.get("not_mig_capable", [])
+    if not isinstance(without, list) or not all(isinstance(n, str) for n in without):
+        raise r.fail("not_mig_capable", "expected a list of product names")
+    return MigTables(gpus=gpus, not_mig_capable=frozenset(n.lower() for n in without))
 
 
 @functools.cache
 def tables() -> MigTables:
     """The packaged tables (read once)."""
     return load()
+
+
+def no_table_reason(product_name: str) -> str:
+    return tables().no_table_reason(product_name)
 
 
 def for_product(product_name: str) -> MigGpu | None:

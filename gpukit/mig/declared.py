@@ -87,11 +87,11 @@ def _profiles(entry: MigConfigEntry, product: str, table: mig_profiles.MigGpu | 
     if table is None:
         if entry.mig_devices:
             problems.append(LayoutProblem(
-                where, dict(entry.mig_devices), f"asks for MIG devices, but {product} is not "
-                "MIG capable (no MIG table in gpukit/contracts/mig_profiles.yaml)"))
+                where, dict(entry.mig_devices),
+                f"asks for MIG devices, but {mig_profiles.no_table_reason(product)}"))
         elif entry.mig_enabled:
             problems.append(LayoutProblem(f"{entry.path}.mig-enabled", True,
-                                          f"but {product} is not MIG capable"))
+                                          f"but {mig_profiles.no_table_reason(product)}"))
         return ()
     counts: dict[str, int] = {}
     unknown = False

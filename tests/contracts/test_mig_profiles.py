@@ -131,3 +131,15 @@ def test_malformed_table_names_file_and_field(tmp_path: Path) -> None:
     bad.write_text(good.replace(" driver_id: 14,", "", 1))
     with pytest.raises(mp.MigTableError, match=r"\[3\]\.driver_id: missing"):
         mp.load(bad)
+
+
+@pytest.mark.parametrize(("product", "reason"), [
+    ("NVIDIA H200", "no MIG table for 'NVIDIA H200' in gpukit (known: NVIDIA A100-SXM4-40GB"),
+    ("NVIDIA B200", "no MIG table for 'NVIDIA B200' in gpukit"),
+    ("NVIDIA L40S", "NVIDIA L40S is not MIG capable"),
+    ("Tesla T4", "Tesla T4 is not MIG capable"),
+])
+def test_a_product_without_a_table_is_answered_honestly(product: str, reason: str) -> None:
+    # "not MIG capable" only where NVIDIA says so: an H200 once read as not MIG capable.
+    assert mp.for_product(product) is None
+    assert reason in mp.no_table_reason(product)
