@@ -9,7 +9,7 @@ Inputs:
 - the playbook run as JSON: the document of the `ansible.posix.json` stdout callback, or the
   file the `gpukit.gpu.play_record` callback writes next to the normal output (same layout:
   ``plays[].tasks[].hosts{host: result}`` and ``stats{host: counts}``);
-- the suite's JUnit XML (`pytest conformance --junitxml …`): every test case carries a `node`
+- the suite's JUnit XML (`pytest gpukit/conformance --junitxml …`): every test case carries a `node`
   property (`(cluster)` for cluster-wide tests, see gpukit.conformance.plugin).
 
 Play hosts are inventory names and suite nodes are Kubernetes node names; they are the same

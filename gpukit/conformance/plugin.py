@@ -1,7 +1,7 @@
 """pytest plugin of the gpukit conformance suite (entry point `gpukit_conformance`).
 
-    pytest conformance --inventory inventories/<x> [--kubeconfig K] [--nodes a,b]
-    pytest conformance --lab                       # the gpukit lab, its inventory
+    pytest gpukit/conformance --inventory inventories/<x> [--kubeconfig K] [--nodes a,b]
+    pytest gpukit/conformance --lab                       # the gpukit lab, its inventory
     pytest --pyargs gpukit.conformance ...         # installed
 
 Options, the area markers, the fixtures (`gpukit_suite`, `check`) and parametrization by node
