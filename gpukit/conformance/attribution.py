@@ -75,7 +75,8 @@ def observe(suite: Any, node: str) -> Attribution:
     live = {p.metadata.name for p in suite.kube.core.list_namespaced_pod(suite.namespace).items
             if p.status.phase == "Running"}
     for resource in fill.fillers:
-        pods = [s for s in fill.running(resource) if s.pod in live][:PODS_PER_RESOURCE]
+        pods = sorted((s for s in fill.running(resource) if s.pod in live),
+                      key=lambda s: s.pod)[:PODS_PER_RESOURCE]
         out.want[resource] = {
             s.pod: sorted({probe.by_uuid[u][0].uuid if probe and u in probe.by_uuid else u
                            for u in allocated_units(s, probe)}) for s in pods}
