@@ -568,6 +568,9 @@ def conformance_checks(junit: Path) -> list[dict[str, Any]]:
             if p.get("name") == "check"]  # fmt: skip
 
 
+# Four site.yml runs, two suite runs and the waits between them: past the default 600 s when
+# the machine is loaded (seen in a fresh clone's CI lane 2 at load 6), with nothing wrong.
+@pytest.mark.timeout(1200)
 def test_group_vars_change_only_the_nodes_they_declare(lab: Lab, tmp_path: Path) -> None:
     """A user edits the inventory's group_vars and re-runs site.yml: only the nodes whose
     declarations changed change, and the conformance suite passes against the edited inventory
