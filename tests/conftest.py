@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+# --import-mode=importlib does not put test folders on sys.path; labtools.py (the lab tests'
+# helper module, tests/lab and tests/roles alike) needs it.
+sys.path.insert(0, os.path.dirname(__file__))
 
 # tests/hardware need a real GPU (`make hardware` sets this); elsewhere they are not collected.
 collect_ignore = [] if os.environ.get("GPUKIT_HARDWARE") == "1" else ["hardware"]

@@ -1,7 +1,7 @@
-"""Lab tests: the shared helpers of labtools.py."""
+"""Lab tests: test_cuda_workload.py builds on test_runtime_strategies.py's fixtures."""
 
 import os
 import sys
 
-# --import-mode=importlib does not put test dirs on sys.path; labtools.py needs it.
+# --import-mode=importlib does not put test folders on sys.path; that import needs it.
 sys.path.insert(0, os.path.dirname(__file__))

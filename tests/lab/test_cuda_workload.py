@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 import test_runtime_strategies as rs
 from kubernetes import client
+from labtools import runtime_pod
 
 from gpukit.agent_manifests import AgentDeployment
 from gpukit.k8s import waits
@@ -75,16 +76,8 @@ def run_probe(core: client.CoreV1Api, pods: list[str], resource: str | None,
               env: dict[str, str] | None = None) -> tuple[client.V1Pod, int, dict[str, str]]:  # fmt: skip
     """The probe in a pod under the nvidia RuntimeClass: (the pod, exit status, report)."""
     name = f"cuda-{uuid.uuid4().hex[:8]}"
-    limits = {resource: "1"} if resource else None
-    pod = client.V1Pod(
-        metadata=client.V1ObjectMeta(name=name, labels={"gpukit-test": "runtime-strategies"}),
-        spec=client.V1PodSpec(
-            node_selector={"kubernetes.io/hostname": NODE}, restart_policy="Never",
-            runtime_class_name=rs.RUNTIME_CLASS, termination_grace_period_seconds=0,
-            containers=[client.V1Container(
-                name="c", image=images.CUDA_PROBE, image_pull_policy="Never",
-                env=[client.V1EnvVar(name=k, value=v) for k, v in (env or {}).items()],
-                resources=client.V1ResourceRequirements(limits=limits))]))  # fmt: skip
+    pod = runtime_pod(name, NODE, rs.RUNTIME_CLASS, images.CUDA_PROBE, resource, env,
+                      labels={"gpukit-test": "runtime-strategies"})
     core.create_namespaced_pod(NS, pod)
     pods.append(name)
     got = waits.pod_phase(core, NS, name, {"Succeeded", "Failed"}, 120)

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from labtools import MIG_CREATE, MIG_MODE, agent_http, node_pynvml, wait_for
+from labtools import MIG_CREATE, MIG_MODE, agent_http, created_pods, node_pynvml, wait_for
 
 from gpukit.agent_manifests import AgentDeployment
 from gpukit.k8s import connect, waits
@@ -155,18 +155,7 @@ def pod_report(core: client.CoreV1Api, name: str) -> tuple[list[str], set[str]]:
 
 @pytest.fixture
 def pods(core: client.CoreV1Api) -> Iterator[list[str]]:
-    created: list[str] = []
-    yield created
-    for name in created:
-        try:
-            core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
-        except client.ApiException:
-            pass
-    wait_for(
-        "test pods to be gone",
-        lambda: not core.list_namespaced_pod(NS, label_selector="gpukit-test=device-plugin").items,
-        timeout=60,
-    )
+    yield from created_pods(core, NS)
 
 
 def start(

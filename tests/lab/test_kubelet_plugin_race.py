@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent import futures
 from typing import Any
 
 import grpc
 import pytest
 from kubernetes import client
+from labtools import wait_for
 
 from gpukit.k8s import connect
 from gpukit.lab import agent, nodes
@@ -80,14 +81,8 @@ def gpus(core: client.CoreV1Api) -> int | None:
     return None if value is None else int(value)
 
 
-def wait_for(what: str, check: Callable[[], bool], timeout: float) -> float:
-    t0 = time.monotonic()
-    while not check():
-        if time.monotonic() - t0 > timeout:
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}\n"
-                        f"{agent.diagnose(load_spec(), NODE)}")  # fmt: skip
-        time.sleep(0.5)
-    return time.monotonic() - t0
+def diagnose() -> str:
+    return agent.diagnose(load_spec(), NODE)
 
 
 def test_the_agent_registers_again_after_an_older_plugin_leaves(lab_cluster: object) -> None:
@@ -108,8 +103,8 @@ def test_the_agent_registers_again_after_an_older_plugin_leaves(lab_cluster: obj
         agent.apply(spec, d)
         agent.wait_rolled_out(spec, d, timeout=120)
         wait_for("the agent to serve", lambda: "registered nvidia.com/gpu" in agent_log(spec),
-                 timeout=120)  # fmt: skip
-        wait_for(f"{NODE}: 8 {RESOURCE}", lambda: gpus(core) == 8, timeout=60)
+                 timeout=120, explain=diagnose)  # fmt: skip
+        wait_for(f"{NODE}: 8 {RESOURCE}", lambda: gpus(core) == 8, timeout=60, explain=diagnose)
 
         kubelet = core.read_node(NODE).status.node_info.kubelet_version
         older.leaving.set()
@@ -124,8 +119,12 @@ def test_the_agent_registers_again_after_an_older_plugin_leaves(lab_cluster: obj
             assert "registering again" not in agent_log(spec)
             return
         # The older plugin leaves: the kubelet disconnects the agent instead.
-        wait_for("the kubelet to report the GPUs unhealthy", lambda: gpus(core) == 0, timeout=20)
-        took = wait_for(f"{NODE}: 8 {RESOURCE} again", lambda: gpus(core) == 8, timeout=90)
+        wait_for("the kubelet to report the GPUs unhealthy", lambda: gpus(core) == 0, timeout=20,
+                 explain=diagnose)
+        t0 = time.monotonic()
+        wait_for(f"{NODE}: 8 {RESOURCE} again", lambda: gpus(core) == 8, timeout=90,
+                 explain=diagnose)
+        took = time.monotonic() - t0
         assert "no ListAndWatch stream open for nvidia.com/gpu: registering again" in agent_log(
             spec)
         assert took < 60

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
+from labtools import wait_for
 
 from gpukit.agent_manifests import AgentDeployment
 from gpukit.k8s import connect
@@ -30,13 +31,8 @@ SHUTDOWN_BOUND_SECONDS = 20.0
 CONFIGS = {"default": {"version": "v1", "flags": {"migStrategy": "none"}}}
 
 
-def wait_for(what: str, check: Callable[[], bool], timeout: float, node: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            more = f"\n{agent.diagnose(load_spec(), node)}" if node else ""
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}{more}")
-        time.sleep(0.5)
+def diagnose(node: str) -> Callable[[], str]:
+    return lambda: agent.diagnose(load_spec(), node)
 
 
 def agent_pids(node: NodeSpec) -> list[int]:
@@ -106,7 +102,7 @@ def test_a_node_running_the_agent_reboots_promptly(deployed: AgentDeployment) ->
     core = connect.core(paths().admin_kubeconfig)
     assert node_ready(core, node.name)
     wait_for(f"the agent serving on {node.name}", lambda: agent_serving(core, node.name), 120,
-             node.name)
+             explain=diagnose(node.name))
     assert agent_pids(node), f"the agent is not running on {node.name}"
     init = cluster.init_proc(node)
     assert init is not None
@@ -126,8 +122,10 @@ def test_a_node_running_the_agent_reboots_promptly(deployed: AgentDeployment) ->
     # Back as before (checked first, so that a slow shutdown leaves the lab usable): the node
     # Ready, a new agent Ready on it.
     wait_for(f"a new agent on {node.name}",
-             lambda: agent_started_since(core, node.name, wall0), 120, node.name)  # fmt: skip
-    wait_for(f"{node.name} to be Ready", lambda: node_ready(core, node.name), 60, node.name)
+             lambda: agent_started_since(core, node.name, wall0), 120,
+             explain=diagnose(node.name))  # fmt: skip
+    wait_for(f"{node.name} to be Ready", lambda: node_ready(core, node.name), 60,
+             explain=diagnose(node.name))
     assert agent_pids(node)
     assert took < SHUTDOWN_BOUND_SECONDS, (
         f"{node.name} took {took:.1f}s to shut down with the agent running"

@@ -37,7 +37,7 @@ import labtools
 import pytest
 import yaml
 from kubernetes import client
-from labtools import wait_for
+from labtools import created_pods, runtime_pod, wait_for
 
 from gpukit.agent_manifests import AgentDeployment
 from gpukit.contracts.device_ids import ReplicaId
@@ -193,31 +193,15 @@ SCRIPT = ('echo "NVD=${NVIDIA_VISIBLE_DEVICES-<unset>}"; '
 
 @pytest.fixture
 def pods(core: client.CoreV1Api) -> Iterator[list[str]]:
-    created: list[str] = []
-    yield created
-    for name in created:
-        try:
-            core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
-        except client.ApiException:
-            pass
-    wait_for("test pods gone", lambda: not core.list_namespaced_pod(
-        NS, label_selector="gpukit-test=runtime-strategies").items, timeout=90)
+    yield from created_pods(core, NS)
 
 
 def start(core: client.CoreV1Api, pods: list[str], resource: str | None,
           env: dict[str, str] | None = None) -> tuple[client.V1Pod, dict[str, str]]:
     """A pod under the nvidia RuntimeClass; (the pod, what it reported)."""
     name = f"rt-{uuid.uuid4().hex[:8]}"
-    limits = {resource: "1"} if resource else None
-    pod = client.V1Pod(
-        metadata=client.V1ObjectMeta(name=name, labels={"gpukit-test": "runtime-strategies"}),
-        spec=client.V1PodSpec(
-            node_selector={"kubernetes.io/hostname": NODE}, restart_policy="Never",
-            runtime_class_name=RUNTIME_CLASS, termination_grace_period_seconds=0,
-            containers=[client.V1Container(
-                name="c", image=images.SHELL, command=["sh", "-c", SCRIPT],
-                env=[client.V1EnvVar(name=k, value=v) for k, v in (env or {}).items()],
-                resources=client.V1ResourceRequirements(limits=limits))]))  # fmt: skip
+    pod = runtime_pod(name, NODE, RUNTIME_CLASS, images.SHELL, resource, env,
+                      command=["sh", "-c", SCRIPT], labels={"gpukit-test": "runtime-strategies"})
     core.create_namespaced_pod(NS, pod)
     pods.append(name)
     got = waits.pod_phase(core, NS, name, {"Running", "Failed", "Succeeded"}, 120)

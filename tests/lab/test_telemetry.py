@@ -30,7 +30,7 @@ from typing import Any
 import labtools
 import pytest
 from kubernetes import client
-from labtools import wait_for
+from labtools import created_pods, wait_for, work_pod
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpukit.agent_manifests import AgentDeployment
@@ -172,35 +172,13 @@ def select(core: client.CoreV1Api, node: str, config: str, want: dict[str, int])
 
 @pytest.fixture
 def pods(core: client.CoreV1Api) -> Iterator[list[str]]:
-    created: list[str] = []
-    yield created
-    for name in created:
-        try:
-            core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
-        except client.ApiException:
-            pass
-    names = set(created)
-    wait_for("the test pods gone", lambda: not names & {
-        p.metadata.name for p in core.list_namespaced_pod(NS).items}, timeout=90)
+    yield from created_pods(core, NS)
 
 
 def run_work(core: client.CoreV1Api, pods: list[str], node: str, resource: str, mem_mb: int,
              util: int) -> client.V1Pod:
     name = f"work-{uuid.uuid4().hex[:6]}"
-    volume = workload.pod_volume("/var/lib/gpukit-lab/nvml")
-    pod = client.V1Pod(
-        metadata=client.V1ObjectMeta(name=name),
-        spec=client.V1PodSpec(
-            node_selector={"kubernetes.io/hostname": node}, restart_policy="Never",
-            termination_grace_period_seconds=2,
-            volumes=[client.V1Volume(name=volume["name"], host_path=client.V1HostPathVolumeSource(
-                path=volume["hostPath"]["path"], type="DirectoryOrCreate"))],
-            containers=[client.V1Container(
-                name="trainer", image=workload.IMAGE, image_pull_policy="Never",
-                args=workload.args(mem_mb, util),
-                volume_mounts=[client.V1VolumeMount(name=volume["name"],
-                                                    mount_path=workload.CLIENTS_IN_POD)],
-                resources=client.V1ResourceRequirements(limits={resource: "1"}))]))
+    pod = work_pod(name, node, resource, mem_mb, util)
     core.create_namespaced_pod(NS, pod)
     pods.append(name)
     return waits.pod_phase(core, NS, name, {"Running"}, 120)

@@ -18,7 +18,6 @@ first switches the node (the device_plugin role's allocation switch).
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -28,12 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client, config
-from labplay import REPO, PlayResult, run_playbook
+from kubernetes import client
+from labplay import REPO, PlayResult
+from labtools import SiteLab, dra_slices, gpu_status, phases_by_node, site_lab
 
 from gpukit.agent_manifests import APP, DRA_APP
 from gpukit.contracts import label_names as ln
-from gpukit.lab.config import cache_dir, load_spec
 from gpukit.lab.controlplane import paths
 from gpukit.provision import agent, declaration
 
@@ -41,60 +40,37 @@ pytestmark = [pytest.mark.lab, pytest.mark.timeout(2400)]  # site.yml on a fresh
 
 A100, T4 = "gpu-a100", "gpu-t4"
 NS = "gpukit-system"
-DRIVER = "gpu.nvidia.com"
 LABEL_TASK = "Label and taint the node"
 
 
 @dataclass
-class Lab:
-    inventory: Path  # the lab's, gpu-t4 on DRA
-    original: Path  # the lab's own
-    wheelhouse: str
+class Lab(SiteLab):  # its inventory: the lab's, gpu-t4 on DRA
     core: client.CoreV1Api
     custom: client.CustomObjectsApi
 
     def play(self, *args: str, inventory: Path | None = None, timeout: float = 1800
              ) -> PlayResult:
-        return run_playbook("site.yml", inventory or self.inventory, *args, timeout=timeout,
-                            extra_vars={"gpukit_node_wheelhouse_archive": self.wheelhouse})
+        return self.site(*args, inventory=inventory, timeout=timeout)
 
     def slices(self, node: str) -> list[dict[str, Any]]:
-        got = self.custom.list_cluster_custom_object(
-            "resource.k8s.io", "v1", "resourceslices",
-            field_selector=f"spec.nodeName={node},spec.driver={DRIVER}")
-        return list(got["items"])
+        return dra_slices(self.custom, node)
 
     def pods(self, app: str) -> dict[str, str]:
-        """{node: phase} of an app's pods (not being deleted)."""
-        pods = self.core.list_namespaced_pod(NS, label_selector=f"app.kubernetes.io/name={app}")
-        return {p.spec.node_name: p.status.phase for p in pods.items
-                if p.metadata.deletion_timestamp is None}
+        return phases_by_node(self.core, NS, app)
 
     def gpu_status(self, node: str) -> dict[str, str]:
-        s = self.core.read_node(node).status
-        return {f"{part}/{k}": v for part, values in (("capacity", s.capacity),
-                                                      ("allocatable", s.allocatable))
-                for k, v in (values or {}).items() if k.startswith(ln.RESOURCE_PREFIX)}
+        return gpu_status(self.core, node)
 
 
 @pytest.fixture(scope="module")
 def lab(lab_cluster: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    from gpukit.lab.inventory import for_instance, write_dra_host_vars
-    from gpukit.lab.packages import build_repo
-    from gpukit.provision import wheelhouse
+    from gpukit.lab.inventory import write_dra_host_vars
 
-    spec = load_spec()
-    build_repo()
-    original = for_instance(spec)
-    inventory = tmp_path_factory.mktemp("dra") / "inventory"
-    shutil.copytree(original, inventory)
-    write_dra_host_vars(inventory, [T4])
-    # gpukit's wheelhouse built once: edits of the checkout meanwhile are no change on the nodes.
-    wh = wheelhouse.build(cache_dir(), "3.11")
-    config.load_kube_config(str(paths().admin_kubeconfig))
-    lab = Lab(inventory, original, wh.archive, client.CoreV1Api(), client.CustomObjectsApi())
+    base = site_lab(tmp_path_factory, "dra")
+    write_dra_host_vars(base.inventory, [T4])
+    lab = base.as_(Lab, core=client.CoreV1Api(), custom=client.CustomObjectsApi())
     yield lab
-    back = lab.play(inventory=original)  # leave the lab as its inventory declares
+    back = lab.play(inventory=lab.original)  # leave the lab as its inventory declares
     assert back.rc == 0 and not back.failed, back.describe()
 
 

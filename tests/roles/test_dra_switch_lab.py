@@ -21,22 +21,18 @@ declares it (both nodes on the device plugin).
 from __future__ import annotations
 
 import json
-import shutil
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client, config
+from kubernetes import client
 from labplay import PlayResult, assert_nothing_rolled, plan_lines, report_lines, run_playbook
+from labtools import SiteLab, dra_slices, gpu_status, live_pods, phases_by_node, site_lab, wait_for
 
 from gpukit.agent_manifests import APP, DRA_APP
 from gpukit.contracts import label_names as ln
 from gpukit.lab import cluster
-from gpukit.lab.config import LabSpec, cache_dir, load_spec
-from gpukit.lab.controlplane import paths
 from gpukit.lab.images import SHELL
 from gpukit.lab.observe import Timeline
 from gpukit.provision import dra_switch
@@ -48,22 +44,17 @@ pytestmark = [pytest.mark.lab, pytest.mark.timeout(2400)]
 A100, T4 = "gpu-a100", "gpu-t4"
 NS = "gpukit-dra-switch-test"
 AGENT_NS = "gpukit-system"
-DRIVER = "gpu.nvidia.com"
 SERVICE = "gpu-service"  # the Deployment of one unchanged `nvidia.com/gpu: 1` pod on gpu-t4
 REFUSED = "Check that no GPU pod runs on a node to switch"
 
 
 @dataclass
-class Lab:
-    spec: LabSpec
-    inventory: Path
-    wheelhouse: str
+class Lab(SiteLab):
     core: client.CoreV1Api
     custom: client.CustomObjectsApi
 
-    def site(self, *args: str) -> PlayResult:
-        return run_playbook("site.yml", self.inventory, *args, var_files=(), timeout=1800,
-                            extra_vars={"gpukit_node_wheelhouse_archive": self.wheelhouse})
+    def site(self, *args: str, **kwargs: Any) -> PlayResult:
+        return super().site(*args, var_files=(), **kwargs)
 
     def upgrade(self, *args: str) -> PlayResult:
         return run_playbook("playbooks/upgrade.yml", self.inventory, *args, var_files=(),
@@ -83,57 +74,25 @@ class Lab:
         return r.stdout
 
     def slices(self, node: str) -> list[dict[str, Any]]:
-        got = self.custom.list_cluster_custom_object(
-            "resource.k8s.io", "v1", "resourceslices",
-            field_selector=f"spec.nodeName={node},spec.driver={DRIVER}")
-        return list(got["items"])
+        return dra_slices(self.custom, node)
 
     def agents(self, app: str) -> dict[str, str]:
-        """{node: phase} of an app's pods not being deleted."""
-        pods = self.core.list_namespaced_pod(AGENT_NS,
-                                             label_selector=f"app.kubernetes.io/name={app}")
-        return {p.spec.node_name: p.status.phase for p in pods.items
-                if p.metadata.deletion_timestamp is None}
+        return phases_by_node(self.core, AGENT_NS, app)
 
     def gpu_status(self, node: str) -> dict[str, str]:
-        s = self.core.read_node(node).status
-        return {f"{part}/{k}": v for part, values in (("capacity", s.capacity),
-                                                      ("allocatable", s.allocatable))
-                for k, v in (values or {}).items() if k.startswith(ln.RESOURCE_PREFIX)}
+        return gpu_status(self.core, node)
 
     def labels(self, node: str) -> dict[str, str]:
         return dict(self.core.read_node(node).metadata.labels or {})
 
     def service_pods(self) -> list[client.V1Pod]:
-        pods = self.core.list_namespaced_pod(NS, label_selector=f"app={SERVICE}").items
-        return [p for p in pods if p.metadata.deletion_timestamp is None]
-
-
-def wait(what: str, ok: Callable[[], Any], timeout: float = 120,
-         explain: Callable[[], Any] = lambda: "") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if got := ok():
-            return got
-        time.sleep(2)
-    raise AssertionError(f"{what}: not after {timeout}s {explain()}")
+        return live_pods(self.core, NS, f"app={SERVICE}")
 
 
 @pytest.fixture(scope="module")
 def lab(lab_cluster: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    from gpukit.lab.inventory import for_instance
-    from gpukit.lab.packages import build_repo
-    from gpukit.provision import wheelhouse
-
-    spec = load_spec()
-    build_repo()
-    inventory = tmp_path_factory.mktemp("dra-switch") / "inventory"
-    shutil.copytree(for_instance(spec), inventory)
-    for generated in (inventory / "host_vars").glob("*.yml"):  # GPUKIT_LAB_DRA's hosts
-        generated.unlink()
-    wh = wheelhouse.build(cache_dir(), "3.11")
-    config.load_kube_config(str(paths().admin_kubeconfig))
-    lab = Lab(spec, inventory, wh.archive, client.CoreV1Api(), client.CustomObjectsApi())
+    base = site_lab(tmp_path_factory, "dra-switch", keep_host_vars=False)  # (GPUKIT_LAB_DRA's)
+    lab = base.as_(Lab, core=client.CoreV1Api(), custom=client.CustomObjectsApi())
     for node in (A100, T4):  # no rollout state of an earlier run
         lab.core.patch_node(node, {"spec": {"unschedulable": None},
                                    "metadata": {"labels": {ln.UPGRADE_STATE: None}}})
@@ -177,19 +136,19 @@ def _start_service(lab: Lab) -> client.V1Pod:
 
 
 def _service_running(lab: Lab, other_than: str = "") -> client.V1Pod:
-    pod: client.V1Pod = wait(
+    pod: client.V1Pod = wait_for(
         f"the {SERVICE} pod Running on {T4}",
         lambda: next((p for p in lab.service_pods() if p.status.phase == "Running"
                       and p.metadata.uid != other_than and p.spec.node_name == T4), None),
-        explain=lambda: [(p.metadata.name, p.status.phase, p.status.conditions)
-                         for p in lab.service_pods()])
+        explain=lambda: str([(p.metadata.name, p.status.phase, p.status.conditions)
+                             for p in lab.service_pods()]), every=2, timeout=120)
     return pod
 
 
 def _gpus_seen(lab: Lab, pod: str) -> list[str]:
     """The /dev/nvidia<N> the pod's container sees (its command lists them)."""
-    seen: list[str] = wait(f"pod {pod}: its GPU device nodes in its log",
-                           lambda: lab.core.read_namespaced_pod_log(pod, NS).split())
+    seen: list[str] = wait_for(f"pod {pod}: its GPU device nodes in its log",
+                           lambda: lab.core.read_namespaced_pod_log(pod, NS).split(), every=2, timeout=120)
     return seen
 
 
@@ -296,8 +255,8 @@ def test_upgrade_switches_gpu_t4_to_dra(lab: Lab) -> None:
         "restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
         "nodeSelector": {"kubernetes.io/hostname": T4}, "containers": [container],
         "resourceClaims": [{"name": "gpu", "resourceClaimName": "one-gpu"}]}})
-    wait("pod claimed Running on gpu-t4",
-         lambda: lab.core.read_namespaced_pod("claimed", NS).status.phase == "Running")
+    wait_for("pod claimed Running on gpu-t4",
+         lambda: lab.core.read_namespaced_pod("claimed", NS).status.phase == "Running", every=2, timeout=120)
     assert len(_gpus_seen(lab, "claimed")) == 1
 
 
@@ -333,7 +292,7 @@ def test_upgrade_switches_gpu_t4_back_to_the_device_plugin(lab: Lab) -> None:
     assert pod.status.extended_resource_claim_status is None
     assert len(_gpus_seen(lab, pod.metadata.name)) == 1
     # The claim DRA made for the drained pod's nvidia.com/gpu went with it.
-    wait("no ResourceClaim left", lambda: not lab.custom.list_namespaced_custom_object(
+    wait_for("no ResourceClaim left", lambda: not lab.custom.list_namespaced_custom_object(
         "resource.k8s.io", "v1", NS, "resourceclaims")["items"], timeout=60,
          explain=lambda: json.dumps(lab.custom.list_namespaced_custom_object(
-             "resource.k8s.io", "v1", NS, "resourceclaims")["items"])[:500])
+             "resource.k8s.io", "v1", NS, "resourceclaims")["items"])[:500], every=2)

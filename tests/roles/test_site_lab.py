@@ -15,7 +15,6 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 import tomllib
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
@@ -29,6 +28,7 @@ import yaml
 from counted_playbook import counts
 from kubernetes import client, config
 from labplay import BIN, LAB_VARS, REPO, PlayResult, branch_version, run_playbook
+from labtools import wait_for
 
 from gpukit.k8s import waits
 from gpukit.lab import cluster, images, nodes
@@ -90,17 +90,6 @@ def sandbox_image(dump: dict[str, Any]) -> str:
     if int(dump["version"]) == 3:
         return str(dump["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"])
     return str(cri_runtime(dump)["sandbox_image"])
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 90) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(1)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
 def hostvars_of(inventory: Path) -> dict[str, dict[str, Any]]:
@@ -219,7 +208,7 @@ def test_site_converges_both_nodes(lab: Lab, tmp_path: Path) -> None:
     for name, hv in lab.hostvars.items():
         want = expected_allocatable(hv)
         wait_for(f"{name} allocatable {want}",
-                 lambda n=name, w=want: gpu_allocatable(lab.core, n) == w)  # fmt: skip
+                 lambda n=name, w=want: gpu_allocatable(lab.core, n) == w, every=1, timeout=90)  # fmt: skip
         labels = lab.core.read_node(name).metadata.labels
         assert labels["nvidia.com/device-plugin.config"] == hv["gpukit_device_plugin_config"]
         if hv.get("gpukit_mig_config"):
@@ -397,7 +386,7 @@ def test_drop_in_mode_on_the_nodes_containerd(lab: Lab) -> None:
         assert added == ["imports = [\"/etc/containerd/conf.d/*.toml\"]"], main
         assert tomllib.loads(lab.sh(name, f"cat {DROPIN}"))["version"] == lab.config_version
         assert lab.sh(name, f"cat {OTHER}") == other
-        wait_for("containerd restarted", lambda: containerd_pid(lab, name) not in ("0", pid))
+        wait_for("containerd restarted", lambda: containerd_pid(lab, name) not in ("0", pid), every=1, timeout=90)
         runtimes = cri_runtime(containerd_dump(lab, name))["containerd"]["runtimes"]
         assert runtimes["nvidia"]["options"]["BinaryName"] == "/usr/bin/nvidia-container-runtime"
         assert "other" in runtimes and "runc" in runtimes
@@ -419,8 +408,8 @@ def test_drop_in_mode_on_the_nodes_containerd(lab: Lab) -> None:
         assert fixed.results[name][CONFIGURE]["restart_needed"] is True
         # A rewrite containerd reads the same: the file is put back, containerd keeps running.
         pid = wait_for("containerd up", lambda: containerd_pid(lab, name) not in ("0", "")
-                       and containerd_pid(lab, name))  # fmt: skip
-        wait_for("containerd active", lambda: _active(lab, name))
+                       and containerd_pid(lab, name), every=1, timeout=90)  # fmt: skip
+        wait_for("containerd active", lambda: _active(lab, name), every=1, timeout=90)
         (root / DROPIN.lstrip("/")).write_text("# a comment\n" + lab.sh(name, f"cat {DROPIN}"))
         layout = lab.play(*tags, extra_vars=drop_in)
         assert layout.changed.get(name) == [CONFIGURE], layout.describe()
@@ -432,9 +421,9 @@ def test_drop_in_mode_on_the_nodes_containerd(lab: Lab) -> None:
         back = lab.play(*tags)  # in_place removes gpukit's drop-in
     assert back.rc == 0 and not back.failed, back.describe()
     assert not (root / DROPIN.lstrip("/")).exists()
-    wait_for("containerd active", lambda: _active(lab, name))
+    wait_for("containerd active", lambda: _active(lab, name), every=1, timeout=90)
     wait_for(f"{name} allocatable back",
-             lambda: gpu_allocatable(lab.core, name) == expected_allocatable(lab.hostvars[name]))  # fmt: skip
+             lambda: gpu_allocatable(lab.core, name) == expected_allocatable(lab.hostvars[name]), every=1, timeout=90)  # fmt: skip
 
 
 def _active(lab: Lab, name: str) -> bool:
@@ -476,7 +465,7 @@ def test_check_mode_reports_drift_without_changing_it(lab: Lab) -> None:
     wait_for(
         "gpu-t4 allocatable back",
         lambda: gpu_allocatable(lab.core, name) == expected_allocatable(lab.hostvars[name]),
-    )
+        every=1, timeout=90)
 
 
 def test_branch_switch_upgrades_the_driver_and_reboots(lab: Lab) -> None:
@@ -512,7 +501,7 @@ def test_branch_switch_upgrades_the_driver_and_reboots(lab: Lab) -> None:
                   ).split()[0] == new_version  # fmt: skip
     wait_for(f"{name} labels the new driver",
              lambda: lab.core.read_node(name).metadata.labels.get(
-                 "nvidia.com/cuda.driver-version.full") == new_version, timeout=120)  # fmt: skip
+                 "nvidia.com/cuda.driver-version.full") == new_version, timeout=120, every=1)  # fmt: skip
     # Back to the inventory's branch (the lab stays as declared).
     back = lab.play("--limit", name, "--tags", "nvidia_driver")
     assert back.rc == 0 and not back.failed, back.describe()
@@ -594,7 +583,7 @@ def test_group_vars_change_only_the_nodes_they_declare(lab: Lab, tmp_path: Path)
     base = lab.play(inventory=edited)
     assert base.rc == 0 and not base.failed, base.describe()
     wait_for("allocatable as declared", lambda: all(
-        gpu_allocatable(lab.core, h) == expected_allocatable(lab.hostvars[h]) for h in hosts))
+        gpu_allocatable(lab.core, h) == expected_allocatable(lab.hostvars[h]) for h in hosts), every=1, timeout=90)
     pods = agent_pods(lab.core)
     assert set(pods) == hosts, pods
     try:
@@ -627,7 +616,7 @@ def test_group_vars_change_only_the_nodes_they_declare(lab: Lab, tmp_path: Path)
                                     "nvidia.com/mig-2g.10gb": 4, "nvidia.com/mig-3g.20gb": 4}
         for h in sorted(hosts):
             wait_for(f"{h} allocatable {want[h]}",
-                     lambda h=h: gpu_allocatable(lab.core, h) == want[h], timeout=180)  # fmt: skip
+                     lambda h=h: gpu_allocatable(lab.core, h) == want[h], timeout=180, every=1)  # fmt: skip
         assert agent_pods(lab.core) == pods
         labels = lab.core.read_node("gpu-a100").metadata.labels
         assert labels["nvidia.com/mig.config"] == NEW_LAYOUT
@@ -658,4 +647,4 @@ def test_group_vars_change_only_the_nodes_they_declare(lab: Lab, tmp_path: Path)
         "Label and taint the node"} and "gpu-t4" not in back.changed, back.changed  # fmt: skip
     for h in sorted(hosts):
         wait_for(f"{h} allocatable back", lambda h=h: gpu_allocatable(
-            lab.core, h) == expected_allocatable(lab.hostvars[h]), timeout=180)  # fmt: skip
+            lab.core, h) == expected_allocatable(lab.hostvars[h]), timeout=180, every=1)  # fmt: skip

@@ -16,24 +16,23 @@ over the lab bridge at their declared addresses, with gpukit's alert rules.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client, config
-from labplay import PlayResult, run_playbook
+from kubernetes import client
+from labplay import PlayResult
+from labtools import SiteLab, node_sh, site_lab, wait_for, work_pod
 
 from gpukit.k8s import waits
-from gpukit.lab import cluster, nodes
-from gpukit.lab.config import LabSpec, cache_dir, load_spec, state_dir
-from gpukit.lab.controlplane import paths
+from gpukit.lab import nodes
+from gpukit.lab.config import LabSpec, state_dir
 from gpukit.lab.nvml import workload
 
 pytestmark = pytest.mark.lab
@@ -44,23 +43,12 @@ SETTINGS = {"gpukit_metrics_prometheus": "host", "gpukit_metrics_scrape_interval
 
 
 @dataclass
-class Lab:
-    spec: LabSpec
-    inventory: Path
-    wheelhouse: str
+class Lab(SiteLab):
     core: client.CoreV1Api
     first: PlayResult
 
     def play(self, *args: str, **overrides: Any) -> PlayResult:
-        return run_playbook("site.yml", self.inventory, *args, extra_vars={
-            "gpukit_node_wheelhouse_archive": self.wheelhouse, **SETTINGS, **overrides},
-            timeout=1800)
-
-
-def sh(spec: LabSpec, node: str, command: str, timeout: float = 60) -> str:
-    r = cluster.node_exec(spec.node(node), ["sh", "-c", command], timeout=timeout)
-    assert r.returncode == 0, f"{node}: {command}: {r.stdout}{r.stderr}"
-    return r.stdout
+        return self.site(*args, extra_vars={**SETTINGS, **overrides})
 
 
 def promql(spec: LabSpec, query: str) -> list[dict[str, Any]]:
@@ -68,50 +56,32 @@ def promql(spec: LabSpec, query: str) -> list[dict[str, Any]]:
     url = "http://127.0.0.1:9090/api/v1/query?query=" + urllib.parse.quote(query)
     code = (f"import urllib.request,sys; sys.stdout.write(urllib.request.urlopen({json.dumps(url)}, "
             "timeout=10).read().decode())")  # the quoted query has no quote of its own
-    answer = json.loads(sh(spec, T4, f"python3 -c '{code}'"))
+    answer = json.loads(node_sh(spec, T4, f"python3 -c '{code}'"))
     assert answer["status"] == "success", answer
     result: list[dict[str, Any]] = answer["data"]["result"]
     return result
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 120) -> Any:
-    deadline, last = time.monotonic() + timeout, None
-    while time.monotonic() < deadline:
-        try:
-            got = check()
-        except (AssertionError, OSError) as e:  # not up yet
-            got, last = None, e
-        if got:
-            return got
-        time.sleep(2)
-    raise AssertionError(f"timed out waiting for {what} (last error: {last})")
+# Prometheus and the node may not answer yet: a failed query is "not yet".
+NOT_YET = (AssertionError, OSError)
 
 
-def monitoring_inventory(base: Path, out: Path) -> Path:
-    """The instance's inventory, with gpu-t4 in group gpukit_monitoring too."""
-    shutil.copytree(base, out, dirs_exist_ok=True)
-    hosts = yaml.safe_load((out / "hosts.yml").read_text())
+def add_monitoring_host(inventory: Path) -> None:
+    """gpu-t4 in group gpukit_monitoring too."""
+    hosts = yaml.safe_load((inventory / "hosts.yml").read_text())
     hosts["all"]["children"]["gpukit_monitoring"] = {"hosts": {T4: None}}
-    (out / "hosts.yml").write_text(yaml.safe_dump(hosts, sort_keys=False))
-    return out
+    (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts, sort_keys=False))
 
 
 @pytest.fixture(scope="module")
 def lab(lab_cluster: object, tmp_path_factory: pytest.TempPathFactory) -> Lab:
-    from gpukit.lab.inventory import for_instance
-    from gpukit.lab.packages import build_repo
-    from gpukit.provision import wheelhouse
-
-    spec = load_spec()
-    build_repo()  # with Debian's prometheus (gpukit.lab.packages.prometheus)
-    inventory = monitoring_inventory(for_instance(spec), tmp_path_factory.mktemp("inv"))
-    wh = wheelhouse.build(cache_dir(), "3.11")
-    config.load_kube_config(str(paths().admin_kubeconfig))
+    base = site_lab(tmp_path_factory, "telemetry")  # its apt repository has Debian's prometheus
+    add_monitoring_host(base.inventory)
     archive = workload.build_image(state_dir() / "shared" / "images")
     for node in (A100, T4):
-        sh(spec, node, f"ctr -n k8s.io images import /opt/gpukit-lab/images/{archive.name}",
+        node_sh(base.spec, node, f"ctr -n k8s.io images import /opt/gpukit-lab/images/{archive.name}",
            timeout=120)
-    lab = Lab(spec, inventory, wh.archive, client.CoreV1Api(), PlayResult(0, 0, {}))
+    lab = base.as_(Lab, core=client.CoreV1Api(), first=PlayResult(0, 0, {}))
     lab.first = lab.play()
     assert lab.first.rc == 0, lab.first.describe()
     return lab
@@ -128,8 +98,8 @@ def namespace(lab: Lab) -> Iterator[str]:
 
 def test_site_brings_prometheus_up_scraping_both_agents(lab: Lab) -> None:
     # (On a lab that ran this module before, prometheus is there already: nothing to change.)
-    assert sh(lab.spec, T4, "systemctl is-active prometheus").strip() == "active"
-    written = sh(lab.spec, T4, "cat /etc/prometheus/prometheus.yml")
+    assert node_sh(lab.spec, T4, "systemctl is-active prometheus").strip() == "active"
+    written = node_sh(lab.spec, T4, "cat /etc/prometheus/prometheus.yml")
     assert written.startswith("# Written by gpukit.gpu.gpu_telemetry"), written
 
     def both_up() -> dict[str, str]:
@@ -137,7 +107,7 @@ def test_site_brings_prometheus_up_scraping_both_agents(lab: Lab) -> None:
                for r in promql(lab.spec, 'up{job="gpukit-node-agent"}')}
         return got if got == {A100: "1", T4: "1"} else {}
 
-    wait_for("both agents up in Prometheus", both_up, timeout=120)
+    wait_for("both agents up in Prometheus", both_up, timeout=120, every=2, retry_on=NOT_YET)
     instances = {r["metric"]["instance"]
                  for r in promql(lab.spec, 'up{job="gpukit-node-agent"}')}
     assert instances == {f"{lab.spec.node(n).address(lab.spec)}:9402" for n in (A100, T4)}
@@ -146,20 +116,7 @@ def test_site_brings_prometheus_up_scraping_both_agents(lab: Lab) -> None:
 def test_promql_answers_a_working_pod_s_utilisation_with_its_labels(
         lab: Lab, namespace: str) -> None:
     name = f"work-{uuid.uuid4().hex[:6]}"
-    volume = workload.pod_volume("/var/lib/gpukit-lab/nvml")
-    pod = client.V1Pod(
-        metadata=client.V1ObjectMeta(name=name),
-        spec=client.V1PodSpec(
-            node_selector={"kubernetes.io/hostname": A100}, restart_policy="Never",
-            termination_grace_period_seconds=2,
-            volumes=[client.V1Volume(name=volume["name"], host_path=client.V1HostPathVolumeSource(
-                path=volume["hostPath"]["path"], type="DirectoryOrCreate"))],
-            containers=[client.V1Container(
-                name="trainer", image=workload.IMAGE, image_pull_policy="Never",
-                args=workload.args(2000, 70),
-                volume_mounts=[client.V1VolumeMount(name=volume["name"],
-                                                    mount_path=workload.CLIENTS_IN_POD)],
-                resources=client.V1ResourceRequirements(limits={"nvidia.com/gpu": "1"}))]))
+    pod = work_pod(name, A100, "nvidia.com/gpu", 2000, 70)
     lab.core.create_namespaced_pod(namespace, pod)
     waits.pod_phase(lab.core, namespace, name, {"Running"}, 120)
     query = f'DCGM_FI_DEV_GPU_UTIL{{pod="{name}"}}'
@@ -168,7 +125,7 @@ def test_promql_answers_a_working_pod_s_utilisation_with_its_labels(
         got = promql(lab.spec, query)
         return got if got and float(got[0]["value"][1]) == 70 else []
 
-    (series,) = wait_for(f"{query} at 70 %", answered, timeout=120)
+    (series,) = wait_for(f"{query} at 70 %", answered, timeout=120, every=2, retry_on=NOT_YET)
     m = series["metric"]
     assert (m["pod"], m["namespace"], m["container"], m["node"], m["Hostname"]) == (
         name, namespace, "trainer", A100, A100), m
@@ -186,7 +143,7 @@ def test_an_injected_xid_fires_gpu_critical_xid_in_prometheus(lab: Lab) -> None:
     try:
         query = 'ALERTS{alertname="GpuCriticalXid",alertstate="firing",node="gpu-t4",xid="79"}'
         (alert,) = wait_for("GpuCriticalXid firing for gpu-t4", lambda: promql(lab.spec, query),
-                            timeout=120)
+                            timeout=120, every=2, retry_on=NOT_YET)
         assert alert["metric"]["severity"] == "critical", alert
         quiet = promql(lab.spec, 'ALERTS{alertname="GpuCriticalXid",node="gpu-a100"}')
         assert quiet == [], quiet
@@ -202,14 +159,14 @@ def test_a_second_run_changes_nothing(lab: Lab) -> None:
 
 def test_check_mode_reports_drift_and_bad_input_is_refused(lab: Lab) -> None:
     config = "grep scrape_interval /etc/prometheus/prometheus.yml"
-    before = sh(lab.spec, T4, config)
+    before = node_sh(lab.spec, T4, config)
     drift = lab.play("--check", "--diff", "--tags", "gpu_telemetry",
                      gpukit_metrics_scrape_interval="10s")
     assert drift.rc == 0, drift.describe()
     assert {h: t for h, t in drift.changed.items() if t} == {T4: [
         "Write the configuration scraping every GPU node's agent", "Reload prometheus"]}, \
         drift.describe()
-    assert sh(lab.spec, T4, config) == before == "  scrape_interval: 5s\n"
+    assert node_sh(lab.spec, T4, config) == before == "  scrape_interval: 5s\n"
     bad = lab.play("--tags", "gpu_telemetry", gpukit_metrics_port="x")
     assert bad.rc != 0
     message = " ".join(" ".join(t) for t in bad.failed.values())

@@ -16,7 +16,6 @@ lab is left on 570; the module's fixture converges it to the inventory first.
 
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -27,7 +26,7 @@ from xml.etree import ElementTree
 
 import pytest
 import yaml
-from kubernetes import client, config
+from kubernetes import client
 from labplay import (
     ROLL,
     PlayResult,
@@ -37,10 +36,8 @@ from labplay import (
     report_lines,
     run_playbook,
 )
+from labtools import SiteLab, delete_namespace, node_sh, release_nodes, site_lab
 
-from gpukit.lab import cluster
-from gpukit.lab.config import LabSpec, cache_dir, load_spec
-from gpukit.lab.controlplane import paths
 from gpukit.lab.images import SHELL
 from gpukit.lab.observe import Timeline
 from gpukit.provision.upgrade import MESSAGE_ANNOTATION, STATE_LABEL
@@ -53,16 +50,12 @@ FAIL_SWITCH = "/etc/gpukit-lab/fail-postinst"
 
 
 @dataclass
-class Lab:
-    spec: LabSpec
-    inventory: Path
+class Lab(SiteLab):
     core: client.CoreV1Api
     results: Path
 
     def sh(self, node: str, command: str) -> str:
-        r = cluster.node_exec(self.spec.node(node), ["sh", "-c", command])
-        assert r.returncode == 0, f"{node}: {command}: {r.stderr}"
-        return r.stdout
+        return node_sh(self.spec, node, command)
 
     def set_branch(self, branch: str) -> None:
         path = self.inventory / "group_vars" / "gpu_nodes.yml"
@@ -98,40 +91,23 @@ def validation_failures(lab: Lab) -> str:
 
 @pytest.fixture(scope="module")
 def lab(lab_cluster: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    from gpukit.lab.inventory import for_instance
-    from gpukit.lab.packages import build_repo
-    from gpukit.provision import wheelhouse
-
-    spec = load_spec()
-    build_repo()
-    inventory = tmp_path_factory.mktemp("upgrade") / "inventory"
-    shutil.copytree(for_instance(spec), inventory)
+    base = site_lab(tmp_path_factory, "upgrade")
     results = tmp_path_factory.mktemp("upgrade-results")
-    (inventory / "group_vars" / "all.yml").write_text(
-        (inventory / "group_vars" / "all.yml").read_text()
+    (base.inventory / "group_vars" / "all.yml").write_text(
+        (base.inventory / "group_vars" / "all.yml").read_text()
         + f"\ngpukit_upgrade_results_dir: {results}\n")  # fmt: skip
-    config.load_kube_config(str(paths().admin_kubeconfig))
-    lab = Lab(spec, inventory, client.CoreV1Api(), results)
+    lab = base.as_(Lab, core=client.CoreV1Api(), results=results)
     # A clean start: no fail switch, nodes schedulable, no upgrade state from an earlier run,
     # and the nodes as the inventory declares (550).
     for name in (FIRST, SECOND):
         lab.sh(name, f"rm -f {FAIL_SWITCH}")
-        lab.core.patch_node(name, {"spec": {"unschedulable": None},
-                                   "metadata": {"labels": {STATE_LABEL: None}}})  # fmt: skip
-    wh = wheelhouse.build(cache_dir(), "3.11")
-    r = run_playbook("site.yml", inventory, var_files=(),
-                     extra_vars={"gpukit_node_wheelhouse_archive": wh.archive})  # fmt: skip
+    release_nodes(lab.core, [FIRST, SECOND], STATE_LABEL)
+    r = lab.site(var_files=())
     assert r.rc == 0 and not r.failed, r.describe()
-    _delete_namespace(lab.core)
+    delete_namespace(lab.core, NS, timeout=60)
     lab.core.create_namespace({"metadata": {"name": NS}})
     yield lab
-    _delete_namespace(lab.core)
-
-
-def _delete_namespace(core: client.CoreV1Api) -> None:
-    from gpukit.conformance.cluster import Kube
-
-    assert Kube(core.api_client).delete_namespace(NS, timeout=60), f"namespace {NS} stayed"
+    delete_namespace(lab.core, NS, timeout=60)
 
 
 def test_check_lists_the_batches_and_changes_nothing(lab: Lab) -> None:

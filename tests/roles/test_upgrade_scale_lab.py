@@ -24,7 +24,6 @@ uncordons the nodes and converges the lab to its own inventory with site.yml.
 from __future__ import annotations
 
 import re
-import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,11 +32,11 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client, config
+from kubernetes import client
 from labplay import ROLL, PlayResult, plan_lines, report_lines, run_playbook
+from labtools import SiteLab, release_nodes, site_lab
 
-from gpukit.lab.config import LabSpec, cache_dir, load_spec
-from gpukit.lab.controlplane import paths
+from gpukit.lab.config import load_spec
 from gpukit.lab.observe import Timeline
 from gpukit.provision.upgrade import MESSAGE_ANNOTATION, SKIP_LABEL, SKIP_VALUE, STATE_LABEL
 
@@ -54,11 +53,8 @@ BATCH = re.compile(r"^batch (\d+) \(group fleet, ([^)]*)\): (.*)$")
 
 
 @dataclass
-class Lab:
-    spec: LabSpec
-    inventory: Path
+class Lab(SiteLab):
     core: client.CoreV1Api
-    wheelhouse: str
     hosts: list[str]  # the nodes the rollouts touch, in inventory order
 
     def set_vars(self, **values: Any) -> None:
@@ -92,9 +88,8 @@ class Lab:
         return run_playbook("playbooks/upgrade.yml", self.inventory, *args, var_files=(),
                             timeout=2400)  # fmt: skip
 
-    def site(self, inventory: Path) -> PlayResult:
-        return run_playbook("site.yml", inventory, var_files=(), timeout=2400,
-                            extra_vars={"gpukit_node_wheelhouse_archive": self.wheelhouse})
+    def converge(self, inventory: Path) -> PlayResult:
+        return self.site(inventory=inventory, var_files=(), timeout=2400)
 
 
 def batches(r: PlayResult) -> list[tuple[str, list[str]]]:
@@ -106,34 +101,18 @@ def batches(r: PlayResult) -> list[tuple[str, list[str]]]:
     return out
 
 
-def _release(core: client.CoreV1Api, names: list[str]) -> None:
-    for name in names:
-        core.patch_node(name, {"spec": {"unschedulable": None}, "metadata": {"labels": {
-            STATE_LABEL: None, SKIP_LABEL: None}}})  # fmt: skip
-
-
 @pytest.fixture(scope="module")
 def lab(lab_cluster: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    from gpukit.lab.inventory import for_instance
-    from gpukit.lab.packages import build_repo
-    from gpukit.provision import wheelhouse
-
-    spec = load_spec()
-    build_repo()
-    original = for_instance(spec)
-    inventory = tmp_path_factory.mktemp("upgrade-scale") / "inventory"
-    shutil.copytree(original, inventory)
-    (inventory / "host_vars").mkdir(exist_ok=True)
-    config.load_kube_config(str(paths().admin_kubeconfig))
+    base = site_lab(tmp_path_factory, "upgrade-scale")
+    (base.inventory / "host_vars").mkdir(exist_ok=True)
     core = client.CoreV1Api()
-    names = spec.node_names()
-    hosts = [h for g in yaml.safe_load((inventory / "hosts.yml").read_text())["all"]["children"][
-        "gpu_nodes"]["children"].values() for h in g["hosts"]][:NODES]  # fmt: skip
-    wh = wheelhouse.build(cache_dir(), "3.11")
-    lab = Lab(spec, inventory, core, str(wh.archive), hosts)
-    _release(core, names)
+    names = base.spec.node_names()
+    hosts = [h for g in yaml.safe_load((base.inventory / "hosts.yml").read_text())["all"][
+        "children"]["gpu_nodes"]["children"].values() for h in g["hosts"]][:NODES]  # fmt: skip
+    lab = base.as_(Lab, core=core, hosts=hosts)
+    release_nodes(core, names, STATE_LABEL, SKIP_LABEL)
     # Converged on the lab's own inventory before the edits.
-    r = lab.site(original)
+    r = lab.converge(lab.original)
     assert r.rc == 0 and not r.failed, r.describe()
     # One upgrade group, half of it at a time; nodes beyond the first four left alone.
     lab.set_vars(gpukit_upgrade_group="fleet", gpukit_upgrade_serial="50%")
@@ -141,8 +120,8 @@ def lab(lab_cluster: object, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         if extra not in hosts:
             core.patch_node(extra, {"metadata": {"labels": {SKIP_LABEL: SKIP_VALUE}}})
     yield lab
-    _release(core, names)
-    r = lab.site(original)
+    release_nodes(core, names, STATE_LABEL, SKIP_LABEL)
+    r = lab.converge(lab.original)
     assert r.rc == 0 and not r.failed, r.describe()
 
 

@@ -14,16 +14,14 @@ lab's own inventory (replicas 4) again, so the lab is left as declared.
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client, config
+from kubernetes import client
 from labplay import (
     ROLL,
     PlayResult,
@@ -32,10 +30,9 @@ from labplay import (
     report_lines,
     run_playbook,
 )
+from labtools import SiteLab, release_nodes, site_lab, wait_for
 
 from gpukit.contracts import config_versions
-from gpukit.lab.config import LabSpec, cache_dir, load_spec
-from gpukit.lab.controlplane import paths
 from gpukit.lab.observe import CONFIG_LABEL, Timeline
 from gpukit.provision import sharing_rollout
 from gpukit.provision.upgrade import STATE_LABEL
@@ -47,11 +44,8 @@ CONFIG = "time-sliced"
 
 
 @dataclass
-class Lab:
-    spec: LabSpec
-    inventory: Path
+class Lab(SiteLab):
     core: client.CoreV1Api
-    wheelhouse: str
 
     def set_replicas(self, replicas: int) -> dict[str, Any]:
         path = self.inventory / "group_vars" / "gpu_nodes.yml"
@@ -65,9 +59,8 @@ class Lab:
         return run_playbook("playbooks/upgrade.yml", self.inventory, *args, var_files=(),
                             timeout=1200)  # fmt: skip
 
-    def site(self, inventory: Path | None = None) -> PlayResult:
-        return run_playbook("site.yml", inventory or self.inventory, var_files=(),
-                            extra_vars={"gpukit_node_wheelhouse_archive": self.wheelhouse})
+    def site(self, *args: str, **kwargs: Any) -> PlayResult:
+        return super().site(*args, var_files=(), **kwargs)
 
     def configs(self) -> dict[str, Any]:
         cm = self.core.read_namespaced_config_map(sharing_rollout.CONFIG_MAP, "gpukit-system")
@@ -80,44 +73,24 @@ class Lab:
         return (self.core.read_node(node).metadata.labels or {}).get(CONFIG_LABEL)
 
 
-def wait_for(what: str, predicate: Any, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(2)
-
-
 def replicas(cfg: dict[str, Any]) -> int:
     return int(cfg["sharing"]["timeSlicing"]["resources"][0]["replicas"])
 
 
 @pytest.fixture(scope="module")
 def lab(lab_cluster: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    from gpukit.lab.inventory import for_instance
-    from gpukit.lab.packages import build_repo
-    from gpukit.provision import wheelhouse
-
-    spec = load_spec()
-    build_repo()
-    original = for_instance(spec)
-    inventory = tmp_path_factory.mktemp("upgrade-sharing") / "inventory"
-    shutil.copytree(original, inventory)
-    config.load_kube_config(str(paths().admin_kubeconfig))
-    wh = wheelhouse.build(cache_dir(), "3.11")
-    lab = Lab(spec, inventory, client.CoreV1Api(), str(wh.archive))
-    for name in (A100, T4):
-        lab.core.patch_node(name, {"spec": {"unschedulable": None},
-                                   "metadata": {"labels": {STATE_LABEL: None}}})  # fmt: skip
+    lab = site_lab(tmp_path_factory, "upgrade-sharing").as_(Lab, core=client.CoreV1Api())
+    release_nodes(lab.core, [A100, T4], STATE_LABEL)
     # Converged on the lab's inventory (replicas 4) before the edit.
     r = lab.site()
     assert r.rc == 0 and not r.failed, r.describe()
     assert replicas(lab.configs()[CONFIG]) == 4
-    wait_for("gpu-t4 serving 8 GPUs (2 x 4 replicas)", lambda: lab.gpus(T4) == 8)
+    wait_for("gpu-t4 serving 8 GPUs (2 x 4 replicas)", lambda: lab.gpus(T4) == 8, 180, every=2)
     yield lab
     # Leave the lab as its own inventory declares it (replicas 4, plain labels).
-    r = lab.site(original)
+    r = lab.site(inventory=lab.original)
     assert r.rc == 0 and not r.failed, r.describe()
-    wait_for("gpu-t4 serving 8 GPUs again", lambda: lab.gpus(T4) == 8)
+    wait_for("gpu-t4 serving 8 GPUs again", lambda: lab.gpus(T4) == 8, 180, every=2)
 
 
 def test_check_lists_the_sharing_change_and_changes_nothing(lab: Lab) -> None:

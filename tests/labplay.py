@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 # The lab inventory's provisioning settings (its apt repository, the agent image and the mock
 # NVML mounts): the roles' lab tests run their plays with them, as site.yml on the lab does.
