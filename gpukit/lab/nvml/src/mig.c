@@ -159,6 +159,21 @@ EXPORT nvmlReturn_t nvmlDeviceSetMigMode(nvmlDevice_t device, unsigned int mode,
 }
 
 /* ---- GPU instance profiles (answered whether MIG is enabled or not) ---- */
+/* The fields nvmlGpuInstanceProfileInfo_t, _v2_t and _v3_t share, by the same names. */
+#define GI_PROFILE_FIELDS(dst, gp)                       \
+    do {                                                 \
+        (dst)->id = (gp)->driver_id;                     \
+        (dst)->sliceCount = (gp)->compute_slices;        \
+        (dst)->instanceCount = (gp)->max_count;          \
+        (dst)->multiprocessorCount = (gp)->multiprocessors; \
+        (dst)->copyEngineCount = (gp)->engines.copy;     \
+        (dst)->decoderCount = (gp)->engines.decoder;     \
+        (dst)->encoderCount = (gp)->engines.encoder;     \
+        (dst)->jpegCount = (gp)->engines.jpeg;           \
+        (dst)->ofaCount = (gp)->engines.ofa;             \
+        (dst)->memorySizeMB = (gp)->memory_mb;           \
+    } while (0)
+
 static nvmlReturn_t gi_info_common(nvmlDevice_t d, unsigned profile, int by_id,
                                    const mock_gi_profile **gp)
 {
@@ -178,17 +193,8 @@ static nvmlReturn_t gi_info_v1(nvmlDevice_t d, unsigned profile, nvmlGpuInstance
     if (rc != NVML_SUCCESS)
         return rc;
     memset(info, 0, sizeof *info);
-    info->id = gp->driver_id;
+    GI_PROFILE_FIELDS(info, gp);
     info->isP2pSupported = gp->p2p;
-    info->sliceCount = gp->compute_slices;
-    info->instanceCount = gp->max_count;
-    info->multiprocessorCount = gp->multiprocessors;
-    info->copyEngineCount = gp->engines.copy;
-    info->decoderCount = gp->engines.decoder;
-    info->encoderCount = gp->engines.encoder;
-    info->jpegCount = gp->engines.jpeg;
-    info->ofaCount = gp->engines.ofa;
-    info->memorySizeMB = gp->memory_mb;
     return NVML_SUCCESS;
 }
 EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t device, unsigned int profile,
@@ -215,16 +221,7 @@ static nvmlReturn_t gi_info_v(nvmlDevice_t d, unsigned profile, int by_id,
         unsigned version = v3->version;
         memset(v3, 0, sizeof *v3);
         v3->version = version;
-        v3->id = gp->driver_id;
-        v3->sliceCount = gp->compute_slices;
-        v3->instanceCount = gp->max_count;
-        v3->multiprocessorCount = gp->multiprocessors;
-        v3->copyEngineCount = gp->engines.copy;
-        v3->decoderCount = gp->engines.decoder;
-        v3->encoderCount = gp->engines.encoder;
-        v3->jpegCount = gp->engines.jpeg;
-        v3->ofaCount = gp->engines.ofa;
-        v3->memorySizeMB = gp->memory_mb;
+        GI_PROFILE_FIELDS(v3, gp);
         /* name left empty: 580.159.04 fills it in v2 but not in v3 (seen on a MIG-disabled H100) */
         v3->capabilities = gp->p2p ? NVML_GPU_INSTANCE_PROFILE_CAPS_P2P : 0;
         return NVML_SUCCESS;
@@ -232,17 +229,8 @@ static nvmlReturn_t gi_info_v(nvmlDevice_t d, unsigned profile, int by_id,
     unsigned version = info->version;
     memset(info, 0, sizeof *info);
     info->version = version;
-    info->id = gp->driver_id;
+    GI_PROFILE_FIELDS(info, gp);
     info->isP2pSupported = gp->p2p;
-    info->sliceCount = gp->compute_slices;
-    info->instanceCount = gp->max_count;
-    info->multiprocessorCount = gp->multiprocessors;
-    info->copyEngineCount = gp->engines.copy;
-    info->decoderCount = gp->engines.decoder;
-    info->encoderCount = gp->engines.encoder;
-    info->jpegCount = gp->engines.jpeg;
-    info->ofaCount = gp->engines.ofa;
-    info->memorySizeMB = gp->memory_mb;
     snprintf(info->name, sizeof info->name, "MIG %s", gp->name);
     return NVML_SUCCESS;
 }
@@ -565,20 +553,27 @@ static nvmlReturn_t ci_profile_of(const giref *g, unsigned profile, unsigned eng
     return *cp ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
 }
 
-static void ci_fill(const giref *g, const mock_ci_profile *cp, unsigned *id, unsigned *slices,
-                    unsigned *count, unsigned *sms, unsigned *ce, unsigned *dec, unsigned *enc,
-                    unsigned *jpg, unsigned *ofa)
+/* The GPU instance behind `h` and its compute instance profile `profile` (engine profile `eng`). */
+static nvmlReturn_t ci_lookup(nvmlGpuInstance_t h, unsigned profile, unsigned eng, giref *g,
+                              const mock_ci_profile **cp)
 {
-    *id = cp->profile_id;
-    *slices = cp->slices;
-    *count = cp->max_count;
-    *sms = mig_ci_multiprocessors(g->gp, cp);
-    *ce = g->gp->engines.copy;
-    *dec = g->gp->engines.decoder;
-    *enc = g->gp->engines.encoder;
-    *jpg = g->gp->engines.jpeg;
-    *ofa = g->gp->engines.ofa;
+    nvmlReturn_t rc = gi_get(h, g);
+    return rc == NVML_SUCCESS ? ci_profile_of(g, profile, eng, cp) : rc;
 }
+
+/* The fields nvmlComputeInstanceProfileInfo_t, _v2_t and _v3_t share, by the same names. */
+#define CI_PROFILE_FIELDS(dst, g, cp)                                   \
+    do {                                                                \
+        (dst)->id = (cp)->profile_id;                                   \
+        (dst)->sliceCount = (cp)->slices;                               \
+        (dst)->instanceCount = (cp)->max_count;                         \
+        (dst)->multiprocessorCount = mig_ci_multiprocessors((g)->gp, (cp)); \
+        (dst)->sharedCopyEngineCount = (g)->gp->engines.copy;           \
+        (dst)->sharedDecoderCount = (g)->gp->engines.decoder;           \
+        (dst)->sharedEncoderCount = (g)->gp->engines.encoder;           \
+        (dst)->sharedJpegCount = (g)->gp->engines.jpeg;                 \
+        (dst)->sharedOfaCount = (g)->gp->engines.ofa;                   \
+    } while (0)
 
 static void ci_name(const giref *g, const mock_ci_profile *cp, char *out, size_t n)
 {
@@ -595,15 +590,11 @@ static nvmlReturn_t ci_info_v1(nvmlGpuInstance_t h, unsigned profile, unsigned e
         return NVML_ERROR_INVALID_ARGUMENT;
     giref g;
     const mock_ci_profile *cp;
-    nvmlReturn_t rc = gi_get(h, &g);
-    if (rc == NVML_SUCCESS)
-        rc = ci_profile_of(&g, profile, eng, &cp);
+    nvmlReturn_t rc = ci_lookup(h, profile, eng, &g, &cp);
     if (rc != NVML_SUCCESS)
         return rc;
     memset(info, 0, sizeof *info);
-    ci_fill(&g, cp, &info->id, &info->sliceCount, &info->instanceCount, &info->multiprocessorCount,
-            &info->sharedCopyEngineCount, &info->sharedDecoderCount, &info->sharedEncoderCount,
-            &info->sharedJpegCount, &info->sharedOfaCount);
+    CI_PROFILE_FIELDS(info, &g, cp);
     return NVML_SUCCESS;
 }
 EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(nvmlGpuInstance_t gpuInstance,
@@ -623,9 +614,7 @@ static nvmlReturn_t ci_info_v(nvmlGpuInstance_t h, unsigned profile, unsigned en
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     giref g;
     const mock_ci_profile *cp;
-    nvmlReturn_t rc = gi_get(h, &g);
-    if (rc == NVML_SUCCESS)
-        rc = ci_profile_of(&g, profile, eng, &cp);
+    nvmlReturn_t rc = ci_lookup(h, profile, eng, &g, &cp);
     if (rc != NVML_SUCCESS)
         return rc;
     unsigned version = info->version;
@@ -633,17 +622,13 @@ static nvmlReturn_t ci_info_v(nvmlGpuInstance_t h, unsigned profile, unsigned en
         nvmlComputeInstanceProfileInfo_v3_t *v3 = (nvmlComputeInstanceProfileInfo_v3_t *)info;
         memset(v3, 0, sizeof *v3);
         v3->version = version;
-        ci_fill(&g, cp, &v3->id, &v3->sliceCount, &v3->instanceCount, &v3->multiprocessorCount,
-                &v3->sharedCopyEngineCount, &v3->sharedDecoderCount, &v3->sharedEncoderCount,
-                &v3->sharedJpegCount, &v3->sharedOfaCount);
+        CI_PROFILE_FIELDS(v3, &g, cp);
         ci_name(&g, cp, v3->name, sizeof v3->name);
         return NVML_SUCCESS;
     }
     memset(info, 0, sizeof *info);
     info->version = version;
-    ci_fill(&g, cp, &info->id, &info->sliceCount, &info->instanceCount, &info->multiprocessorCount,
-            &info->sharedCopyEngineCount, &info->sharedDecoderCount, &info->sharedEncoderCount,
-            &info->sharedJpegCount, &info->sharedOfaCount);
+    CI_PROFILE_FIELDS(info, &g, cp);
     ci_name(&g, cp, info->name, sizeof info->name);
     return NVML_SUCCESS;
 }
@@ -678,9 +663,7 @@ static nvmlReturn_t ci_remaining(nvmlGpuInstance_t h, unsigned profile, unsigned
         return NVML_ERROR_INVALID_ARGUMENT;
     giref g;
     const mock_ci_profile *cp;
-    nvmlReturn_t rc = gi_get(h, &g);
-    if (rc == NVML_SUCCESS)
-        rc = ci_profile_of(&g, profile, 0, &cp);
+    nvmlReturn_t rc = ci_lookup(h, profile, 0, &g, &cp);
     if (rc != NVML_SUCCESS)
         return rc;
     mock_gi_state scratch = g.s->gi[g.gi];
@@ -713,9 +696,7 @@ static nvmlReturn_t ci_placements(nvmlGpuInstance_t h, unsigned profile,
         return NVML_ERROR_INVALID_ARGUMENT;
     giref g;
     const mock_ci_profile *cp;
-    nvmlReturn_t rc = gi_get(h, &g);
-    if (rc == NVML_SUCCESS)
-        rc = ci_profile_of(&g, profile, 0, &cp);
+    nvmlReturn_t rc = ci_lookup(h, profile, 0, &g, &cp);
     if (rc != NVML_SUCCESS)
         return rc;
     if (pl)
@@ -740,9 +721,7 @@ static nvmlReturn_t ci_create(nvmlGpuInstance_t h, unsigned profile,
         return NVML_ERROR_INVALID_ARGUMENT;
     giref g;
     const mock_ci_profile *cp;
-    nvmlReturn_t rc = gi_get(h, &g);
-    if (rc == NVML_SUCCESS)
-        rc = ci_profile_of(&g, profile, 0, &cp);
+    nvmlReturn_t rc = ci_lookup(h, profile, 0, &g, &cp);
     if (rc != NVML_SUCCESS)
         return rc;
     if (want) {
@@ -858,9 +837,7 @@ static nvmlReturn_t ci_list(nvmlGpuInstance_t h, unsigned profile, nvmlComputeIn
         return NVML_ERROR_INVALID_ARGUMENT;
     giref g;
     const mock_ci_profile *cp;
-    nvmlReturn_t rc = gi_get(h, &g);
-    if (rc == NVML_SUCCESS)
-        rc = ci_profile_of(&g, profile, 0, &cp);
+    nvmlReturn_t rc = ci_lookup(h, profile, 0, &g, &cp);
     if (rc != NVML_SUCCESS)
         return rc;
     unsigned n = 0;

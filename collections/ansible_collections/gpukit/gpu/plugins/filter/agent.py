@@ -3,37 +3,33 @@ Documentation: <filter>.yml beside this file (ansible-doc -t filter gpukit.gpu.<
 
 from __future__ import annotations
 
-from ansible_collections.gpukit.gpu.plugins.plugin_utils.gpukit_filters import (
-    filter_map,
-    gpukit_filter,
-    library,
-)
+from ansible_collections.gpukit.gpu.plugins.plugin_utils import gpukit_filters as gk
 
-agent = library("gpukit.provision.agent")
-play_inputs = library("gpukit.provision.play_inputs")
+agent = gk.library("gpukit.provision.agent")
+play_inputs = gk.library("gpukit.provision.play_inputs")
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def merge_plugin_configs(hosts, hostvars, fact):
     return play_inputs.merged_plugin_configs(hosts, hostvars, fact)
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def device_plugin_node_serves(node, expected, selector):
     return agent.node_serves_declared(node or {}, expected or {}, selector or {})
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def dra_node_serves(slices, expected):
     return not agent.dra_slice_differences(slices or [], expected or [])
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def expected_dra_devices(hostvars, host, *, declaration=None):
     return agent.expected_dra_devices(declaration, hostvars, host)
 
 
 class FilterModule:
     def filters(self):
-        return filter_map(merge_plugin_configs, device_plugin_node_serves, dra_node_serves,
+        return gk.filter_map(merge_plugin_configs, device_plugin_node_serves, dra_node_serves,
                           expected_dra_devices)

@@ -4,51 +4,47 @@ refusal, the rolling upgrade's plan). Documentation: <filter>.yml beside this fi
 
 from __future__ import annotations
 
-from ansible_collections.gpukit.gpu.plugins.plugin_utils.gpukit_filters import (
-    filter_map,
-    gpukit_filter,
-    library,
-)
+from ansible_collections.gpukit.gpu.plugins.plugin_utils import gpukit_filters as gk
 
-dra_switch = library("gpukit.provision.dra_switch")
+dra_switch = gk.library("gpukit.provision.dra_switch")
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def allocation_change(node, declared):
     change = dra_switch.allocation_change(node or None, declared)
     return [change] if change else []
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def allocation_switch_refusal(nodes, pods, declared, node_name):
     return dra_switch.switch_refusal(node_name, next(iter(nodes or []), None), declared,
                                      pods or [])
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def allocation_switch_checkpoint(text):
     return dra_switch.checkpoint_holds_device_plugin_resources(text or "")
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def allocation_switch_claims(text, claims, node_name):
     return sorted(set(dra_switch.prepared_claims(text or ""))
                   | set(dra_switch.allocated_claims(claims or [], node_name)))
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def allocation_switch_actions(declared, checkpoint=None, node=None, slices=None):
     return dra_switch.switch_actions(declared, checkpoint=checkpoint or [], node=node or {},
                                      slices=slices or [])
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def allocation_switch_reported(node, since):
     return dra_switch.reported_since(node or {}, since)
 
 
 class FilterModule:
     def filters(self):
-        return filter_map(allocation_change, allocation_switch_refusal,
+        return gk.filter_map(allocation_change, allocation_switch_refusal,
                           allocation_switch_checkpoint, allocation_switch_claims,
                           allocation_switch_actions, allocation_switch_reported)

@@ -4,26 +4,22 @@ very variables: gpukit.provision.declaration). Documentation: <filter>.yml besid
 
 from __future__ import annotations
 
-from ansible_collections.gpukit.gpu.plugins.plugin_utils.gpukit_filters import (
-    filter_map,
-    gpukit_filter,
-    library,
-)
+from ansible_collections.gpukit.gpu.plugins.plugin_utils import gpukit_filters as gk
 
-inventory = library("gpukit.inventory")
-play_inputs = library("gpukit.provision.play_inputs")
+inventory = gk.library("gpukit.inventory")
+play_inputs = gk.library("gpukit.provision.play_inputs")
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def expected_resources(hostvars, host, *, declaration=None):
     return play_inputs.expected_resources(hostvars, host, declaration)
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def declared_vars(hostvars):
     return inventory.declared_vars(hostvars)
 
 
 class FilterModule:
     def filters(self):
-        return filter_map(expected_resources, declared_vars)
+        return gk.filter_map(expected_resources, declared_vars)

@@ -3,13 +3,9 @@ Documentation: <filter>.yml beside this file (ansible-doc -t filter gpukit.gpu.<
 
 from __future__ import annotations
 
-from ansible_collections.gpukit.gpu.plugins.plugin_utils.gpukit_filters import (
-    filter_map,
-    gpukit_filter,
-    library,
-)
+from ansible_collections.gpukit.gpu.plugins.plugin_utils import gpukit_filters as gk
 
-driver = library("gpukit.provision.driver")
+driver = gk.library("gpukit.provision.driver")
 
 
 def _spec(family, branch, kernel_modules, channel, persistenced, version):
@@ -17,39 +13,39 @@ def _spec(family, branch, kernel_modules, channel, persistenced, version):
                              channel=channel, persistenced=persistenced, version=version or None)
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def apt_pin(branch, *, kernel_modules="open", channel="cuda", persistenced=True, version=None):
     return driver.apt_pin(_spec("debian", branch, kernel_modules, channel, persistenced, version))
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def dnf_versionlock(branch, *, kernel_modules="open", channel="cuda", persistenced=True,
                     version=None):
     return driver.dnf_versionlock(
         _spec("redhat", branch, kernel_modules, channel, persistenced, version))
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def dnf_module_stream(branch, *, kernel_modules="open", channel="cuda", persistenced=True,
                       version=None):
     return driver.dnf_module_stream(
         _spec("redhat", branch, kernel_modules, channel, persistenced, version))
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def dnf_stream_switch(module_list, branch, *, kernel_modules="open", channel="cuda",
                       persistenced=True, version=None):
     spec = _spec("redhat", branch, kernel_modules, channel, persistenced, version)
     return driver.dnf_stream_switch(spec, module_list or "")
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def driver_packages(branch, family="debian", *, kernel_modules="open", channel="cuda",
                     persistenced=True, version=None):
     return _spec(family, branch, kernel_modules, channel, persistenced, version).packages()
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def reboot_decision(target_version, loaded_version, nvml_error=None, nouveau_loaded=False):
     d = driver.reboot_decision(target_version or None, loaded_version or None,
                                nvml_error or None, bool(nouveau_loaded))
@@ -58,5 +54,5 @@ def reboot_decision(target_version, loaded_version, nvml_error=None, nouveau_loa
 
 class FilterModule:
     def filters(self):
-        return filter_map(apt_pin, dnf_versionlock, dnf_module_stream, dnf_stream_switch,
+        return gk.filter_map(apt_pin, dnf_versionlock, dnf_module_stream, dnf_stream_switch,
                           driver_packages, reboot_decision)

@@ -6,17 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ansible_collections.gpukit.gpu.plugins.plugin_utils.gpukit_filters import (
-    filter_map,
-    gpukit_filter,
-    library,
-)
+from ansible_collections.gpukit.gpu.plugins.plugin_utils import gpukit_filters as gk
 
-nodes = library("gpukit.provision.nodes")
-declared = library("gpukit.provision.declaration")
+nodes = gk.library("gpukit.provision.nodes")
+declared = gk.library("gpukit.provision.declaration")
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def node_labels(extra, device_plugin_config=None, mig_config=None, deploy_device_plugin=True, *,
                 declaration=None, gpu_allocation=None):
     labels = declared.labels(declaration, extra, device_plugin_config or None, mig_config or None,
@@ -27,7 +23,7 @@ def node_labels(extra, device_plugin_config=None, mig_config=None, deploy_device
     return nodes.with_allocation(labels, gpu_allocation or None)
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def node_patch(node, labels, taints=None, *, declaration=None):
     p = nodes.plan(node, labels, declared.taints(declaration, taints))
     return {"patch": p.patch, "changes": list(p.changes), "needed": p.changed}
@@ -35,4 +31,4 @@ def node_patch(node, labels, taints=None, *, declaration=None):
 
 class FilterModule:
     def filters(self):
-        return filter_map(node_labels, node_patch)
+        return gk.filter_map(node_labels, node_patch)

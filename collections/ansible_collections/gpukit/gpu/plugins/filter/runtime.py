@@ -4,16 +4,12 @@ Documentation: <filter>.yml beside this file (ansible-doc -t filter gpukit.gpu.<
 
 from __future__ import annotations
 
-from ansible_collections.gpukit.gpu.plugins.plugin_utils.gpukit_filters import (
-    filter_map,
-    gpukit_filter,
-    library,
-)
+from ansible_collections.gpukit.gpu.plugins.plugin_utils import gpukit_filters as gk
 
-declared = library("gpukit.provision.declaration")
+declared = gk.library("gpukit.provision.declaration")
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def runtime_hardening_problems(configs, accept_envvar_unprivileged=False, host="", *,
                                declaration=None):
     return declared.hardening_problems(declaration, configs or {},
@@ -22,4 +18,4 @@ def runtime_hardening_problems(configs, accept_envvar_unprivileged=False, host="
 
 class FilterModule:
     def filters(self):
-        return filter_map(runtime_hardening_problems)
+        return gk.filter_map(runtime_hardening_problems)

@@ -5,17 +5,13 @@ by gpukit.provision.play_inputs). Documentation: <filter>.yml beside this file."
 
 from __future__ import annotations
 
-from ansible_collections.gpukit.gpu.plugins.plugin_utils.gpukit_filters import (
-    filter_map,
-    gpukit_filter,
-    library,
-)
+from ansible_collections.gpukit.gpu.plugins.plugin_utils import gpukit_filters as gk
 
-declared = library("gpukit.provision.declaration")
-play_inputs = library("gpukit.provision.play_inputs")
+declared = gk.library("gpukit.provision.declaration")
+play_inputs = gk.library("gpukit.provision.play_inputs")
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def sharing_check(plugin_configs, plugin_config=None, mig_configs=None, mig_config=None, *,
                   declaration=None):
     c = declared.sharing_check(declaration, plugin_configs or {}, plugin_config or None,
@@ -24,29 +20,29 @@ def sharing_check(plugin_configs, plugin_config=None, mig_configs=None, mig_conf
             "time_slicing_replicas": c.time_slicing_replicas}
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def sharing_node_plan(config_map, configs, declared=None, default=None, current_label=None):
     return play_inputs.sharing_node_plan(config_map, configs, declared, default, current_label)
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def sharing_publish(config_map, configs, namespace):
     return play_inputs.sharing_publish(config_map, configs, namespace)
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def sharing_finish(config_map, configs, node_objects, hostvars, hosts, default, complete,
                    namespace):
     return play_inputs.sharing_finish(config_map, configs, node_objects, hostvars, hosts,
                                       default, complete, namespace)
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def sharing_mounted(slurped, content):
     return play_inputs.sharing_mounted(slurped, content)
 
 
 class FilterModule:
     def filters(self):
-        return filter_map(sharing_check, sharing_node_plan, sharing_publish, sharing_finish,
+        return gk.filter_map(sharing_check, sharing_node_plan, sharing_publish, sharing_finish,
                           sharing_mounted)

@@ -4,41 +4,37 @@ Documentation: <filter>.yml beside this file (ansible-doc -t filter gpukit.gpu.<
 
 from __future__ import annotations
 
-from ansible_collections.gpukit.gpu.plugins.plugin_utils.gpukit_filters import (
-    filter_map,
-    gpukit_filter,
-    library,
-)
+from ansible_collections.gpukit.gpu.plugins.plugin_utils import gpukit_filters as gk
 
-telemetry = library("gpukit.provision.telemetry")
+telemetry = gk.library("gpukit.provision.telemetry")
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def metrics_agent_address(hostvars, host):
     return telemetry.agent_address(host, hostvars or {})
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def metrics_prometheus_config(gpu_hosts, hostvars, rules_dir="/etc/prometheus"):
     return telemetry.prometheus_config(list(gpu_hosts or []), hostvars, rules_dir)
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def metrics_alert_rules(_ignored=None):
     return telemetry.alert_rules()
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def metrics_cluster(gpu_hosts, hostvars):
     return telemetry.cluster(list(gpu_hosts or []), hostvars)
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def metrics_operator_manifests(namespace, mode, port, interval):
     return telemetry.operator_manifests(namespace, mode, int(port), interval)
 
 
 class FilterModule:
     def filters(self):
-        return filter_map(metrics_agent_address, metrics_prometheus_config, metrics_alert_rules,
+        return gk.filter_map(metrics_agent_address, metrics_prometheus_config, metrics_alert_rules,
                           metrics_cluster, metrics_operator_manifests)

@@ -3,32 +3,28 @@ by gpukit.provision.play_inputs). Documentation: <filter>.yml beside this file."
 
 from __future__ import annotations
 
-from ansible_collections.gpukit.gpu.plugins.plugin_utils.gpukit_filters import (
-    filter_map,
-    gpukit_filter,
-    library,
-)
+from ansible_collections.gpukit.gpu.plugins.plugin_utils import gpukit_filters as gk
 
-upgrade = library("gpukit.provision.upgrade")
-play_inputs = library("gpukit.provision.play_inputs")
+upgrade = gk.library("gpukit.provision.upgrade")
+play_inputs = gk.library("gpukit.provision.play_inputs")
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def upgrade_plan(states, max_failed=None):
     return upgrade.plan([upgrade.node_state(s) for s in states], max_failed).as_dict()
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def upgrade_driver_changes(summary, target_version=None, running_version=None):
     return upgrade.driver_changes(summary or [], target_version or None, running_version or None)
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def upgrade_label_changes(changes, watched):
     return upgrade.label_changes(changes or [], watched)
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def upgrade_pods_to_wait_for(pods, resource_prefixes=None, owner_kinds=("Job",)):
     # No prefixes given: the library's default (every nvidia.com/ resource).
     if resource_prefixes is None:
@@ -36,33 +32,33 @@ def upgrade_pods_to_wait_for(pods, resource_prefixes=None, owner_kinds=("Job",))
     return upgrade.pods_to_wait_for(pods or [], resource_prefixes, owner_kinds)
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def upgrade_pods_left(pods):
     return upgrade.pods_left(pods or [])
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def upgrade_node_serves(node, expected, driver=None):
     return upgrade.node_serves(node or {}, expected or {}, driver or None)
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def upgrade_agent_started_since(pods, since):
     return upgrade.agent_started_since(pods or [], since)
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def upgrade_failed_hosts(hostvars, hosts, fact="rolling_upgrade_result"):
     return play_inputs.failed_hosts(hostvars, hosts, fact)
 
 
-@gpukit_filter
+@gk.gpukit_filter
 def upgrade_report(planned, hostvars, check_mode=False):
     return play_inputs.upgrade_report(planned, hostvars, check_mode)
 
 
 class FilterModule:
     def filters(self):
-        return filter_map(upgrade_plan, upgrade_driver_changes, upgrade_label_changes,
+        return gk.filter_map(upgrade_plan, upgrade_driver_changes, upgrade_label_changes,
                           upgrade_pods_to_wait_for, upgrade_pods_left, upgrade_node_serves,
                           upgrade_agent_started_since, upgrade_failed_hosts, upgrade_report)

@@ -13,6 +13,16 @@ GPUKIT_MISSING = (
 )
 
 
+def gpukit_module(argument_spec):
+    """The AnsibleModule of a gpukit.gpu module (check mode supported: every module plans
+    before it changes anything), failed with GPUKIT_MISSING when gpukit is not importable."""
+    from ansible.module_utils.basic import AnsibleModule
+
+    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    require_gpukit(module)
+    return module
+
+
 def require_gpukit(module):
     """Fail the module with a message that says what to do when gpukit is missing."""
     try:

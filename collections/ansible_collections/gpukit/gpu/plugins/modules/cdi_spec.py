@@ -49,24 +49,15 @@ devices:
   type: int
 """
 
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpukit.gpu.plugins.module_utils.gpukit_common import (
-    read_text,
-    require_gpukit,
-    write_text,
-)
+from ansible_collections.gpukit.gpu.plugins.module_utils import gpukit_common as gk
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec={
-            "path": {"type": "path", "default": "/etc/cdi/nvidia.yaml"},
-            "library": {"type": "str"},
-            "driver_root": {"type": "path", "default": "/"},
-        },
-        supports_check_mode=True,
-    )
-    require_gpukit(module)
+    module = gk.gpukit_module({
+        "path": {"type": "path", "default": "/etc/cdi/nvidia.yaml"},
+        "library": {"type": "str"},
+        "driver_root": {"type": "path", "default": "/"},
+    })
     from gpukit.plugin import nvml
     from gpukit.provision import cdi
 
@@ -81,9 +72,9 @@ def main():
     except nvml.NvmlError as e:
         module.fail_json(msg=f"NVML cannot list the GPUs for the CDI spec: {e}")
     path = module.params["path"]
-    edit = cdi.plan(inv, read_text(path), path, driver_root=module.params["driver_root"])
+    edit = cdi.plan(inv, gk.read_text(path), path, driver_root=module.params["driver_root"])
     if edit.changed and not module.check_mode:
-        write_text(module, path, edit.after)
+        gk.write_text(module, path, edit.after)
     result = {
         "changed": edit.changed,
         "changes": list(edit.changes),

@@ -85,27 +85,22 @@ problems:
   elements: str
 """
 
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpukit.gpu.plugins.module_utils.gpukit_common import require_gpukit
+from ansible_collections.gpukit.gpu.plugins.module_utils import gpukit_common as gk
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec={
-            "branch": {"type": "str", "required": True},
-            "kernel_modules": {
-                "type": "str",
-                "choices": ["open", "proprietary"],
-                "default": "open",
-            },
-            "channel": {"type": "str", "choices": ["cuda", "ubuntu", "lab"], "default": "cuda"},
-            "persistenced": {"type": "bool", "default": True},
-            "version": {"type": "str"},
-            "repo_configured": {"type": "bool", "default": True},
+    module = gk.gpukit_module({
+        "branch": {"type": "str", "required": True},
+        "kernel_modules": {
+            "type": "str",
+            "choices": ["open", "proprietary"],
+            "default": "open",
         },
-        supports_check_mode=True,
-    )
-    require_gpukit(module)
+        "channel": {"type": "str", "choices": ["cuda", "ubuntu", "lab"], "default": "cuda"},
+        "persistenced": {"type": "bool", "default": True},
+        "version": {"type": "str"},
+        "repo_configured": {"type": "bool", "default": True},
+    })
     from gpukit.provision import driver
 
     p = module.params

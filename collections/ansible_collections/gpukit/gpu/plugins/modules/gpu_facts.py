@@ -41,16 +41,11 @@ ansible_facts:
   type: dict
 """
 
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpukit.gpu.plugins.module_utils.gpukit_common import require_gpukit
+from ansible_collections.gpukit.gpu.plugins.module_utils import gpukit_common as gk
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec={"library": {"type": "str"}},
-        supports_check_mode=True,
-    )
-    require_gpukit(module)
+    module = gk.gpukit_module({"library": {"type": "str"}})
     from gpukit.provision import gpu_facts
 
     facts = gpu_facts.gather(library=module.params["library"])

@@ -63,26 +63,17 @@ result:
   type: dict
 """
 
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpukit.gpu.plugins.module_utils.gpukit_common import (
-    read_text,
-    require_gpukit,
-    write_text,
-)
+from ansible_collections.gpukit.gpu.plugins.module_utils import gpukit_common as gk
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec={
-            "configs": {"type": "dict", "required": True},
-            "selected": {"type": "str", "required": True},
-            "config_file": {"type": "path", "default": "/etc/gpukit/mig-parted.yaml"},
-            "force": {"type": "bool", "default": False},
-            "extra_args": {"type": "list", "elements": "str", "default": []},
-        },
-        supports_check_mode=True,
-    )
-    require_gpukit(module)
+    module = gk.gpukit_module({
+        "configs": {"type": "dict", "required": True},
+        "selected": {"type": "str", "required": True},
+        "config_file": {"type": "path", "default": "/etc/gpukit/mig-parted.yaml"},
+        "force": {"type": "bool", "default": False},
+        "extra_args": {"type": "list", "elements": "str", "default": []},
+    })
     from gpukit.contracts.mig_parted import MigConfigError
     from gpukit.provision import mig
 
@@ -91,7 +82,7 @@ def main():
         text = mig.parted_config(p["configs"])
     except MigConfigError as e:
         module.fail_json(msg=f"gpukit_mig_configs: {'; '.join(e.problems)}")
-    current = read_text(p["config_file"])
+    current = gk.read_text(p["config_file"])
     file_changed = current != text
     config_file = p["config_file"]
     if file_changed and module.check_mode:
@@ -102,7 +93,7 @@ def main():
         with open(fd, "w", encoding="utf-8") as f:
             f.write(text)
     elif file_changed:
-        write_text(module, config_file, text)
+        gk.write_text(module, config_file, text)
     command = "plan" if module.check_mode else "apply"
     try:
         run = mig.run(command, config_file, p["selected"], force=p["force"], extra=p["extra_args"])

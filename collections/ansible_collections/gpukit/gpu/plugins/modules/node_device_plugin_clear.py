@@ -52,19 +52,14 @@ labels:
   elements: str
 """
 
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpukit.gpu.plugins.module_utils.gpukit_common import require_gpukit
+from ansible_collections.gpukit.gpu.plugins.module_utils import gpukit_common as gk
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec={
-            "name": {"type": "str", "required": True},
-            "kubeconfig": {"type": "str", "default": ""},
-        },
-        supports_check_mode=True,
-    )
-    require_gpukit(module)
+    module = gk.gpukit_module({
+        "name": {"type": "str", "required": True},
+        "kubeconfig": {"type": "str", "default": ""},
+    })
     from gpukit.k8s import connect
     from gpukit.provision import dra_switch
 

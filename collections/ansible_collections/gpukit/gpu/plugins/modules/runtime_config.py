@@ -114,12 +114,7 @@ files:
 
 import os
 
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpukit.gpu.plugins.module_utils.gpukit_common import (
-    read_text,
-    require_gpukit,
-    write_text,
-)
+from ansible_collections.gpukit.gpu.plugins.module_utils import gpukit_common as gk
 
 
 def write_all(module, edits):
@@ -131,39 +126,35 @@ def write_all(module, edits):
             if e.after is None:
                 os.unlink(e.path)
             else:
-                write_text(module, e.path, e.after)
+                gk.write_text(module, e.path, e.after)
             done.append(e)
     except OSError as err:
         for e in reversed(done):
             if e.before is None:
                 os.unlink(e.path)
             else:
-                write_text(module, e.path, e.before)
+                gk.write_text(module, e.path, e.before)
         module.fail_json(msg=f"{e.path}: {err}; the files written before it were put back")
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec={
-            "runtime": {"type": "str", "choices": ["containerd", "crio"], "default": "containerd"},
-            "mode": {"type": "str", "choices": ["in_place", "drop_in"], "default": "in_place"},
-            "config_path": {"type": "path", "default": "/etc/containerd/config.toml"},
-            "dropin_path": {"type": "path"},
-            "import_pattern": {"type": "str", "default": "/etc/containerd/conf.d/*.toml"},
-            "containerd_binary": {"type": "path"},
-            "runtime_name": {"type": "str", "default": "nvidia"},
-            "binary": {"type": "path", "default": "/usr/bin/nvidia-container-runtime"},
-            "set_as_default": {"type": "bool", "default": False},
-            "enable_cdi": {"type": "bool", "default": True},
-            "cdi_spec_dirs": {
-                "type": "list",
-                "elements": "path",
-                "default": ["/etc/cdi", "/var/run/cdi"],
-            },
+    module = gk.gpukit_module({
+        "runtime": {"type": "str", "choices": ["containerd", "crio"], "default": "containerd"},
+        "mode": {"type": "str", "choices": ["in_place", "drop_in"], "default": "in_place"},
+        "config_path": {"type": "path", "default": "/etc/containerd/config.toml"},
+        "dropin_path": {"type": "path"},
+        "import_pattern": {"type": "str", "default": "/etc/containerd/conf.d/*.toml"},
+        "containerd_binary": {"type": "path"},
+        "runtime_name": {"type": "str", "default": "nvidia"},
+        "binary": {"type": "path", "default": "/usr/bin/nvidia-container-runtime"},
+        "set_as_default": {"type": "bool", "default": False},
+        "enable_cdi": {"type": "bool", "default": True},
+        "cdi_spec_dirs": {
+            "type": "list",
+            "elements": "path",
+            "default": ["/etc/cdi", "/var/run/cdi"],
         },
-        supports_check_mode=True,
-    )
-    require_gpukit(module)
+    })
     from gpukit.provision import runtime, runtime_plan
 
     p = module.params
@@ -177,7 +168,7 @@ def main():
     try:
         if p["runtime"] == "crio":
             path = p["dropin_path"] or "/etc/crio/crio.conf.d/99-gpukit-nvidia.conf"
-            edit = runtime.with_current(runtime.crio_dropin(settings, path), read_text(path))
+            edit = runtime.with_current(runtime.crio_dropin(settings, path), gk.read_text(path))
             edits, restart, effective, judge = [edit], edit.changed, [], "CRI-O: any change"
         else:
             ctd = p["containerd_binary"]

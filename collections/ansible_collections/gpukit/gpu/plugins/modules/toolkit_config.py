@@ -50,24 +50,15 @@ changes:
   elements: str
 """
 
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpukit.gpu.plugins.module_utils.gpukit_common import (
-    read_text,
-    require_gpukit,
-    write_text,
-)
+from ansible_collections.gpukit.gpu.plugins.module_utils import gpukit_common as gk
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec={
-            "path": {"type": "path", "default": "/etc/nvidia-container-runtime/config.toml"},
-            "accept_envvar_unprivileged": {"type": "bool", "default": False},
-            "accept_volume_mounts": {"type": "bool", "default": True},
-        },
-        supports_check_mode=True,
-    )
-    require_gpukit(module)
+    module = gk.gpukit_module({
+        "path": {"type": "path", "default": "/etc/nvidia-container-runtime/config.toml"},
+        "accept_envvar_unprivileged": {"type": "bool", "default": False},
+        "accept_volume_mounts": {"type": "bool", "default": True},
+    })
     from gpukit.provision import toolkit_config
 
     path = module.params["path"]
@@ -76,11 +67,11 @@ def main():
         accept_volume_mounts=module.params["accept_volume_mounts"],
     )
     try:
-        edit = toolkit_config.plan(read_text(path), settings, path)
+        edit = toolkit_config.plan(gk.read_text(path), settings, path)
     except toolkit_config.ToolkitConfigError as e:
         module.fail_json(msg=str(e))
     if edit.changed and not module.check_mode:
-        write_text(module, path, edit.after)
+        gk.write_text(module, path, edit.after)
     result = {"changed": edit.changed, "changes": list(edit.changes)}
     if module._diff and edit.changed:
         result["diff"] = edit.ansible_diff()

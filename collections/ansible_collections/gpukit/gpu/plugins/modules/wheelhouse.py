@@ -68,26 +68,21 @@ requirement:
 
 import os
 
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpukit.gpu.plugins.module_utils.gpukit_common import require_gpukit
+from ansible_collections.gpukit.gpu.plugins.module_utils import gpukit_common as gk
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec={
-            "python_version": {"type": "str", "required": True},
-            "platforms": {
-                "type": "list",
-                "elements": "str",
-                "default": ["manylinux2014_x86_64", "manylinux_2_28_x86_64"],
-            },
-            "cache_dir": {"type": "path"},
-            "archive": {"type": "path"},
-            "wheel": {"type": "path"},
+    module = gk.gpukit_module({
+        "python_version": {"type": "str", "required": True},
+        "platforms": {
+            "type": "list",
+            "elements": "str",
+            "default": ["manylinux2014_x86_64", "manylinux_2_28_x86_64"],
         },
-        supports_check_mode=True,
-    )
-    require_gpukit(module)
+        "cache_dir": {"type": "path"},
+        "archive": {"type": "path"},
+        "wheel": {"type": "path"},
+    })
     from pathlib import Path
 
     from gpukit.provision import wheelhouse
