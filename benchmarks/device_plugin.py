@@ -14,8 +14,6 @@ import os
 import queue
 import resource
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from concurrent import futures
@@ -34,26 +32,6 @@ TARGET_ALLOCATE_P99_MS = 10.0
 TARGET_REGISTER_S = 2.0
 REPLICAS = 16
 CALLS = 500
-
-SPLIT = """
-import pynvml as n
-n.nvmlInit()
-for i in range(n.nvmlDeviceGetCount()):
-    h = n.nvmlDeviceGetHandleByIndex(i)
-    n.nvmlDeviceSetMigMode(h, 1)
-"""
-CREATE = """
-import pynvml as n
-n.nvmlInit()
-for i in range(n.nvmlDeviceGetCount()):
-    h = n.nvmlDeviceGetHandleByIndex(i)
-    info = n.nvmlDeviceGetGpuInstanceProfileInfo(h, n.NVML_GPU_INSTANCE_PROFILE_1_SLICE)
-    for _ in range(7):
-        gi = n.nvmlDeviceCreateGpuInstance(h, info.id)
-        ci = n.nvmlGpuInstanceGetComputeInstanceProfileInfo(
-            gi, n.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, 0)
-        n.nvmlGpuInstanceCreateComputeInstance(gi, ci.id)
-"""
 
 
 class Kubelet:
@@ -79,11 +57,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="gpukit-bench-"))
     state = work / "nvml"
     env = mock.env("a100-sxm4-40gb-x8", state)
-    subprocess.run([sys.executable, "-c", SPLIT], env=env, check=True)
-    for gpu in range(8):
-        subprocess.run([sys.executable, "-m", "gpukit.lab.nvml", "reset", "--gpu", str(gpu)],
-                       env=env, check=True)  # fmt: skip
-    subprocess.run([sys.executable, "-c", CREATE], env=env, check=True)
+    mock.split_seven_1g(env, 8)
     os.environ.update(env)
 
     kubelet = Kubelet(work / "kubelet.sock")

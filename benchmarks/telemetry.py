@@ -16,8 +16,6 @@ import os
 import resource
 import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -41,26 +39,6 @@ SCRAPES = 40
 TARGET_SCRAPE_P99_S = 1.0  # well inside a 15 s scrape interval
 TARGET_CPU_PER_SCRAPE_S = 0.5
 TARGET_RSS_MIB = 256  # the DaemonSet's memory limit
-
-SPLIT = """
-import pynvml as n
-n.nvmlInit()
-for i in range(n.nvmlDeviceGetCount()):
-    n.nvmlDeviceSetMigMode(n.nvmlDeviceGetHandleByIndex(i), 1)
-"""
-CREATE = """
-import pynvml as n
-n.nvmlInit()
-for i in range(n.nvmlDeviceGetCount()):
-    h = n.nvmlDeviceGetHandleByIndex(i)
-    info = n.nvmlDeviceGetGpuInstanceProfileInfo(h, n.NVML_GPU_INSTANCE_PROFILE_1_SLICE)
-    for _ in range(7):
-        gi = n.nvmlDeviceCreateGpuInstance(h, info.id)
-        ci = n.nvmlGpuInstanceGetComputeInstanceProfileInfo(
-            gi, n.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, 0)
-        n.nvmlGpuInstanceCreateComputeInstance(gi, ci.id)
-"""
-
 
 class Kubelet(deviceplugin_grpc.RegistrationServicer, podresources_grpc.PodResourcesListerServicer):  # type: ignore[misc]
     """Answers Register, and List with `pods` (pod, device IDs)."""
@@ -111,11 +89,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="gk-bench-", dir="/tmp"))
     state = work / "nvml"
     env = mock.env(PROFILE, state)
-    subprocess.run([sys.executable, "-c", SPLIT], env=env, check=True)
-    for gpu in range(GPUS):
-        subprocess.run([sys.executable, "-m", "gpukit.lab.nvml", "reset", "--gpu", str(gpu)],
-                       env=env, check=True)  # fmt: skip
-    subprocess.run([sys.executable, "-c", CREATE], env=env, check=True)
+    mock.split_seven_1g(env, GPUS)
     os.environ.update(env)
     ctl = MockControl(env[mock.ENV_LIB])
     status = ctl.status()

@@ -27,6 +27,7 @@ its DaemonSet on the nodes labelled gpukit.io/gpu.allocation=dra (gpukit_gpu_all
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -401,9 +402,19 @@ def daemonset(d: AgentDeployment) -> dict[str, Any]:
         "args": ["--log-level=INFO"],
         "env": env,
         "volumeMounts": mounts,
-        "securityContext": _security_context(),
-        "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
     }
+    return _node_daemonset(d, APP, d.service_account, d.node_selector, container, volumes)
+
+
+def _node_daemonset(d: AgentDeployment, app: str, service_account: str,
+                    node_selector: Mapping[str, str], container: dict[str, Any],
+                    volumes: list[dict[str, Any]]) -> dict[str, Any]:
+    """A DaemonSet of one of gpukit's node agents (the device plugin agent, the DRA plugin):
+    root for the kubelet's root-owned directories, no capabilities, nothing writable but its
+    mounts; ready when its metrics endpoint answers /readyz."""
+    container = {**container, "securityContext": _security_context(),
+                 "resources": {"requests": {"cpu": "10m", "memory": "64Mi"},
+                               "limits": {"memory": "256Mi"}}}
     probe = readiness_probe(d)
     if probe is not None:
         container["readinessProbe"] = probe
@@ -411,20 +422,20 @@ def daemonset(d: AgentDeployment) -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
-        "metadata": {"name": APP, "namespace": d.namespace, "labels": _labels()},
+        "metadata": {"name": app, "namespace": d.namespace, "labels": _labels(app)},
         "spec": {
-            "selector": {"matchLabels": {"app.kubernetes.io/name": APP}},
+            "selector": {"matchLabels": {"app.kubernetes.io/name": app}},
             "updateStrategy": {"type": "RollingUpdate"},
             "template": {
-                "metadata": {"labels": _labels()},
+                "metadata": {"labels": _labels(app)},
                 "spec": {
-                    "serviceAccountName": d.service_account,
+                    "serviceAccountName": service_account,
                     "priorityClassName": "system-node-critical",
-                    # The agent talks to the API; host networking keeps that working on
+                    # The agents talk to the API; host networking keeps that working on
                     # clusters (like the lab) whose pod network is not the way out.
                     "hostNetwork": True,
                     "dnsPolicy": "ClusterFirstWithHostNet",
-                    "nodeSelector": dict(d.node_selector),
+                    "nodeSelector": dict(node_selector),
                     "tolerations": [{"operator": "Exists"}],
                     "containers": [container],
                     "volumes": volumes,
@@ -578,38 +589,8 @@ def dra_daemonset(d: AgentDeployment) -> dict[str, Any]:
         "args": ["--log-level=INFO"],
         "env": env,
         "volumeMounts": mounts,
-        # As the agent's: root for the kubelet's root-owned directories, no capabilities,
-        # nothing writable but the mounts above.
-        "securityContext": _security_context(),
-        "resources": {"requests": {"cpu": "10m", "memory": "64Mi"},
-                      "limits": {"memory": "256Mi"}},
     }
-    probe = readiness_probe(d)  # the agent's: /readyz on the metrics endpoint
-    if probe is not None:
-        container["readinessProbe"] = probe
-        container["ports"] = [metrics_port(d)]
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": {"name": DRA_APP, "namespace": d.namespace, "labels": _labels(DRA_APP)},
-        "spec": {
-            "selector": {"matchLabels": {"app.kubernetes.io/name": DRA_APP}},
-            "updateStrategy": {"type": "RollingUpdate"},
-            "template": {
-                "metadata": {"labels": _labels(DRA_APP)},
-                "spec": {
-                    "serviceAccountName": DRA_APP,
-                    "priorityClassName": "system-node-critical",
-                    "hostNetwork": True,
-                    "dnsPolicy": "ClusterFirstWithHostNet",
-                    "nodeSelector": dict(d.dra_node_selector),
-                    "tolerations": [{"operator": "Exists"}],
-                    "containers": [container],
-                    "volumes": volumes,
-                },
-            },
-        },
-    }
+    return _node_daemonset(d, DRA_APP, DRA_APP, d.dra_node_selector, container, volumes)
 
 
 def dra_manifests(d: AgentDeployment) -> list[dict[str, Any]]:

@@ -65,30 +65,31 @@ _PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True,
                  "help_option_names": []}  # fmt: skip
 
 
+def _run_agent(module: str, args: list[str], prog: str) -> None:
+    """Start an agent whose entry point is `module`.main: the signal handlers before its heavy
+    imports, as `python -m <module>` does (a SIGTERM while importing ends it with 0)."""
+    import importlib
+
+    from gpukit.plugin.signals import INBOX, StopRequested
+
+    INBOX.install()
+    try:
+        entry = importlib.import_module(module).main
+    except StopRequested:
+        raise typer.Exit(0) from None
+    raise typer.Exit(entry(args, prog=prog))
+
+
 @app.command("plugin", context_settings=_PASS_THROUGH, add_help_option=False)
 def plugin(ctx: typer.Context) -> None:
     """Run the device plugin: gpukit-device-plugin's flags (`gpukit plugin --help`)."""
-    from gpukit.plugin.signals import INBOX, StopRequested
-
-    INBOX.install()  # before the heavy imports, as `python -m gpukit.plugin` does
-    try:
-        from gpukit.plugin.cli import main as plugin_main
-    except StopRequested:
-        raise typer.Exit(0) from None
-    raise typer.Exit(plugin_main(ctx.args, prog="gpukit plugin"))
+    _run_agent("gpukit.plugin.cli", ctx.args, "gpukit plugin")
 
 
 @app.command("dra", context_settings=_PASS_THROUGH, add_help_option=False)
 def dra(ctx: typer.Context) -> None:
     """Run the DRA kubelet plugin for gpu.nvidia.com (`gpukit dra --help`)."""
-    from gpukit.plugin.signals import INBOX, StopRequested
-
-    INBOX.install()  # before the heavy imports, as `python -m gpukit.plugin.dra` does
-    try:
-        from gpukit.plugin.dra.cli import main as dra_main
-    except StopRequested:
-        raise typer.Exit(0) from None
-    raise typer.Exit(dra_main(ctx.args, prog="gpukit dra"))
+    _run_agent("gpukit.plugin.dra.cli", ctx.args, "gpukit dra")
 
 
 @app.command("mig", context_settings=_PASS_THROUGH, add_help_option=False)

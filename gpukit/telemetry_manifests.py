@@ -40,24 +40,29 @@ def _check(namespace: str, port: int, interval: str, mode: str) -> None:
         raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
 
 
-def _relabelings() -> list[dict[str, Any]]:
-    return [{"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node",
-             "action": "replace"}]
-
-
-def pod_monitor(namespace: str = "gpukit-system", interval: str = "30s") -> dict[str, Any]:
+def _monitor(kind: str, namespace: str, selector: dict[str, str], endpoints: str,
+             interval: str) -> dict[str, Any]:
+    """A Prometheus operator monitor of the agents' `metrics` port, each series labelled with
+    its node."""
+    relabel = [{"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node",
+                "action": "replace"}]
     return {
         "apiVersion": _OPERATOR_API,
-        "kind": "PodMonitor",
+        "kind": kind,
         "metadata": {"name": APP, "namespace": namespace, "labels": dict(_LABELS)},
         "spec": {
             "jobLabel": "app.kubernetes.io/name",
-            "selector": {"matchLabels": {"app.kubernetes.io/name": APP}},
+            "selector": {"matchLabels": selector},
             "namespaceSelector": {"matchNames": [namespace]},
-            "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics",
-                                     "interval": interval, "relabelings": _relabelings()}],
+            endpoints: [{"port": "metrics", "path": "/metrics", "interval": interval,
+                         "relabelings": relabel}],
         },
     }
+
+
+def pod_monitor(namespace: str = "gpukit-system", interval: str = "30s") -> dict[str, Any]:
+    return _monitor("PodMonitor", namespace, {"app.kubernetes.io/name": APP},
+                    "podMetricsEndpoints", interval)
 
 
 def metrics_service(namespace: str = "gpukit-system", port: int = DEFAULT_PORT
@@ -77,18 +82,7 @@ def metrics_service(namespace: str = "gpukit-system", port: int = DEFAULT_PORT
 
 
 def service_monitor(namespace: str = "gpukit-system", interval: str = "30s") -> dict[str, Any]:
-    return {
-        "apiVersion": _OPERATOR_API,
-        "kind": "ServiceMonitor",
-        "metadata": {"name": APP, "namespace": namespace, "labels": dict(_LABELS)},
-        "spec": {
-            "jobLabel": "app.kubernetes.io/name",
-            "selector": {"matchLabels": dict(_LABELS)},
-            "namespaceSelector": {"matchNames": [namespace]},
-            "endpoints": [{"port": "metrics", "path": "/metrics", "interval": interval,
-                           "relabelings": _relabelings()}],
-        },
-    }
+    return _monitor("ServiceMonitor", namespace, dict(_LABELS), "endpoints", interval)
 
 
 def prometheus_rule(namespace: str = "gpukit-system") -> dict[str, Any]:

@@ -323,6 +323,11 @@ def load_text(text: str, source: str) -> MigConfigs:
         raise MigConfigError([f"{source}: refused, the document is {e}"]) from e
     except yaml.YAMLError as e:
         raise MigConfigError([f"{source}: not valid YAML or JSON: {e}"]) from e
+    return _parse_from(doc, source)
+
+
+def _parse_from(doc: Any, source: str) -> MigConfigs:
+    """parse(doc), each problem prefixed with `source`."""
     try:
         return parse(doc)
     except MigConfigError as e:
@@ -349,8 +354,5 @@ def load_json_arg(value: str) -> MigConfigs:
             doc = json.loads(stripped)
         except json.JSONDecodeError as e:
             raise MigConfigError([f"--configs-json: not valid JSON: {e}"]) from e
-        try:
-            return parse(doc)
-        except MigConfigError as e:
-            raise MigConfigError([f"--configs-json: {x}" for x in e.problems]) from None
+        return _parse_from(doc, "--configs-json")
     return load_file(stripped)

@@ -118,29 +118,26 @@ def argv(lab: LabSpec, component: str, bindir: Path) -> list[str]:
             f"--service-account-signing-key-file={k / 'sa.key'}",
             "--allow-privileged=true", "--profiling=false", "--v=1",
         ]  # fmt: skip
-    common = [
-        "--leader-elect=false", "--bind-address=127.0.0.1", "--profiling=false", "--v=1",
-    ]  # fmt: skip
+    # The controller manager and the scheduler: each with its kubeconfig and secure port.
     if component == "kube-controller-manager":
-        kc = k / "controller-manager.kubeconfig"
-        return [
-            str(bindir / component), *common, f"--kubeconfig={kc}",
-            f"--secure-port={lab.controller_manager_port}",
-            f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
+        kc, port = k / "controller-manager.kubeconfig", lab.controller_manager_port
+        own = [
             f"--service-account-private-key-file={k / 'sa.key'}",
             f"--root-ca-file={k / 'ca.crt'}", "--use-service-account-credentials=true",
             f"--cluster-signing-cert-file={k / 'ca.crt'}",
             f"--cluster-signing-key-file={k / 'ca.key'}",
             "--controllers=" + ",".join(["*", *(f"-{c}" for c in disabled_controllers(bindir))]),
         ]  # fmt: skip
-    if component == "kube-scheduler":
-        kc = k / "scheduler.kubeconfig"
-        return [
-            str(bindir / component), *common, f"--kubeconfig={kc}",
-            f"--secure-port={lab.scheduler_port}",
-            f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
-        ]  # fmt: skip
-    raise LabError(f"unknown control-plane component {component!r}")
+    elif component == "kube-scheduler":
+        kc, port, own = k / "scheduler.kubeconfig", lab.scheduler_port, []
+    else:
+        raise LabError(f"unknown control-plane component {component!r}")
+    return [
+        str(bindir / component),
+        "--leader-elect=false", "--bind-address=127.0.0.1", "--profiling=false", "--v=1",
+        f"--kubeconfig={kc}", f"--secure-port={port}",
+        f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}", *own,
+    ]  # fmt: skip
 
 
 # Controllers the lab has no use for: it has no cloud, and each node brings its own pod range.

@@ -25,7 +25,7 @@ from gpukit.contracts.plugin_config import ConfigError
 from .config_source import ConfigSource, Override, coerce, env_overrides
 from .manager import InitError, ManagerOptions, PluginManager, PynvmlBackend
 from .metrics import PluginMetrics
-from .signals import INBOX, StopRequested
+from .signals import INBOX, run_main
 
 log = logging.getLogger("gpukit.plugin")
 
@@ -120,12 +120,7 @@ def overrides_from(args: argparse.Namespace) -> list[Override]:
 
 def main(argv: list[str] | None = None, prog: str = "gpukit-device-plugin") -> int:
     """`prog`: the name --help and --version show (`gpukit plugin` runs this too)."""
-    INBOX.install()  # first: a SIGTERM before there is a handler is lost (signals.py)
-    try:
-        return _main(argv, prog)
-    except StopRequested as stop:
-        log.info("stopped by %s while starting", stop)
-        return 0
+    return run_main(_main, argv, prog)
 
 
 def _main(argv: list[str] | None, prog: str) -> int:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from gpukit.contracts.dcgm_fields import Field, gpu_fields
 from gpukit.contracts.device_ids import strip_replica
 from gpukit.contracts.dra import DRIVER as DRA_DRIVER
 
@@ -43,49 +44,8 @@ from .podresources import Holder
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Field:
-    reading: str  # key in nvml.telemetry.Reading.values
-    name: str
-    kind: str  # gauge | untyped (dcgm-exporter's counters, see above)
-    help: str
-
-
-GPU_FIELDS = (
-    Field("sm_clock_mhz", "DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz)."),
-    Field("mem_clock_mhz", "DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz)."),
-    Field("gpu_temp_c", "DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C)."),
-    Field("power_w", "DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W)."),
-    Field("energy_mj", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "untyped",
-          "Total energy consumption since boot (in mJ)."),
-    Field("pcie_tx_kb", "DCGM_FI_DEV_PCIE_TX_THROUGHPUT", "untyped",
-          "Total number of bytes transmitted through PCIe TX (in KB) via NVML."),
-    Field("pcie_rx_kb", "DCGM_FI_DEV_PCIE_RX_THROUGHPUT", "untyped",
-          "Total number of bytes received through PCIe RX (in KB) via NVML."),
-    Field("pcie_replays", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "untyped",
-          "Total number of PCIe retries."),
-    Field("gpu_util", "DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %)."),
-    Field("mem_copy_util", "DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %)."),
-    Field("fb_free_mib", "DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB)."),
-    Field("fb_used_mib", "DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB)."),
-    Field("ecc_sbe_vol", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "untyped",
-          "Total number of single-bit volatile ECC errors."),
-    Field("ecc_dbe_vol", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "untyped",
-          "Total number of double-bit volatile ECC errors."),
-    Field("ecc_sbe_agg", "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", "untyped",
-          "Total number of single-bit persistent ECC errors."),
-    Field("ecc_dbe_agg", "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "untyped",
-          "Total number of double-bit persistent ECC errors."),
-    Field("remapped_rows_uncorrectable", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "untyped",
-          "Number of remapped rows for uncorrectable errors"),
-    Field("remapped_rows_correctable", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "untyped",
-          "Number of remapped rows for correctable errors"),
-    Field("row_remap_failure", "DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge",
-          "Whether remapping of rows has failed"),
-    Field("row_remap_pending", "DCGM_FI_DEV_ROW_REMAP_PENDING", "gauge",
-          "Whether remapping of rows is pending (a GPU reset applies it)"),
-)
-MIG_FIELDS = tuple(f for f in GPU_FIELDS if f.reading in ("fb_free_mib", "fb_used_mib"))
+GPU_FIELDS = gpu_fields()
+MIG_FIELDS = tuple(f for f in GPU_FIELDS if f.mig)
 XID = Field("", "DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.")
 LOST = Field("", "gpukit_gpu_lost", "gauge",
              "1 while NVML says the GPU is gone (fallen off the bus, needs a reset)")

@@ -26,6 +26,7 @@ import logging
 import os
 import select
 import signal
+from collections.abc import Callable
 from types import FrameType
 from typing import Protocol
 
@@ -101,3 +102,15 @@ class SignalInbox:
 
 # One per process: `python -m gpukit.plugin` installs it before importing the rest.
 INBOX = SignalInbox()
+
+
+def run_main(start: Callable[[list[str] | None, str], int], argv: list[str] | None,
+             prog: str) -> int:
+    """An agent's entry point: the handlers first (a SIGTERM before there is one is lost), then
+    `start(argv, prog)`; a stop requested while starting ends it cleanly with 0."""
+    INBOX.install()
+    try:
+        return start(argv, prog)
+    except StopRequested as stop:
+        log.info("stopped by %s while starting", stop)
+        return 0

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import yaml
@@ -238,13 +238,7 @@ class Finish:
     lines: list[str]
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "stage": self.stage,
-            "relabel": self.relabel,
-            "final": self.final,
-            "lines": self.lines,
-            "needed": bool(self.stage or self.relabel or self.final),
-        }
+        return {**asdict(self), "needed": bool(self.stage or self.relabel or self.final)}
 
 
 def finish(

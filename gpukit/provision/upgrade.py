@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gpukit.contracts import label_names
@@ -156,16 +156,7 @@ class Plan:
         return [h for b in self.batches for h in b]
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "batches": self.batches,
-            "sizes": self.sizes,
-            "order": self.order,
-            "max_failed": self.max_failed,
-            "lines": self.lines,
-            "touched": self.touched,
-            "skipped": self.skipped,
-            "unchanged": self.unchanged,
-        }
+        return {**asdict(self), "sizes": self.sizes, "order": self.order}
 
 
 def _one(nodes: Sequence[NodeState], attr: str, variable: str, scope: str) -> Any:
@@ -397,14 +388,7 @@ class Report:
     summary: str
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "lines": self.lines,
-            "done": self.done,
-            "failed": self.failed,
-            "not_reached": self.not_reached,
-            "complete": self.complete,
-            "summary": self.summary,
-        }
+        return asdict(self)
 
 
 def report(

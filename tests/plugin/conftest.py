@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,3 +27,22 @@ def kubelet(short_tmp: Path) -> Iterator[FakeKubelet]:
     k.start()
     yield k
     k.stop()
+
+
+@pytest.fixture
+def mock_node(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[[str], Any]:
+    """`mock_node(profile)`: this process's pynvml on the mock with that profile and a fresh
+    state dir; returns the mock's control handle."""
+    from gpukit.lab.nvml import ENV_LIB, ENV_PROFILE, ENV_STATE_DIR, build, load_mock, profile_path
+    from gpukit.lab.nvml.control import MockControl
+
+    lib = build()
+
+    def start(profile: str) -> Any:
+        monkeypatch.setenv(ENV_PROFILE, str(profile_path(profile)))
+        monkeypatch.setenv(ENV_STATE_DIR, str(tmp_path / "nvml-state"))
+        monkeypatch.setenv(ENV_LIB, str(lib))
+        load_mock(lib)
+        return MockControl(lib)
+
+    return start

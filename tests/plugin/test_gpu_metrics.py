@@ -260,23 +260,6 @@ class FakePodResources(podresources_grpc.PodResourcesListerServicer):  # type: i
 
 
 @pytest.fixture
-def mock_node(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[[str], Any]:
-    from gpukit.lab.nvml import build, load_mock, profile_path
-    from gpukit.lab.nvml.control import MockControl
-
-    lib = build()
-
-    def start(profile: str) -> Any:
-        monkeypatch.setenv("GPUKIT_NVML_PROFILE", str(profile_path(profile)))
-        monkeypatch.setenv("GPUKIT_NVML_STATE_DIR", str(tmp_path / "nvml-state"))
-        monkeypatch.setenv("GPUKIT_NVML_LIB", str(lib))
-        load_mock(lib)
-        return MockControl(lib)
-
-    return start
-
-
-@pytest.fixture
 def agent(mock_node: Callable[[str], Any], short_tmp: Path
           ) -> Iterator[tuple[Any, FakePodResources, Callable[[], list[Sample]]]]:
     ctl = mock_node("a100-sxm4-40gb-x8")

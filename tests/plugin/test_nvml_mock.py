@@ -40,22 +40,6 @@ pytestmark = [
 GI_PROFILES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4}  # slices -> NVML_GPU_INSTANCE_PROFILE_<n>_SLICE
 
 
-@pytest.fixture
-def mock_node(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[[str], Any]:
-    """Point this process's pynvml at the mock with a profile and a fresh state dir."""
-    from gpukit.lab.nvml import load_mock, profile_path
-    from gpukit.lab.nvml.control import MockControl
-
-    def start(profile: str) -> Any:
-        monkeypatch.setenv("GPUKIT_NVML_PROFILE", str(profile_path(profile)))
-        monkeypatch.setenv("GPUKIT_NVML_STATE_DIR", str(tmp_path / "nvml-state"))
-        monkeypatch.setenv("GPUKIT_NVML_LIB", str(LIB))
-        load_mock(LIB)
-        return MockControl(LIB)
-
-    return start
-
-
 def discover() -> NodeDevices:
     nvml.init()
     try:

@@ -114,6 +114,39 @@ def env(
     return out
 
 
+# Every GPU split into seven 1-slice GPU instances, each with its compute instance (MIG mode on).
+_SEVEN_1G = """
+import pynvml as n
+n.nvmlInit()
+for i in range(n.nvmlDeviceGetCount()):
+    h = n.nvmlDeviceGetHandleByIndex(i)
+    info = n.nvmlDeviceGetGpuInstanceProfileInfo(h, n.NVML_GPU_INSTANCE_PROFILE_1_SLICE)
+    for _ in range(7):
+        gi = n.nvmlDeviceCreateGpuInstance(h, info.id)
+        ci = n.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+            gi, n.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, 0)
+        n.nvmlGpuInstanceCreateComputeInstance(gi, ci.id)
+"""
+_MIG_ON = """
+import pynvml as n
+n.nvmlInit()
+for i in range(n.nvmlDeviceGetCount()):
+    n.nvmlDeviceSetMigMode(n.nvmlDeviceGetHandleByIndex(i), 1)
+"""
+
+
+def split_seven_1g(mock_env: Mapping[str, str], gpus: int) -> None:
+    """MIG mode on for the `gpus` GPUs of the mock behind `mock_env` (each reset so that it
+    applies), then seven 1g GPU instances with a compute instance each: the most MIG devices
+    an A100/H100 can have, for benchmarks."""
+    env_ = dict(mock_env)
+    subprocess.run([sys.executable, "-c", _MIG_ON], env=env_, check=True)
+    for gpu in range(gpus):
+        subprocess.run([sys.executable, "-m", "gpukit.lab.nvml", "reset", "--gpu", str(gpu)],
+                       env=env_, check=True)  # fmt: skip
+    subprocess.run([sys.executable, "-c", _SEVEN_1G], env=env_, check=True)
+
+
 def load_mock(lib: Path | str | None = None) -> ctypes.CDLL:
     """Make this process's pynvml use the mock library (call before ``pynvml.nvmlInit()``).
 

@@ -27,7 +27,7 @@ from gpukit.contracts.plugin_config import (
     parse_host_port,
 )
 
-from ..signals import INBOX, StopRequested
+from ..signals import INBOX, StopRequested, run_main
 
 log = logging.getLogger("gpukit.plugin.dra")
 
@@ -83,12 +83,7 @@ def build_parser(prog: str = "gpukit-dra-plugin") -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, prog: str = "gpukit-dra-plugin") -> int:
-    INBOX.install()  # first: a SIGTERM before there is a handler is lost (gpukit/plugin/signals.py)
-    try:
-        return _main(argv, prog)
-    except StopRequested as stop:
-        log.info("stopped by %s while starting", stop)
-        return 0
+    return run_main(_main, argv, prog)
 
 
 def _main(argv: list[str] | None, prog: str) -> int:

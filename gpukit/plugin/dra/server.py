@@ -10,7 +10,9 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Iterator
 from concurrent import futures
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -57,30 +59,30 @@ class DraService(dra_grpc.DRAPluginServicer):  # type: ignore[misc]
     def NodePrepareResources(self, request: Any, context: Any) -> Any:
         out = dra_pb2.NodePrepareResourcesResponse()
         for c in request.claims:
-            ref = ClaimRef(c.namespace, c.name, c.uid)
-            entry = out.claims[c.uid]
-            try:
-                prepared = self.preparer.prepare(ref)
-            except Exception as exc:  # one claim's failure is its own answer
-                log.error("preparing %s failed: %s", ref, exc)
-                entry.error = str(exc) or type(exc).__name__
-                continue
-            for d in prepared.devices:
-                entry.devices.add(request_names=list(d.requests), pool_name=d.pool,
-                                  device_name=d.device, cdi_device_ids=list(d.cdi_device_ids))
+            ref, entry = ClaimRef(c.namespace, c.name, c.uid), out.claims[c.uid]
+            with _claim_answer(ref, entry, "preparing"):
+                for d in self.preparer.prepare(ref).devices:
+                    entry.devices.add(request_names=list(d.requests), pool_name=d.pool,
+                                      device_name=d.device, cdi_device_ids=list(d.cdi_device_ids))
         return out
 
     def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
         out = dra_pb2.NodeUnprepareResourcesResponse()
         for c in request.claims:
-            ref = ClaimRef(c.namespace, c.name, c.uid)
-            entry = out.claims[c.uid]
-            try:
+            ref, entry = ClaimRef(c.namespace, c.name, c.uid), out.claims[c.uid]
+            with _claim_answer(ref, entry, "unpreparing"):
                 self.preparer.unprepare(ref)
-            except Exception as exc:
-                log.error("unpreparing %s failed: %s", ref, exc)
-                entry.error = str(exc) or type(exc).__name__
         return out
+
+
+@contextmanager
+def _claim_answer(ref: ClaimRef, entry: Any, doing: str) -> Iterator[None]:
+    """One claim's failure is its own answer (`entry.error`); the request's others go on."""
+    try:
+        yield
+    except Exception as exc:
+        log.error("%s %s failed: %s", doing, ref, exc)
+        entry.error = str(exc) or type(exc).__name__
 
 
 def _listen(server: grpc.Server, path: Path) -> None:

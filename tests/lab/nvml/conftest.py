@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 sys.path.insert(0, os.path.dirname(__file__))  # --import-mode=importlib: for nvmltest.py
 
@@ -74,3 +75,23 @@ def nvml(mock_lib: Path, nvml_env: dict[str, str]) -> Iterator[Any]:
 def ctl(mock_lib: Path, nvml_env: dict[str, str]) -> MockControl:
     """Lab control operations on the same library, profile and state dir."""
     return MockControl(mock_lib)
+
+
+@pytest.fixture
+def nvml_with_profile(mock_lib: Path, tmp_path: Path,
+                      monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[dict[str, Any]], Any]]:
+    """`nvml_with_profile(doc)`: pynvml initialised against the mock with the profile `doc`
+    (written to a temporary file) and a fresh state dir; shut down after the test."""
+    import pynvml
+
+    def start(doc: dict[str, Any]) -> Any:
+        path = tmp_path / "profile.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        monkeypatch.setenv(mock.ENV_PROFILE, str(path))
+        monkeypatch.setenv(mock.ENV_STATE_DIR, str(tmp_path / "state"))
+        mock.load_mock(mock_lib)
+        pynvml.nvmlInit()
+        return pynvml
+
+    yield start
+    _shutdown_all(pynvml)

@@ -4,6 +4,7 @@ an NVML error code and a message naming the file and the field, never a crash.""
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -228,24 +229,13 @@ def test_malformed_profile_names_file_and_field(
     nvml_error(pynvml, pynvml.NVML_ERROR_UNINITIALIZED, pynvml.nvmlDeviceGetCount)
 
 
-def test_valid_variant_base_profile_loads(
-    mock_lib: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_valid_variant_base_profile_loads(nvml_with_profile: Callable[[dict[str, Any]], Any]
+                                          ) -> None:
     """The base used above is itself valid (so each failure above is the change's)."""
-    import pynvml
-
-    path = tmp_path / "ok.yaml"
-    path.write_text(yaml.safe_dump(BASE))
-    monkeypatch.setenv(mock.ENV_PROFILE, str(path))
-    monkeypatch.setenv(mock.ENV_STATE_DIR, str(tmp_path / "state"))
-    mock.load_mock(mock_lib)
-    pynvml.nvmlInit()
-    try:
-        assert pynvml.nvmlDeviceGetCount() == 2
-        h = pynvml.nvmlDeviceGetHandleByIndex(1)
-        assert pynvml.nvmlDeviceGetPciInfo(h).busId == "00000000:0F:00.0"
-    finally:
-        pynvml.nvmlShutdown()
+    pynvml = nvml_with_profile(BASE)
+    assert pynvml.nvmlDeviceGetCount() == 2
+    h = pynvml.nvmlDeviceGetHandleByIndex(1)
+    assert pynvml.nvmlDeviceGetPciInfo(h).busId == "00000000:0F:00.0"
 
 
 def test_corrupt_state_file_is_reported(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import re
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -180,24 +180,13 @@ def test_disable_refused_with_gpu_instances(nvml: Any, ctl: MockControl) -> None
 
 
 def test_immediate_mode_change_profile_option(
-    mock_lib: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import pynvml
-
+        nvml_with_profile: Callable[[dict[str, Any]], Any]) -> None:
     doc = yaml.safe_load(mock.profile_path("h100-80gb-x8").read_text())
     doc["defaults"]["mig_mode_change"] = "immediate"
-    p = tmp_path / "h100-immediate.yaml"
-    p.write_text(yaml.safe_dump(doc))
-    monkeypatch.setenv(mock.ENV_PROFILE, str(p))
-    monkeypatch.setenv(mock.ENV_STATE_DIR, str(tmp_path / "state"))
-    mock.load_mock(mock_lib)
-    pynvml.nvmlInit()
-    try:
-        h = pynvml.nvmlDeviceGetHandleByIndex(0)
-        assert pynvml.nvmlDeviceSetMigMode(h, 1) == pynvml.NVML_SUCCESS
-        assert pynvml.nvmlDeviceGetMigMode(h) == [1, 1]
-    finally:
-        pynvml.nvmlShutdown()
+    pynvml = nvml_with_profile(doc)
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    assert pynvml.nvmlDeviceSetMigMode(h, 1) == pynvml.NVML_SUCCESS
+    assert pynvml.nvmlDeviceGetMigMode(h) == [1, 1]
 
 
 # ---- profiles: C (the mock) against Python (the planner's tables) ----
