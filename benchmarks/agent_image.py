@@ -34,13 +34,7 @@ TARGET_BYTES = 150 * 10**6
 def copy_context(dst: Path) -> None:
     """The files the build reads (and its Containerfile and ignore files), nothing else."""
     extra = [images.CONTAINERFILE, *build_context.IGNORE_FILES]
-    for rel in [*build_context.context_files(REPO), *extra]:
-        src, out = REPO / rel, dst / rel
-        out.parent.mkdir(parents=True, exist_ok=True)
-        if src.is_symlink():
-            out.symlink_to(os.readlink(src))
-        else:
-            shutil.copy2(src, out)
+    build_context.copy_files(REPO, [*build_context.context_files(REPO), *extra], dst)
 
 
 def parts(archive: Path) -> dict[str, tuple[int, int]]:

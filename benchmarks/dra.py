@@ -31,6 +31,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpukit.agent_manifests import APP, DRA_APP, manifests
 from gpukit.k8s import connect, objects, waits
+from gpukit.k8s.objects import delete_if_there
 from gpukit.lab import agent, images
 from gpukit.lab.controlplane import paths
 
@@ -72,11 +73,7 @@ def running(core: client.CoreV1Api, name: str) -> float:
 
 def delete(core: client.CoreV1Api, res: client.ResourceV1Api, name: str) -> None:
     for fn in (core.delete_namespaced_pod, res.delete_namespaced_resource_claim):
-        try:
-            fn(name, NS, grace_period_seconds=0)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        delete_if_there(fn, name, NS, grace_period_seconds=0)
     waits.gone(core.list_namespaced_pod, (NS,), f"metadata.name={name}", 120)
 
 

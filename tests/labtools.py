@@ -4,6 +4,7 @@ HTTP endpoint on a node, and NVML calls against a node's mock GPUs."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -19,8 +20,11 @@ from labplay import PlayResult, run_playbook
 
 from gpukit.contracts import dra
 from gpukit.contracts import label_names as ln
+from gpukit.k8s.objects import delete_if_there
 from gpukit.lab import cluster, network, nodes
-from gpukit.lab.config import LabSpec, load_spec
+from gpukit.lab.config import LabSpec, NodeSpec, load_spec
+
+AGENT_NAMESPACE = "gpukit-system"  # the lab's agents (gpukit.agent_manifests' default)
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 60, every: float = 0.5,
@@ -43,16 +47,21 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float = 60, every: fl
     pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r}){more}")
 
 
+def boots(node: NodeSpec) -> int:
+    """How often the lab node has booted (its init.json); -1 while that cannot be read (the
+    node is going down or coming up)."""
+    try:
+        return int(json.loads((nodes.node_dir(node) / "init.json").read_text())["boot"])
+    except (OSError, ValueError, KeyError):
+        return -1
+
+
 def delete_pods(core: client.CoreV1Api, namespace: str, names: list[str],
                 timeout: float = 90) -> None:
     """Delete the named pods and wait until none of them exists any more: a teardown that
     returns earlier lets the next test meet their processes still holding a GPU."""
     for name in names:
-        try:
-            core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
-        except client.ApiException as e:
-            if e.status != 404:
-                raise
+        delete_if_there(core.delete_namespaced_pod, name, namespace, grace_period_seconds=0)
     left = set(names)
     wait_for(f"the test pods {sorted(left)} gone", lambda: not left & {
         p.metadata.name for p in core.list_namespaced_pod(namespace).items}, timeout=timeout)
@@ -257,3 +266,21 @@ def node_pynvml(node: str, code: str, *args: str) -> None:
     root = nodes.root(load_spec().node(node))
     env = nvml.env(root / "etc/gpukit-lab/nvml/profile.yaml", root / "var/lib/gpukit-lab/nvml")
     subprocess.run([sys.executable, "-c", code, *args], env=env, check=True)
+
+
+@dataclass
+class ApiLab(SiteLab):
+    """A SiteLab with the API clients and the views the agents' tests read."""
+
+    core: client.CoreV1Api
+    custom: client.CustomObjectsApi
+
+    def slices(self, node: str) -> list[dict[str, Any]]:
+        return dra_slices(self.custom, node)
+
+    def agents(self, app: str) -> dict[str, str]:
+        """{node: phase} of gpukit's agent `app` (the device plugin agent, the DRA plugin)."""
+        return phases_by_node(self.core, AGENT_NAMESPACE, app)
+
+    def gpu_status(self, node: str) -> dict[str, str]:
+        return gpu_status(self.core, node)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -72,4 +72,16 @@ def _exists(dyn: DynamicClient, doc: Mapping[str, Any]) -> bool:
         if e.status == 404:
             return False
         raise
+    return True
+
+
+def delete_if_there(delete: Callable[..., Any], name: str, namespace: str, **kwargs: Any) -> bool:
+    """`delete(name, namespace, **kwargs)` (a client's delete_namespaced_*); False when the
+    object was not there (404), any other API error raised."""
+    try:
+        delete(name, namespace, **kwargs)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+        return False
     return True

@@ -12,7 +12,9 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,3 +133,15 @@ def digest(context: Path, extra: tuple[Path, ...] = ()) -> str:
         h.update(f"X {path.name}\0".encode())
         h.update(hashlib.sha256(path.read_bytes()).digest())
     return h.hexdigest()
+
+
+def copy_files(context: Path, files: Iterable[str], dst: Path) -> None:
+    """Copy `files` (relative to `context`, e.g. context_files(context)) into `dst` as the
+    build would see them: links stay links."""
+    for rel in files:
+        src, out = context / rel, dst / rel
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_symlink():
+            out.symlink_to(os.readlink(src))
+        else:
+            shutil.copy2(src, out)

@@ -41,6 +41,7 @@ from gpukit import agent_manifests
 from gpukit.agent_manifests import DRA_APP, AgentDeployment
 from gpukit.k8s import connect, objects, waits
 from gpukit.k8s.nodes import reported_after
+from gpukit.k8s.objects import delete_if_there
 from gpukit.lab import agent, cluster, images, nodes
 from gpukit.lab.config import load_spec
 from gpukit.lab.controlplane import paths
@@ -142,11 +143,7 @@ def cleanup(core: client.CoreV1Api, resource: client.ResourceV1Api) -> Iterator[
     yield made
     for name in made:
         for delete in (core.delete_namespaced_pod, resource.delete_namespaced_resource_claim):
-            try:
-                delete(name, NS, grace_period_seconds=0)
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
+            delete_if_there(delete, name, NS, grace_period_seconds=0)
     for name in made:
         wait_for(f"pod {name} gone", lambda n=name: not _exists(core.read_namespaced_pod, n),
                  timeout=90)

@@ -8,10 +8,10 @@ import json
 import subprocess
 import sys
 import textwrap
-import time
 from typing import Any
 
 import pytest
+from labtools import boots, wait_for
 
 from gpukit.lab import driver_surface as ds
 from gpukit.lab import nodes
@@ -111,27 +111,19 @@ def assert_caps_follow(spec: LabSpec, n: NodeSpec) -> dict[str, Any]:
 
 
 def reboot(spec: LabSpec, n: NodeSpec) -> None:
-    before = json.loads((nodes.node_dir(n) / "init.json").read_text())
+    before = boots(n)
     subprocess.run(
         ["ssh", "-i", str(nodes.ssh_key()), "-o", "StrictHostKeyChecking=no",
          "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes",
          f"root@{n.address(spec)}", "systemctl reboot"],
         capture_output=True, timeout=30,
     )  # fmt: skip
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        try:
-            now = json.loads((nodes.node_dir(n) / "init.json").read_text())
-        except (OSError, ValueError):
-            now = before
-        if now["boot"] > before["boot"]:
-            try:
-                if ssh(spec, n, "systemctl is-active kubelet").strip() == "active":
-                    return
-            except (AssertionError, subprocess.TimeoutExpired):
-                pass
-        time.sleep(0.5)
-    pytest.fail(f"{n.name} did not come back from a reboot")
+
+    def back() -> bool:
+        return boots(n) > before and ssh(spec, n, "systemctl is-active kubelet").strip() == "active"
+
+    wait_for(f"{n.name} back from a reboot", back, timeout=90,
+             retry_on=(AssertionError, subprocess.TimeoutExpired))
 
 
 def assert_static_surface(spec: LabSpec, n: NodeSpec) -> None:

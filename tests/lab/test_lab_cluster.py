@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from labtools import boots, wait_for
 
 from gpukit.lab import cgroups, cluster, network, nodes, smoke
 from gpukit.lab.config import load_spec
@@ -165,21 +166,9 @@ def test_a_node_whose_supervisor_was_killed_is_rebooted_by_lab_up(lab_cluster: o
 def test_a_node_reboots_like_a_machine(lab_cluster: object) -> None:
     spec = load_spec()
     n = spec.nodes[0]
-    before = json.loads((nodes.node_dir(n) / "init.json").read_text())
+    before = boots(n)
     r = _ssh(n.address(spec), "systemctl reboot")
     assert r.returncode in (0, 255), r.stderr  # the connection may drop as the node goes down
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            now = json.loads((nodes.node_dir(n) / "init.json").read_text())
-        except (OSError, ValueError):
-            now = before
-        if (
-            now["boot"] > before["boot"]
-            and _ssh(n.address(spec), "systemctl is-active kubelet").stdout.strip() == "active"
-        ):
-            break
-        time.sleep(0.5)
-    else:
-        pytest.fail(f"{n.name} did not come back from a reboot")
+    wait_for(f"{n.name} back from a reboot", lambda: boots(n) > before and _ssh(
+        n.address(spec), "systemctl is-active kubelet").stdout.strip() == "active", timeout=60)
     assert cluster.status(spec).up or cluster.up(spec)

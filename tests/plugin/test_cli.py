@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from stopping import killed_at_exit, terminate
 
 PY = sys.executable
 
@@ -47,14 +48,9 @@ def test_nvml_failure_obeys_fail_on_init_error(short_tmp: Path) -> None:
     p = subprocess.Popen([PY, "-m", "gpukit.plugin", *args], stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True,
                          env={**os.environ, "FAIL_ON_INIT_ERROR": "false"})
-    try:
+    with killed_at_exit(p):
         time.sleep(2.0)
         assert p.poll() is None, "must keep running without GPUs"
-        p.send_signal(signal.SIGTERM)
-        out, _ = p.communicate(timeout=20)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        out = terminate(p, timeout=20)
     assert p.returncode == 0, out
     assert "serving no devices" in out

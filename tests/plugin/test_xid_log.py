@@ -50,6 +50,17 @@ def eight_gpus() -> dict[str, Unit]:
     return build_resources(make_inventory([make_gpu(i) for i in range(8)]), cfg()).units()
 
 
+def eight_gpu_monitor() -> tuple[Clock, dict[str, Unit], PluginMetrics, HealthMonitor]:
+    """A health monitor over eight GPUs on a test clock, counting XIDs into fresh metrics."""
+    clock = Clock()
+    units = eight_gpus()
+    metrics = PluginMetrics()
+    tracker = HealthTracker((13,), recovery_seconds=60, clock=clock)
+    monitor = HealthMonitor(tracker, lambda: units, lambda: None, on_xid=metrics.count_xid,
+                            xid_log=XidLog(clock=clock))
+    return clock, units, metrics, monitor
+
+
 def xid_counts(metrics: PluginMetrics) -> dict[tuple[str, str, str], float]:
     return {(s.labels["device"], s.labels["xid"], s.labels["critical"]): s.value
             for m in metrics.xids.collect() for s in m.samples if s.name.endswith("_total")}
@@ -57,12 +68,7 @@ def xid_counts(metrics: PluginMetrics) -> dict[tuple[str, str, str], float]:
 
 def test_a_storm_of_1000_xid_per_second_for_60s_logs_under_100kb(
         health_log: io.StringIO) -> None:
-    clock = Clock()
-    units = eight_gpus()
-    metrics = PluginMetrics()
-    tracker = HealthTracker((13,), recovery_seconds=60, clock=clock)
-    monitor = HealthMonitor(tracker, lambda: units, lambda: None, on_xid=metrics.count_xid,
-                            xid_log=XidLog(clock=clock))
+    clock, units, metrics, monitor = eight_gpu_monitor()
     for tick in range(120):  # 60 s in the health loop's 0.5 s turns, 500 events each
         for n in range(tick * 500, tick * 500 + 500):  # round robin over the 8 GPUs
             monitor.handle_xid(units, gpu_uuid(n % 8), 79, MIG_ID_UNSET, MIG_ID_UNSET)
@@ -88,12 +94,7 @@ def test_a_storm_of_1000_xid_per_second_for_60s_logs_under_100kb(
 
 
 def test_a_new_pair_is_logged_at_once_repeats_are_counted(health_log: io.StringIO) -> None:
-    clock = Clock()
-    units = eight_gpus()
-    metrics = PluginMetrics()
-    tracker = HealthTracker((13,), recovery_seconds=60, clock=clock)
-    monitor = HealthMonitor(tracker, lambda: units, lambda: None, on_xid=metrics.count_xid,
-                            xid_log=XidLog(clock=clock))
+    clock, units, metrics, monitor = eight_gpu_monitor()
 
     def xid(gpu: int, number: int) -> None:
         monitor.handle_xid(units, gpu_uuid(gpu), number, MIG_ID_UNSET, MIG_ID_UNSET)

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 from labplay import REPO, PlayResult
-from labtools import SiteLab, dra_slices, gpu_status, phases_by_node, site_lab
+from labtools import ApiLab, site_lab
 
 from gpukit.agent_manifests import APP, DRA_APP
 from gpukit.contracts import label_names as ln
@@ -39,27 +39,14 @@ from gpukit.provision import agent, declaration
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(2400)]  # site.yml on a fresh lab
 
 A100, T4 = "gpu-a100", "gpu-t4"
-NS = "gpukit-system"
 LABEL_TASK = "Label and taint the node"
 
 
 @dataclass
-class Lab(SiteLab):  # its inventory: the lab's, gpu-t4 on DRA
-    core: client.CoreV1Api
-    custom: client.CustomObjectsApi
-
+class Lab(ApiLab):  # its inventory: the lab's, gpu-t4 on DRA
     def play(self, *args: str, inventory: Path | None = None, timeout: float = 1800
              ) -> PlayResult:
         return self.site(*args, inventory=inventory, timeout=timeout)
-
-    def slices(self, node: str) -> list[dict[str, Any]]:
-        return dra_slices(self.custom, node)
-
-    def pods(self, app: str) -> dict[str, str]:
-        return phases_by_node(self.core, NS, app)
-
-    def gpu_status(self, node: str) -> dict[str, str]:
-        return gpu_status(self.core, node)
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +76,8 @@ def test_site_converges_with_gpu_t4_on_dra(lab: Lab) -> None:
     assert (t4[ln.GPU_ALLOCATION], t4[ln.DEPLOY_DEVICE_PLUGIN]) == ("dra", "false")
     assert (a100[ln.GPU_ALLOCATION], a100[ln.DEPLOY_DEVICE_PLUGIN]) == ("device-plugin", "true")
     # One API per node: the agent's pod on gpu-a100 only, the DRA plugin's on gpu-t4 only.
-    assert lab.pods(APP) == {A100: "Running"}, lab.pods(APP)
-    assert lab.pods(DRA_APP) == {T4: "Running"}, lab.pods(DRA_APP)
+    assert lab.agents(APP) == {A100: "Running"}, lab.agents(APP)
+    assert lab.agents(DRA_APP) == {T4: "Running"}, lab.agents(DRA_APP)
     # The role waited for it: gpu-t4's slices publish exactly its declared devices.
     want = _declared(lab, T4)["expected_dra_devices"]
     assert len(want) == 2
@@ -154,4 +141,4 @@ def test_check_mode_changes_nothing(lab: Lab) -> None:
     assert LABEL_TASK in back.changed.get(T4, []), back.describe()
     labels = lab.core.read_node(T4).metadata.labels
     assert (labels[ln.GPU_ALLOCATION], labels[ln.DEPLOY_DEVICE_PLUGIN]) == ("dra", "false")
-    assert lab.pods(DRA_APP) == {T4: "Running"} and T4 not in lab.pods(APP)
+    assert lab.agents(DRA_APP) == {T4: "Running"} and T4 not in lab.agents(APP)

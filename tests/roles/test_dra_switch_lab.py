@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 from labplay import PlayResult, assert_nothing_rolled, plan_lines, report_lines, run_playbook
-from labtools import SiteLab, dra_slices, gpu_status, live_pods, phases_by_node, site_lab, wait_for
+from labtools import ApiLab, delete_namespace, live_pods, site_lab, wait_for
 
 from gpukit.agent_manifests import APP, DRA_APP
 from gpukit.contracts import label_names as ln
@@ -43,16 +43,12 @@ pytestmark = [pytest.mark.lab, pytest.mark.timeout(2400)]
 
 A100, T4 = "gpu-a100", "gpu-t4"
 NS = "gpukit-dra-switch-test"
-AGENT_NS = "gpukit-system"
 SERVICE = "gpu-service"  # the Deployment of one unchanged `nvidia.com/gpu: 1` pod on gpu-t4
 REFUSED = "Check that no GPU pod runs on a node to switch"
 
 
 @dataclass
-class Lab(SiteLab):
-    core: client.CoreV1Api
-    custom: client.CustomObjectsApi
-
+class Lab(ApiLab):
     def site(self, *args: str, **kwargs: Any) -> PlayResult:
         return super().site(*args, var_files=(), **kwargs)
 
@@ -73,15 +69,6 @@ class Lab(SiteLab):
         r = cluster.node_exec(self.spec.node(node), ["sh", "-c", command])
         return r.stdout
 
-    def slices(self, node: str) -> list[dict[str, Any]]:
-        return dra_slices(self.custom, node)
-
-    def agents(self, app: str) -> dict[str, str]:
-        return phases_by_node(self.core, AGENT_NS, app)
-
-    def gpu_status(self, node: str) -> dict[str, str]:
-        return gpu_status(self.core, node)
-
     def labels(self, node: str) -> dict[str, str]:
         return dict(self.core.read_node(node).metadata.labels or {})
 
@@ -96,23 +83,17 @@ def lab(lab_cluster: object, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     for node in (A100, T4):  # no rollout state of an earlier run
         lab.core.patch_node(node, {"spec": {"unschedulable": None},
                                    "metadata": {"labels": {ln.UPGRADE_STATE: None}}})
-    _delete_namespace(lab.core)
+    delete_namespace(lab.core, NS)
     r = lab.site()
     assert r.rc == 0 and not r.failed, r.describe()
     lab.core.create_namespace({"metadata": {"name": NS}})
     try:
         yield lab
     finally:
-        _delete_namespace(lab.core)
+        delete_namespace(lab.core, NS)
         lab.declare(None)
         back = lab.site()  # the lab as its inventory declares it
         assert back.rc == 0 and not back.failed, back.describe()
-
-
-def _delete_namespace(core: client.CoreV1Api) -> None:
-    from gpukit.conformance.cluster import Kube
-
-    assert Kube(core.api_client).delete_namespace(NS, timeout=120), f"namespace {NS} stayed"
 
 
 def _gpu_container(**resources: Any) -> dict[str, Any]:

@@ -163,13 +163,7 @@ def test_the_images_gpukit_is_the_agent_without_the_lab(tmp_path: Path) -> None:
     installed with --target, as the Containerfile does. Its tree holds the agent, not the lab,
     the conformance suite or the controller's library, and the agent imports from it."""
     ctx = tmp_path / "ctx"
-    for rel in build_context.context_files(REPO):
-        src, dst = REPO / rel, ctx / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        if src.is_symlink():
-            dst.symlink_to(os.readlink(src))
-        else:
-            shutil.copy2(src, dst)
+    build_context.copy_files(REPO, build_context.context_files(REPO), ctx)
     pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
     subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "w"),
                     str(ctx)], check=True, capture_output=True, timeout=300)  # fmt: skip

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import subprocess
 import sys
 import zipfile
@@ -26,6 +25,7 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from stopping import killed_at_exit, terminate
 
 from gpukit import __version__
 from gpukit.plugin.api import generate
@@ -244,14 +244,11 @@ def test_the_installed_plugin_and_mig_manager_run_on_the_stand_in_driver(
         cwd=base_env.cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**t4, "PATH": f"{bin_}:/usr/bin:/bin"})  # fmt: skip
     try:
-        request = kubelet.next_request(timeout=60)
-        assert request.resource_name == "nvidia.com/gpu" and request.version == "v1beta1"
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=30)
+        with killed_at_exit(proc):
+            request = kubelet.next_request(timeout=60)
+            assert request.resource_name == "nvidia.com/gpu" and request.version == "v1beta1"
+            out = terminate(proc, timeout=30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
         kubelet.stop()
     assert proc.returncode == 0, out
 

@@ -20,13 +20,17 @@
         return r_;                                                                                 \
     } while (0)
 
+/* The state locked for a change, when the caller's arguments are `valid`. */
+static nvmlReturn_t lock_valid(int valid, int *fd)
+{
+    return valid ? state_lock(fd) : NVML_ERROR_INVALID_ARGUMENT;
+}
+
 static nvmlReturn_t inject(unsigned gpu, unsigned long long type, unsigned long long data,
                            unsigned gi, unsigned ci)
 {
-    if (gpu >= g_prof.ngpu || !type || (type & ~mock_supported_events()))
-        return NVML_ERROR_INVALID_ARGUMENT;
     int fd;
-    nvmlReturn_t rc = state_lock(&fd);
+    nvmlReturn_t rc = lock_valid(!(gpu >= g_prof.ngpu || !type || (type & ~mock_supported_events())), &fd);
     if (rc != NVML_SUCCESS)
         return rc;
     rc = mock_emit("E", gpu, type, data, gi, ci);
@@ -64,10 +68,8 @@ EXPORT nvmlReturn_t gpukitMockInjectXid(unsigned int gpu, unsigned long long xid
 
 static nvmlReturn_t set_lost(unsigned gpu, int lost)
 {
-    if (gpu >= g_prof.ngpu)
-        return NVML_ERROR_INVALID_ARGUMENT;
     int fd;
-    nvmlReturn_t rc = state_lock(&fd);
+    nvmlReturn_t rc = lock_valid(gpu < g_prof.ngpu, &fd);
     if (rc != NVML_SUCCESS)
         return rc;
     int was = g_state.gpu[gpu].lost;
@@ -87,10 +89,8 @@ EXPORT nvmlReturn_t gpukitMockSetLost(unsigned int gpu, int lost) { CTL(set_lost
  * delivered first. */
 static nvmlReturn_t set_event_fault(unsigned gpu, unsigned mode)
 {
-    if (gpu >= g_prof.ngpu || mode >= MOCK_EVENTS_MODES)
-        return NVML_ERROR_INVALID_ARGUMENT;
     int fd;
-    nvmlReturn_t rc = state_lock(&fd);
+    nvmlReturn_t rc = lock_valid(!(gpu >= g_prof.ngpu || mode >= MOCK_EVENTS_MODES), &fd);
     if (rc != NVML_SUCCESS)
         return rc;
     g_state.gpu[gpu].events = mode;
@@ -105,10 +105,8 @@ EXPORT nvmlReturn_t gpukitMockSetEventFault(unsigned int gpu, unsigned int mode)
 static nvmlReturn_t set_process(unsigned gpu, unsigned pid, unsigned long long bytes, unsigned gi,
                                 unsigned ci, const char *name, unsigned util)
 {
-    if (gpu >= g_prof.ngpu || pid == 0 || (gi == MOCK_NO_ID && ci != MOCK_NO_ID) || util > 100)
-        return NVML_ERROR_INVALID_ARGUMENT;
     int fd;
-    nvmlReturn_t rc = state_lock(&fd);
+    nvmlReturn_t rc = lock_valid(!(gpu >= g_prof.ngpu || pid == 0 || (gi == MOCK_NO_ID && ci != MOCK_NO_ID) || util > 100), &fd);
     if (rc != NVML_SUCCESS)
         return rc;
     mock_gpu_state *gs = &g_state.gpu[gpu];
@@ -174,10 +172,8 @@ EXPORT nvmlReturn_t gpukitMockSetProcessWork(unsigned int gpu, unsigned int pid,
 
 static nvmlReturn_t clear_processes(unsigned gpu, unsigned pid)
 {
-    if (gpu != MOCK_NO_ID && gpu >= g_prof.ngpu)
-        return NVML_ERROR_INVALID_ARGUMENT;
     int fd;
-    nvmlReturn_t rc = state_lock(&fd);
+    nvmlReturn_t rc = lock_valid(gpu == MOCK_NO_ID || gpu < g_prof.ngpu, &fd);
     if (rc != NVML_SUCCESS)
         return rc;
     unsigned removed = 0;
@@ -210,10 +206,8 @@ EXPORT nvmlReturn_t gpukitMockClearProcesses(unsigned int gpu, unsigned int pid)
 
 static nvmlReturn_t reset_gpu(unsigned gpu)
 {
-    if (gpu >= g_prof.ngpu)
-        return NVML_ERROR_INVALID_ARGUMENT;
     int fd;
-    nvmlReturn_t rc = state_lock(&fd);
+    nvmlReturn_t rc = lock_valid(gpu < g_prof.ngpu, &fd);
     if (rc != NVML_SUCCESS)
         return rc;
     mock_gpu_state *gs = &g_state.gpu[gpu];
