@@ -288,20 +288,20 @@ def _mig_labels(resource: str, parent: Gpu, mig: MigDevice, count: int, config: 
     return _resource_labels(resource, values)
 
 
-def _version_labels(inv: NodeDevices) -> dict[str, str]:
+def _version_labels(node_devices: NodeDevices) -> dict[str, str]:
     out: dict[str, str] = {}
-    parts = inv.driver_version.split(".")
+    parts = node_devices.driver_version.split(".")
     if 2 <= len(parts) <= 3:
         major, minor = parts[0], parts[1]
         rev = parts[2] if len(parts) == 3 else ""
         out.update({
             ln.CUDA_DRIVER_MAJOR: major, ln.CUDA_DRIVER_MINOR: minor,
-            ln.CUDA_DRIVER_REVISION: rev, ln.CUDA_DRIVER_FULL: inv.driver_version,
+            ln.CUDA_DRIVER_REVISION: rev, ln.CUDA_DRIVER_FULL: node_devices.driver_version,
             ln.CUDA_DRIVER_MAJOR_DEPRECATED: major, ln.CUDA_DRIVER_MINOR_DEPRECATED: minor,
             ln.CUDA_DRIVER_REV_DEPRECATED: rev,
         })
-    if inv.cuda_driver_version:
-        cmaj, cmin = inv.cuda_version
+    if node_devices.cuda_driver_version:
+        cmaj, cmin = node_devices.cuda_version
         out.update({
             ln.CUDA_RUNTIME_MAJOR: str(cmaj), ln.CUDA_RUNTIME_MINOR: str(cmin),
             ln.CUDA_RUNTIME_FULL: f"{cmaj}.{cmin}",
@@ -317,41 +317,42 @@ def _most_common_model(gpus: list[Gpu]) -> list[Gpu]:
     return [g for g in gpus if g.name == model]
 
 
-def compute_labels(inv: NodeDevices, config: Config, sysfs_root: str | None = None
+def compute_labels(node_devices: NodeDevices, config: Config, sysfs_root: str | None = None
                    ) -> dict[str, str]:
     """All labels for a node. Without GPUs only the vGPU labels, as GFD (its vGPU labeler
     runs whether or not there are devices). `sysfs_root`: default `default_sysfs_root()`."""
     root = default_sysfs_root() if sysfs_root is None else sysfs_root
     labels = vgpu_labels(root)
-    if not inv.gpus:
+    if not node_devices.gpus:
         return labels
     strategy = config.flags.mig_strategy
     labels.update({
         ln.GPU_MACHINE: label_value(machine_type(root)),
-        ln.MIG_CAPABLE: str(any(g.mig_capable for g in inv.gpus)).lower(),
+        ln.MIG_CAPABLE: str(any(g.mig_capable for g in node_devices.gpus)).lower(),
         ln.MPS_CAPABLE: "false",
-        ln.GPU_MODE: gpu_mode(inv.gpus, root),
+        ln.GPU_MODE: gpu_mode(node_devices.gpus, root),
     })
-    labels.update(_version_labels(inv))
+    labels.update(_version_labels(node_devices))
     # lm/mig-strategy.go newGPULabelers: whatever the strategy, MIG-enabled GPUs get the
     # full-GPU labels without sharing (replicas 0); full GPUs of a model override them.
-    full = [g for g in inv.gpus if not g.mig_enabled]
-    migging = [g for g in inv.gpus if g.mig_enabled]
+    full = [g for g in node_devices.gpus if not g.mig_enabled]
+    migging = [g for g in node_devices.gpus if g.mig_enabled]
     if migging:
         model = _most_common_model(migging)
-        labels.update(_full_gpu_labels(model, sum(g.name == model[0].name for g in inv.gpus),
-                                       None))
+        same = sum(g.name == model[0].name for g in node_devices.gpus)
+        labels.update(_full_gpu_labels(model, same, None))
     if full:
         model = _most_common_model(full)
-        labels.update(_full_gpu_labels(model, sum(g.name == model[0].name for g in inv.gpus),
-                                       config))
+        same = sum(g.name == model[0].name for g in node_devices.gpus)
+        labels.update(_full_gpu_labels(model, same, config))
     if strategy != "none":
         labels[ln.MIG_STRATEGY] = strategy
-        labels.update(_strategy_mig_labels(inv, config, migging))
+        labels.update(_strategy_mig_labels(node_devices, config, migging))
     return labels
 
 
-def _strategy_mig_labels(inv: NodeDevices, config: Config, migging: list[Gpu]) -> dict[str, str]:
+def _strategy_mig_labels(node_devices: NodeDevices, config: Config, migging: list[Gpu]
+                         ) -> dict[str, str]:
     if not migging:
         return {}
     by_profile: dict[str, list[tuple[Gpu, MigDevice]]] = {}
@@ -360,7 +361,7 @@ def _strategy_mig_labels(inv: NodeDevices, config: Config, migging: list[Gpu]) -
             by_profile.setdefault(mig.profile, []).append((gpu, mig))
     if config.flags.mig_strategy == "single":
         invalid = (
-            len(migging) != len(inv.gpus) or any(not g.mig_devices for g in migging)
+            len(migging) != len(node_devices.gpus) or any(not g.mig_devices for g in migging)
             or len(by_profile) != 1
         )
         if invalid:  # lm/mig-strategy.go newInvalidMigStrategyLabeler

@@ -279,30 +279,30 @@ class PluginManager:
                 return None
         old = self.devices
         try:
-            inv = self.backend.discover(with_topology=not old.links)
+            found = self.backend.discover(with_topology=not old.links)
         except nvml.NvmlError as exc:
             log.error("GPU discovery failed, keeping the previous view: %s", exc)
             self.metrics.errors.labels(kind="nvml").inc()
             return None
-        if inv.lost_indices:  # keep lost GPUs advertised (Unhealthy) instead of dropping them
-            carried = [g for g in old.gpus if g.index in inv.lost_indices]
-            inv = replace(inv, gpus=tuple(sorted(inv.gpus + tuple(carried),
+        if found.lost_indices:  # keep lost GPUs advertised (Unhealthy) instead of dropping them
+            carried = [g for g in old.gpus if g.index in found.lost_indices]
+            found = replace(found, gpus=tuple(sorted(found.gpus + tuple(carried),
                                                  key=lambda g: g.index)))
-        same_gpus = {g.uuid for g in inv.gpus} == {g.uuid for g in old.gpus}
-        if not inv.links and old.links and same_gpus:
-            inv = replace(inv, links=old.links)
-        elif not inv.links and not same_gpus and len(inv.gpus) > 1:
+        same_gpus = {g.uuid for g in found.gpus} == {g.uuid for g in old.gpus}
+        if not found.links and old.links and same_gpus:
+            found = replace(found, links=old.links)
+        elif not found.links and not same_gpus and len(found.gpus) > 1:
             try:
-                inv = replace(inv, links=self.backend.discover(with_topology=True).links)
+                found = replace(found, links=self.backend.discover(with_topology=True).links)
             except nvml.NvmlError as exc:
                 log.warning("topology discovery failed: %s", exc)
-        return inv
+        return found
 
     def rescan(self, startup: bool = False) -> None:
-        inv = self._discover()
+        found = self._discover()
         with self._lock:
-            if inv is not None:
-                self.devices = inv
+            if found is not None:
+                self.devices = found
             try:
                 rs = build_resources(self.devices, self.config, self.options.proc_root)
             except ResourceError as exc:

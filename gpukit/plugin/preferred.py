@@ -28,8 +28,8 @@ MAX_EXHAUSTIVE_SETS = 5000
 NVLINK_WEIGHT = 100
 
 
-def pair_score(inv: NodeDevices, a: Unit, b: Unit) -> int:
-    link = inv.link(a.uuid, b.uuid)
+def pair_score(node_devices: NodeDevices, a: Unit, b: Unit) -> int:
+    link = node_devices.link(a.uuid, b.uuid)
     score = link.nvlinks * NVLINK_WEIGHT
     if link.ancestor is not None:
         score += max(0, TOPOLOGY_SYSTEM - link.ancestor)  # 40 same switch ... 0 across sockets
@@ -38,13 +38,13 @@ def pair_score(inv: NodeDevices, a: Unit, b: Unit) -> int:
     return score
 
 
-def set_score(inv: NodeDevices, units: Sequence[Unit]) -> int:
-    return sum(pair_score(inv, a, b) for a, b in itertools.combinations(units, 2))
+def set_score(node_devices: NodeDevices, units: Sequence[Unit]) -> int:
+    return sum(pair_score(node_devices, a, b) for a, b in itertools.combinations(units, 2))
 
 
 def preferred(
     resource: Resource,
-    inv: NodeDevices,
+    node_devices: NodeDevices,
     available: Sequence[str],
     must_include: Sequence[str],
     size: int,
@@ -63,7 +63,7 @@ def preferred(
     elif any(d.unit.mig is not None for d in candidates):
         picked = sorted(candidates, key=lambda d: (d.unit.gpu.index, d.unit.index_id))[:needed]
     else:
-        picked = _whole_gpus(inv, required, candidates, needed)
+        picked = _whole_gpus(node_devices, required, candidates, needed)
     return [d.id for d in required] + [d.id for d in picked]
 
 
@@ -108,8 +108,8 @@ def _replicas(
 
 
 def _whole_gpus(
-    inv: NodeDevices, required: list[PluginDevice], candidates: list[PluginDevice], needed: int
-) -> list[PluginDevice]:
+    node_devices: NodeDevices, required: list[PluginDevice], candidates: list[PluginDevice],
+    needed: int) -> list[PluginDevice]:
     candidates = sorted(candidates, key=lambda d: d.unit.gpu.index)
     if needed <= 0:
         return []
@@ -118,7 +118,7 @@ def _whole_gpus(
         best: tuple[PluginDevice, ...] = ()
         best_score = -1
         for combo in itertools.combinations(candidates, needed):
-            score = set_score(inv, base + [d.unit for d in combo])
+            score = set_score(node_devices, base + [d.unit for d in combo])
             if score > best_score:  # strict: earliest (lowest indices) wins ties
                 best, best_score = combo, score
         return list(best)
@@ -126,7 +126,7 @@ def _whole_gpus(
     pool = list(candidates)
     units = list(base)
     while len(picked) < needed:
-        choice = max(pool, key=lambda d: (sum(pair_score(inv, d.unit, u) for u in units),
+        choice = max(pool, key=lambda d: (sum(pair_score(node_devices, d.unit, u) for u in units),
                                           -d.unit.gpu.index))
         pool.remove(choice)
         picked.append(choice)

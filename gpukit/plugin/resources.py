@@ -104,39 +104,39 @@ def mig_unit(gpu: Gpu, mig: MigDevice, proc_root: str = "/") -> Unit:
     return Unit(uuid=mig.uuid, index_id=mig.index_id, gpu=gpu, mig=mig, device_nodes=nodes)
 
 
-def base_units(inv: NodeDevices, mig_strategy: str, proc_root: str = "/"
+def base_units(node_devices: NodeDevices, mig_strategy: str, proc_root: str = "/"
                ) -> tuple[dict[str, list[Unit]], list[str]]:
     """Resource name -> units, before time-slicing."""
     out: dict[str, list[Unit]] = {}
     warnings: list[str] = []
-    if mig_strategy == "none" or not any(g.mig_enabled for g in inv.gpus):
-        for gpu in inv.gpus:
+    if mig_strategy == "none" or not any(g.mig_enabled for g in node_devices.gpus):
+        for gpu in node_devices.gpus:
             out.setdefault(GPU_RESOURCE, []).append(gpu_unit(gpu))
         return out, warnings
     if mig_strategy == "single":
-        disabled = [g.index for g in inv.gpus if not g.mig_enabled]
+        disabled = [g.index for g in node_devices.gpus if not g.mig_enabled]
         if disabled:
             raise ResourceError(
                 "migStrategy single needs every GPU in MIG mode, but GPU(s) "
                 f"{', '.join(map(str, disabled))} have MIG disabled (use mixed, or enable MIG)"
             )
-        empty = [g.index for g in inv.gpus if not g.mig_devices]
+        empty = [g.index for g in node_devices.gpus if not g.mig_devices]
         if empty:
             raise ResourceError(
                 f"migStrategy single: MIG-enabled GPU(s) {', '.join(map(str, empty))} have no "
                 "MIG devices (apply a MIG layout first)"
             )
-        profiles = sorted({m.profile for m in inv.mig_devices()})
+        profiles = sorted({m.profile for m in node_devices.mig_devices()})
         if len(profiles) > 1:
             raise ResourceError(
                 "migStrategy single needs one MIG profile on the node, found "
                 f"{', '.join(profiles)} (use mixed, or a uniform layout)"
             )
-        for gpu in inv.gpus:
+        for gpu in node_devices.gpus:
             for mig in gpu.mig_devices:
                 out.setdefault(GPU_RESOURCE, []).append(mig_unit(gpu, mig, proc_root))
         return out, warnings
-    for gpu in inv.gpus:  # mixed
+    for gpu in node_devices.gpus:  # mixed
         if not gpu.mig_enabled:
             out.setdefault(GPU_RESOURCE, []).append(gpu_unit(gpu))
             continue
@@ -173,9 +173,9 @@ def _select(units: list[Unit], entry: ReplicatedResource, where: str) -> list[Un
     return chosen
 
 
-def build_resources(inv: NodeDevices, config: Config, proc_root: str = "/") -> ResourceSet:
+def build_resources(node_devices: NodeDevices, config: Config, proc_root: str = "/") -> ResourceSet:
     """Raises ResourceError when the devices do not fit the strategy or the sharing config."""
-    base, warnings = base_units(inv, config.flags.mig_strategy, proc_root)
+    base, warnings = base_units(node_devices, config.flags.mig_strategy, proc_root)
     devices: dict[str, list[PluginDevice]] = {}
     shared_by: dict[str, str] = {}  # unit uuid -> config entry that replicated it
     replicated: dict[str, set[str]] = {}  # base resource -> uuids replicated
