@@ -38,6 +38,7 @@ def test_tables_and_lookup() -> None:
     # other boards than the tables describe: none of them may borrow a table
     "NVIDIA H100 NVL",  # 94 GB, 1g.12gb ... 7g.94gb
     "NVIDIA H100 PCIe",  # 80 GB but 114 SMs: other per-profile SM counts
+    "NVIDIA H200 NVL",  # the PCIe H200: not the board the H200 table's listing is of
     "NVIDIA A100-PCIE-40GB", "A100-PCIE-40GB", "NVIDIA A100 80GB PCIe", "A100 80GB PCIe",
 ])
 def test_boards_the_tables_do_not_describe_have_no_table(name: str) -> None:
