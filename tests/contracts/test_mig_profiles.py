@@ -8,12 +8,13 @@ import pynvml
 import pytest
 
 from gpukit.contracts import mig_profiles as mp
+from gpukit.mig.placement import PlacementError, pack
 
 pytestmark = pytest.mark.nvml
 
 
 def test_tables_and_lookup() -> None:
-    assert set(mp.tables().gpus) == {"A100-SXM4-40GB", "A100-80GB", "H100-80GB"}
+    assert set(mp.tables().gpus) == {"A100-SXM4-40GB", "A100-80GB", "H100-80GB", "H200-141GB"}
     a100 = mp.for_product("NVIDIA A100-SXM4-40GB")
     assert a100 is not None and a100.key == "A100-SXM4-40GB"
     assert mp.for_product("Tesla T4") is None
@@ -37,6 +38,7 @@ def test_tables_and_lookup() -> None:
     # other boards than the tables describe: none of them may borrow a table
     "NVIDIA H100 NVL",  # 94 GB, 1g.12gb ... 7g.94gb
     "NVIDIA H100 PCIe",  # 80 GB but 114 SMs: other per-profile SM counts
+    "NVIDIA H200 NVL",  # the PCIe H200: not the board the H200 table's listing is of
     "NVIDIA A100-PCIE-40GB", "A100-PCIE-40GB", "NVIDIA A100 80GB PCIe", "A100 80GB PCIe",
 ])
 def test_boards_the_tables_do_not_describe_have_no_table(name: str) -> None:
@@ -48,6 +50,7 @@ def test_product_names_are_the_boards_each_table_describes() -> None:
         "A100-SXM4-40GB": ("NVIDIA A100-SXM4-40GB", "A100-SXM4-40GB"),
         "A100-80GB": ("NVIDIA A100-SXM4-80GB", "A100-SXM4-80GB"),
         "H100-80GB": ("NVIDIA H100 80GB HBM3",),
+        "H200-141GB": ("NVIDIA H200",),
     }
 
 
@@ -134,12 +137,49 @@ def test_malformed_table_names_file_and_field(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("product", "reason"), [
-    ("NVIDIA H200", "no MIG table for 'NVIDIA H200' in gpukit (known: NVIDIA A100-SXM4-40GB"),
+    ("NVIDIA H100 PCIe", "no MIG table for 'NVIDIA H100 PCIe' in gpukit (known: NVIDIA A100-SXM4-40GB"),
     ("NVIDIA B200", "no MIG table for 'NVIDIA B200' in gpukit"),
     ("NVIDIA L40S", "NVIDIA L40S is not MIG capable"),
     ("Tesla T4", "Tesla T4 is not MIG capable"),
 ])
 def test_a_product_without_a_table_is_answered_honestly(product: str, reason: str) -> None:
-    # "not MIG capable" only where NVIDIA says so: an H200 once read as not MIG capable.
+    # "not MIG capable" only where NVIDIA says so: an H200 (before its table) once read as not
+    # MIG capable.
     assert mp.for_product(product) is None
     assert reason in mp.no_table_reason(product)
+
+
+# Per product: (NVML name, table key, the 1g profile, its max_count, memory_mb and SMs, the +me
+# profile, the full profile's memory_mb and SMs) -- each figure from the table's cited listing.
+NEW_PRODUCTS = [
+    ("NVIDIA H200", "H200-141GB", "1g.18gb", 7, 16384, 16, "1g.18gb+me", "7g.141gb", 143104, 132),
+]
+
+
+@pytest.mark.parametrize(
+    ("product", "key", "one_g", "count", "memory_mb", "sms", "me", "full", "full_mb", "full_sms"),
+    NEW_PRODUCTS, ids=[p[1] for p in NEW_PRODUCTS])
+def test_newer_products(product: str, key: str, one_g: str, count: int, memory_mb: int, sms: int,
+                        me: str, full: str, full_mb: int, full_sms: int) -> None:
+    gpu = mp.for_product(product)
+    assert gpu is not None and gpu.key == key and gpu is mp.gpu(key)
+    g = gpu.gpu_instance_profile
+    p = g(one_g)
+    assert (p.max_count, p.memory_mb, p.multiprocessors, p.driver_id) == (count, memory_mb, sms, 19)
+    assert g(me).driver_id == 20 and g(me).max_count == 1 and g(me).engines.ofa == 1
+    assert (g(full).memory_mb, g(full).multiprocessors, g(full).driver_id) == (full_mb, full_sms, 0)
+    assert gpu.multiprocessors == full_sms and gpu.engines == g(full).engines
+    P = mp.Placement
+    ones = [(p, P(i, 1)) for i in range(count)]
+    assert gpu.fits(ones)  # 7 x 1g fit
+    assert not gpu.fits([*ones, (p, P(7, 1))])  # an 8th does not (no placement at slice 7)
+    assert not gpu.fits([*ones, (p, P(0, 1))])  # nor on top of another
+    assert gpu.fits([(g(me), P(0, 1))] + [(p, P(i, 1)) for i in range(1, count)])
+    assert not gpu.fits([(g(me), P(0, 1)), (g(me), P(1, 1))])  # one +me
+    # the MIG planner's placement search over the same table
+    assert [s.describe() for s in pack(gpu, {one_g: 7})] == [f"{one_g}@{i}" for i in range(7)]
+    with pytest.raises(PlacementError, match=f"{one_g}: 8 requested, at most 7 per GPU"):
+        pack(gpu, {one_g: 8})
+    plain = [q for q in gpu.gpu_instance_profiles if not q.media_extensions]
+    assert [q.name.split(".")[0] for q in plain] == ["1g", "1g", "2g", "3g", "4g", "7g"]
+    assert [q.max_count for q in plain] == [7, 4, 3, 2, 1, 1]

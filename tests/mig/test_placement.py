@@ -15,6 +15,7 @@ from gpukit.mig.state import GpuInstance, GpuState
 
 A100 = mig_profiles.gpu("A100-SXM4-40GB")
 H100 = mig_profiles.gpu("H100-80GB")
+H200 = mig_profiles.gpu("H200-141GB")
 
 
 def where(slots: list[Slot]) -> list[str]:
@@ -37,6 +38,8 @@ def where(slots: list[Slot]) -> list[str]:
         (H100, {"1g.10gb": 7}, [f"1g.10gb@{i}" for i in range(7)]),
         (H100, {"4g.40gb": 1, "3g.40gb": 1}, ["4g.40gb@0", "3g.40gb@4"]),
         (H100, {"1g.20gb": 4}, ["1g.20gb@0", "1g.20gb@2", "1g.20gb@4", "1g.20gb@6"]),
+        (H200, {"1g.18gb": 7}, [f"1g.18gb@{i}" for i in range(7)]),
+        (H200, {"4g.71gb": 1, "3g.71gb": 1}, ["4g.71gb@0", "3g.71gb@4"]),
     ],
 )
 def test_packings(table: mig_profiles.MigGpu, wanted: dict[str, int], expected: list[str]
