@@ -193,7 +193,7 @@ def test_immediate_mode_change_profile_option(
 @pytest.mark.parametrize(
     ("profile_name", "table"),
     [("a100-sxm4-40gb-x8", "A100-SXM4-40GB"), ("a100-80gb-x4", "A100-80GB"),
-     ("h100-80gb-x8", "H100-80GB")],
+     ("h100-80gb-x8", "H100-80GB"), ("h200-x8", "H200-141GB")],
 )
 def test_profiles_match_the_planner_tables(nvml: Any, ctl: MockControl, table: str) -> None:
     t = mig_profiles.gpu(table)
