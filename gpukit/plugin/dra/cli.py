@@ -108,9 +108,9 @@ def _main(argv: list[str] | None, prog: str) -> int:
             return 1
     from gpukit.k8s import connect
 
-    from .agent import AgentOptions, DraAgent
+    from .kubelet_plugin import DraKubeletPlugin, KubeletPluginOptions
 
-    options = AgentOptions(
+    options = KubeletPluginOptions(
         node=args.node_name, nvml_library=args.nvml_library, device_root=args.device_root,
         device_root_in_plugin=args.device_root_in_plugin or args.device_root,
         proc_root=args.proc_root, plugin_dir=args.plugin_dir, registry_dir=args.registry_dir,
@@ -120,25 +120,26 @@ def _main(argv: list[str] | None, prog: str) -> int:
     if args.pod_resources_socket:
         options.pod_resources_socket = args.pod_resources_socket
     try:
-        agent = DraAgent(options, connect.api_client(args.kubeconfig, in_cluster_first=True))
-        agent.start()
+        plugin = DraKubeletPlugin(options,
+                                  connect.api_client(args.kubeconfig, in_cluster_first=True))
+        plugin.start()
     except StopRequested:
         raise
     except Exception as exc:
         print(f"error: the DRA plugin for node {args.node_name} cannot start: {exc}",
               file=sys.stderr)
         return 1
-    loop = threading.Thread(target=agent.run, name="gpukit-dra", daemon=True)
+    loop = threading.Thread(target=plugin.run, name="gpukit-dra", daemon=True)
     loop.start()
     try:
-        agent.metrics.serve(args.metrics_address)
+        plugin.metrics.serve(args.metrics_address)
     except OSError as exc:  # claims are served all the same; only the metrics are missing
         log.error("metrics endpoint %s unavailable: %s", args.metrics_address, exc)
     try:
-        INBOX.serve(agent)
+        INBOX.serve(plugin)
         log.info("stopping")
     finally:
         INBOX.starting = False
-        agent.stop()
+        plugin.stop()
         loop.join(timeout=5)
     return 0

@@ -24,21 +24,21 @@ from gpukit.plugin.api import (
     registration_grpc,
     registration_pb2,
 )
-from gpukit.plugin.dra import agent as agent_mod
-from gpukit.plugin.dra.agent import AgentOptions, DraAgent
+from gpukit.plugin.dra import kubelet_plugin as plugin_mod
 from gpukit.plugin.dra.health_stream import DeviceState, HealthBoard, HealthService
+from gpukit.plugin.dra.kubelet_plugin import DraKubeletPlugin, KubeletPluginOptions
 from gpukit.plugin.dra.slices import SlicePublisher
 
 
 @pytest.fixture
-def dra(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[DraAgent]:
+def dra(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[DraKubeletPlugin]:
     node = make_inventory([make_gpu(0), make_gpu(1)])
     monkeypatch.setattr(nvml, "discover", lambda with_topology: node)
-    monkeypatch.setattr(agent_mod, "placements", lambda devices, reader: {})
-    options = AgentOptions(node="n1", plugin_dir=str(short_tmp / "p"),
+    monkeypatch.setattr(plugin_mod, "placements", lambda devices, reader: {})
+    options = KubeletPluginOptions(node="n1", plugin_dir=str(short_tmp / "p"),
                            registry_dir=str(short_tmp / "r"), cdi_dir=str(short_tmp / "c"),
                            health=HealthSettings(recovery_seconds=None))
-    a = DraAgent(options, api_client=None)
+    a = DraKubeletPlugin(options, api_client=None)
     a.publisher = SlicePublisher(None, "n1", api=FakeResourceApi())
     a.rescan()
     a.server.start()
@@ -47,7 +47,7 @@ def dra(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[DraAgent]:
     a.server.stop(0)
 
 
-def channel(a: DraAgent) -> grpc.Channel:
+def channel(a: DraKubeletPlugin) -> grpc.Channel:
     return grpc.insecure_channel(f"unix://{a.server.plugin_socket}")
 
 
@@ -56,7 +56,7 @@ def health(report: Any) -> dict[str, tuple[int, str, str]]:
             for d in report.devices}
 
 
-def test_the_registration_lists_the_health_service(dra: DraAgent) -> None:
+def test_the_registration_lists_the_health_service(dra: DraKubeletPlugin) -> None:
     with grpc.insecure_channel(f"unix://{dra.server.registration_socket}") as ch:
         info = registration_grpc.RegistrationStub(ch).GetInfo(registration_pb2.InfoRequest(),
                                                               timeout=5)
@@ -64,7 +64,7 @@ def test_the_registration_lists_the_health_service(dra: DraAgent) -> None:
 
 
 def test_a_report_at_once_and_after_an_xid_the_device_unhealthy_with_why(
-        dra: DraAgent) -> None:
+        dra: DraKubeletPlugin) -> None:
     with channel(dra) as ch:
         stream = dra_health_grpc.DRAResourceHealthStub(ch).NodeWatchResources(
             dra_health_pb2.NodeWatchResourcesRequest(), timeout=10)
@@ -80,7 +80,7 @@ def test_a_report_at_once_and_after_an_xid_the_device_unhealthy_with_why(
         stream.cancel()
 
 
-def test_streams_are_bounded_and_prepare_keeps_its_workers(dra: DraAgent) -> None:
+def test_streams_are_bounded_and_prepare_keeps_its_workers(dra: DraKubeletPlugin) -> None:
     with channel(dra) as ch:
         stub = dra_health_grpc.DRAResourceHealthStub(ch)
         open_streams = [stub.NodeWatchResources(dra_health_pb2.NodeWatchResourcesRequest(),

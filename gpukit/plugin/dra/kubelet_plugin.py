@@ -57,7 +57,7 @@ POD_RESOURCES_SOCKET = podresources.socket_path(f"{KUBELET_DIR}/device-plugins")
 
 
 @dataclass
-class AgentOptions:
+class KubeletPluginOptions:
     node: str
     nvml_library: str | None = None
     device_root: str = "/"  # host prefix of /dev nodes and driver files
@@ -85,8 +85,8 @@ def placements(devices: NodeDevices, reader: MigReader) -> dict[tuple[str, int],
     return out
 
 
-class DraAgent:
-    def __init__(self, options: AgentOptions, api_client: Any) -> None:
+class DraKubeletPlugin:
+    def __init__(self, options: KubeletPluginOptions, api_client: Any) -> None:
         self.options = options
         self.api_client = api_client
         self.publisher = SlicePublisher(api_client, options.node)

@@ -11,23 +11,23 @@ from dra_testlib import FakeResourceApi
 from plugin_testlib import make_gpu, make_inventory
 
 from gpukit.contracts.plugin_config import HealthSettings
-from gpukit.plugin.dra import agent as agent_mod
-from gpukit.plugin.dra.agent import AgentOptions, DraAgent
+from gpukit.plugin.dra import kubelet_plugin as plugin_mod
+from gpukit.plugin.dra.kubelet_plugin import DraKubeletPlugin, KubeletPluginOptions
 from gpukit.plugin.dra.slice_devices import Placement
 from gpukit.plugin.dra.slices import SlicePublisher
 
 
 @pytest.fixture
-def dra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[DraAgent, FakeResourceApi]:
+def dra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[DraKubeletPlugin, FakeResourceApi]:
     gpu0 = make_gpu(0, migs=("3g.20gb",))
     node = make_inventory([gpu0, make_gpu(1)])
-    monkeypatch.setattr(agent_mod.nvml, "discover", lambda with_topology: node)
-    monkeypatch.setattr(agent_mod, "placements",
+    monkeypatch.setattr(plugin_mod.nvml, "discover", lambda with_topology: node)
+    monkeypatch.setattr(plugin_mod, "placements",
                         lambda devices, reader: {(gpu0.uuid, 1): Placement(4, 4)})
-    options = AgentOptions(node="n1", plugin_dir=str(tmp_path / "plugin"),
+    options = KubeletPluginOptions(node="n1", plugin_dir=str(tmp_path / "plugin"),
                            registry_dir=str(tmp_path / "reg"), cdi_dir=str(tmp_path / "cdi"),
                            health=HealthSettings(recovery_seconds=None))
-    a = DraAgent(options, api_client=None)
+    a = DraKubeletPlugin(options, api_client=None)
     api = FakeResourceApi()
     a.publisher = SlicePublisher(None, "n1", api=api)
     return a, api
@@ -38,7 +38,7 @@ def published(api: FakeResourceApi) -> list[str]:
 
 
 def test_a_rescan_publishes_the_layout_and_an_xid_withdraws_one_device(
-        dra: tuple[DraAgent, Any]) -> None:
+        dra: tuple[DraKubeletPlugin, Any]) -> None:
     a, api = dra
     a.rescan()
     assert published(api) == ["gpu-0-mig-3g20gb-9-4", "gpu-1"]
@@ -52,7 +52,7 @@ def test_a_rescan_publishes_the_layout_and_an_xid_withdraws_one_device(
     assert next(iter(api.slices.values()))["spec"]["pool"]["generation"] == generation
 
 
-def test_an_xid_on_the_parent_withdraws_its_mig_devices(dra: tuple[DraAgent, Any]) -> None:
+def test_an_xid_on_the_parent_withdraws_its_mig_devices(dra: tuple[DraKubeletPlugin, Any]) -> None:
     a, api = dra
     a.rescan()
     mig = a.devices()["gpu-0-mig-3g20gb-9-4"].unit

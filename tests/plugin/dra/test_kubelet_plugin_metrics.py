@@ -19,8 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpukit.contracts.plugin_config import HealthSettings
 from gpukit.plugin import nvml
-from gpukit.plugin.dra import agent as agent_mod
-from gpukit.plugin.dra.agent import AgentOptions, DraAgent
+from gpukit.plugin.dra import kubelet_plugin as plugin_mod
+from gpukit.plugin.dra.kubelet_plugin import DraKubeletPlugin, KubeletPluginOptions
 from gpukit.plugin.dra.slice_devices import Placement
 from gpukit.plugin.dra.slices import SlicePublisher
 from gpukit.plugin.nvml.telemetry import Reading
@@ -36,30 +36,30 @@ def read(uuid: str) -> Reading:
 
 
 @pytest.fixture
-def dra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> DraAgent:
+def dra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> DraKubeletPlugin:
     gpu0 = make_gpu(0, migs=("3g.20gb", "3g.20gb"))
     node = make_inventory([gpu0, make_gpu(1)])
     monkeypatch.setattr(nvml, "discover", lambda with_topology: node)
-    monkeypatch.setattr(agent_mod, "placements", lambda devices, reader: {
+    monkeypatch.setattr(plugin_mod, "placements", lambda devices, reader: {
         (gpu0.uuid, 1): Placement(0, 4), (gpu0.uuid, 2): Placement(4, 4)})
-    options = AgentOptions(node="gpu-a100", plugin_dir=str(tmp_path / "plugin"),
+    options = KubeletPluginOptions(node="gpu-a100", plugin_dir=str(tmp_path / "plugin"),
                            registry_dir=str(tmp_path / "reg"), cdi_dir=str(tmp_path / "cdi"),
                            health=HealthSettings(recovery_seconds=None), pod_resources_ttl=0)
-    a = DraAgent(options, api_client=None)
+    a = DraKubeletPlugin(options, api_client=None)
     a.publisher = SlicePublisher(None, "gpu-a100", api=FakeResourceApi())
     a.gpu_metrics.sources.read_gpu = a.gpu_metrics.sources.read_mig = read
     a._nvml_ready = True  # start() sets it once NVML is up
     return a
 
 
-def scrape(a: DraAgent) -> list[Sample]:
+def scrape(a: DraKubeletPlugin) -> list[Sample]:
     text = generate_latest(a.metrics.registry).decode()
     return [(s.name, dict(s.labels), s.value) for f in text_string_to_metric_families(text)
             for s in f.samples]
 
 
 def test_every_published_device_has_series_and_a_claims_mig_device_its_pod(
-        dra: DraAgent) -> None:
+        dra: DraKubeletPlugin) -> None:
     dra.rescan()
     assert sorted(dra.devices()) == ["gpu-0-mig-3g20gb-9-0", "gpu-0-mig-3g20gb-9-4", "gpu-1"]
     dra.pod_resources.lister = lambda: [
@@ -75,7 +75,7 @@ def test_every_published_device_has_series_and_a_claims_mig_device_its_pod(
     assert health == {mig_uuid(0, 0): 1.0, mig_uuid(0, 1): 1.0, gpu_uuid(1): 1.0}
 
 
-def test_an_xid_counts_as_the_agent_counts_it(dra: DraAgent) -> None:
+def test_an_xid_counts_as_the_agent_counts_it(dra: DraKubeletPlugin) -> None:
     dra.rescan()
     assert dra.health.on_xid is not None  # what the health monitor calls on an XID
     dra.health.on_xid(gpu_uuid(1), 79, True)
@@ -84,7 +84,7 @@ def test_an_xid_counts_as_the_agent_counts_it(dra: DraAgent) -> None:
     assert xid[2] == 79.0
 
 
-def test_a_stuck_scrape_holds_up_no_prepare_or_rescan(dra: DraAgent) -> None:
+def test_a_stuck_scrape_holds_up_no_prepare_or_rescan(dra: DraKubeletPlugin) -> None:
     dra.rescan()
     reading, release = threading.Event(), threading.Event()
 
@@ -107,7 +107,7 @@ def test_a_stuck_scrape_holds_up_no_prepare_or_rescan(dra: DraAgent) -> None:
         scraper.join(10)
 
 
-def test_readyz_says_what_is_missing_until_registered_and_published(dra: DraAgent) -> None:
+def test_readyz_says_what_is_missing_until_registered_and_published(dra: DraKubeletPlugin) -> None:
     dra.server.start()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
