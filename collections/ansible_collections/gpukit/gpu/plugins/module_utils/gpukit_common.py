@@ -13,7 +13,7 @@ GPUKIT_MISSING = (
 )
 
 
-def gpukit_module(argument_spec):
+def ansible_module(argument_spec):
     """The AnsibleModule of a gpukit.gpu module (check mode supported: every module plans
     before it changes anything), failed with GPUKIT_MISSING when gpukit is not importable."""
     from ansible.module_utils.basic import AnsibleModule

@@ -53,7 +53,7 @@ from ansible_collections.gpukit.gpu.plugins.module_utils import gpukit_common as
 
 
 def main():
-    module = gk.gpukit_module({
+    module = gk.ansible_module({
         "path": {"type": "path", "default": "/etc/cdi/nvidia.yaml"},
         "library": {"type": "str"},
         "driver_root": {"type": "path", "default": "/"},

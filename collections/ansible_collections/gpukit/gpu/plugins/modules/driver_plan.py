@@ -89,7 +89,7 @@ from ansible_collections.gpukit.gpu.plugins.module_utils import gpukit_common as
 
 
 def main():
-    module = gk.gpukit_module({
+    module = gk.ansible_module({
         "branch": {"type": "str", "required": True},
         "kernel_modules": {
             "type": "str",

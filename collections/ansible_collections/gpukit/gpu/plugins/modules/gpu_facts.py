@@ -45,7 +45,7 @@ from ansible_collections.gpukit.gpu.plugins.module_utils import gpukit_common as
 
 
 def main():
-    module = gk.gpukit_module({"library": {"type": "str"}})
+    module = gk.ansible_module({"library": {"type": "str"}})
     from gpukit.provision import gpu_facts
 
     facts = gpu_facts.gather(library=module.params["library"])

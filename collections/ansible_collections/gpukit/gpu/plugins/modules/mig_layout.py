@@ -67,7 +67,7 @@ from ansible_collections.gpukit.gpu.plugins.module_utils import gpukit_common as
 
 
 def main():
-    module = gk.gpukit_module({
+    module = gk.ansible_module({
         "configs": {"type": "dict", "required": True},
         "selected": {"type": "str", "required": True},
         "config_file": {"type": "path", "default": "/etc/gpukit/mig-parted.yaml"},

@@ -56,7 +56,7 @@ from ansible_collections.gpukit.gpu.plugins.module_utils import gpukit_common as
 
 
 def main():
-    module = gk.gpukit_module({
+    module = gk.ansible_module({
         "name": {"type": "str", "required": True},
         "kubeconfig": {"type": "str", "default": ""},
     })

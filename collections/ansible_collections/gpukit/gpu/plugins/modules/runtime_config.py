@@ -138,7 +138,7 @@ def write_all(module, edits):
 
 
 def main():
-    module = gk.gpukit_module({
+    module = gk.ansible_module({
         "runtime": {"type": "str", "choices": ["containerd", "crio"], "default": "containerd"},
         "mode": {"type": "str", "choices": ["in_place", "drop_in"], "default": "in_place"},
         "config_path": {"type": "path", "default": "/etc/containerd/config.toml"},

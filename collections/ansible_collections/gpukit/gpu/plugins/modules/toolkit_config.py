@@ -54,7 +54,7 @@ from ansible_collections.gpukit.gpu.plugins.module_utils import gpukit_common as
 
 
 def main():
-    module = gk.gpukit_module({
+    module = gk.ansible_module({
         "path": {"type": "path", "default": "/etc/nvidia-container-runtime/config.toml"},
         "accept_envvar_unprivileged": {"type": "bool", "default": False},
         "accept_volume_mounts": {"type": "bool", "default": True},

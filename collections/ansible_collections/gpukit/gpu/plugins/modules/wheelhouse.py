@@ -72,7 +72,7 @@ from ansible_collections.gpukit.gpu.plugins.module_utils import gpukit_common as
 
 
 def main():
-    module = gk.gpukit_module({
+    module = gk.ansible_module({
         "python_version": {"type": "str", "required": True},
         "platforms": {
             "type": "list",
