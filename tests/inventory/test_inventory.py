@@ -338,3 +338,16 @@ def test_a_config_the_hardened_runtime_cannot_serve_is_refused_by_name() -> None
     assert inv.node_from_vars("n1", raw).plugin_config_name == "mounts"
     with pytest.raises(inv.InventoryError, match=f"{OPT_OUT}: 'yes' is not true or false"):
         inv.node_from_vars("n1", {**raw, OPT_OUT: "yes"})
+
+
+def test_an_h200_layout_is_checked_against_the_h200_table() -> None:
+    """Issue 25's check: `1g.18gb: 7` fits an H200 (7 x 1g.18gb, the planner's table), an 8th
+    is refused naming the host, the variable, the profile and the GPU's limit."""
+    h200 = {"product": "NVIDIA H200", "count": 8}
+    seven = [{"devices": "all", "mig-enabled": True, "mig-devices": {"1g.18gb": 7}}]
+    node = inv.node_from_vars("n1", _mig(seven, gpukit_gpu=h200))
+    assert {g.profiles for g in node.mig_gpus} == {("1g.18gb",) * 7}
+    eight = [{"devices": "all", "mig-enabled": True, "mig-devices": {"1g.18gb": 8}}]
+    assert ("host n1: gpukit_mig_configs.l[0].mig-devices: {'1g.18gb': 8} does not fit on one "
+            "H200-141GB (1g.18gb: 8 requested, at most 7 per GPU") in _error(
+                **_mig(eight, gpukit_gpu=h200))
