@@ -156,6 +156,9 @@ def _wheel_files(wheel: Path) -> dict[str, bytes]:
 def test_the_built_collection_carries_roles_plugins_and_runtime(project: Project) -> None:
     with tarfile.open(project.tarball) as tar:
         names = set(tar.getnames())
+        member = tar.extractfile("MANIFEST.json")
+        assert member is not None
+        manifest = json.loads(member.read())
     for role in ROLES:
         assert f"roles/{role}/tasks/main.yml" in names, role
         assert f"roles/{role}/meta/argument_specs.yml" in names, role
@@ -165,7 +168,11 @@ def test_the_built_collection_carries_roles_plugins_and_runtime(project: Project
                    "filter/driver.py", "lookup/agent_manifests.py", "callback/play_record.py",
                    "module_utils/gpukit_common.py", "plugin_utils/gpukit_filters.py"):  # fmt: skip
         assert f"plugins/{plugin}" in names, plugin
-    assert {"meta/runtime.yml", "playbooks/preflight.yml", "README.md"} <= names
+    # The playbooks ship with the roles (ansible-playbook gpukit.gpu.site), with the dependency
+    # their API tasks need.
+    assert {"meta/runtime.yml", "README.md", *(f"playbooks/{p}.yml" for p in (
+        "preflight", "site", "upgrade", "provision", "sharing", "mig"))} <= names
+    assert manifest["collection_info"]["dependencies"] == {"kubernetes.core": ">=6.0.0,<7.0.0"}
     listed = _run([str(BIN / "ansible-galaxy"), "collection", "list", "gpukit.gpu", "--format",
                    "json"], project.root, project.env)  # fmt: skip
     assert list(json.loads(listed)) == [str(project.root / "collections/ansible_collections")]

@@ -42,9 +42,11 @@ PLAYBOOKS = [
     "site.yml",
     *sorted(str(p.relative_to(REPO)) for p in (REPO / "playbooks").glob("*.yml")),
 ]
-# The roles site.yml runs (short names; the plays name them gpukit.gpu.<role>).
+# The roles site.yml runs (short names; the plays of the collection's playbook gpukit.gpu.site,
+# which site.yml imports, name them gpukit.gpu.<role>).
+SITE_PLAYBOOK = REPO / "collections/ansible_collections/gpukit/gpu/playbooks/site.yml"
 SITE_ROLES = [r["role"].removeprefix("gpukit.gpu.")
-              for play in yaml.safe_load((REPO / "site.yml").read_text())
+              for play in yaml.safe_load(SITE_PLAYBOOK.read_text())
               for r in play.get("roles", [])]  # fmt: skip
 
 HARDWARE_GROUPS = {
