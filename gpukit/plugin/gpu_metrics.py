@@ -3,8 +3,9 @@ pods that hold its device.
 
 Names, units and labels are dcgm-exporter's (its default counters, `etc/default-counters.csv`,
 plus the ECC and row-remap counters it lists there), so dashboards and alerts written for it
-work unchanged: `gpu`, `UUID`, `pci_bus_id`, `device` (nvidia<minor>), `modelName`,
-`GPU_I_PROFILE`/`GPU_I_ID` on MIG devices, `Hostname`, `DCGM_FI_DRIVER_VERSION`, and for a device
+work unchanged (dcgm-exporter 4.8's: `hostname` since its PR #655, `Hostname` before): `gpu`,
+`UUID`, `pci_bus_id`, `device` (nvidia<minor>), `modelName`, `GPU_I_PROFILE`/`GPU_I_ID` on MIG
+devices, `hostname`, `DCGM_FI_DRIVER_VERSION`, and for a device
 a container holds (through a device plugin or a DRA claim), `container`, `namespace`, `pod`
 (one series per holding container: a time-sliced GPU shared by two pods has two of each, as
 dcgm-exporter does). On a MIG device the `UUID`, `gpu` and `device` are its parent's, as
@@ -142,7 +143,7 @@ class GpuMetricsCollector(Collector):
         except Exception:  # a scrape must answer, whatever a node throws at it
             log.exception("GPU metrics: collecting failed; this scrape has none")
             families = _Families()
-        families.add(SCRAPE, {"Hostname": self.sources.hostname}, time.monotonic() - started)
+        families.add(SCRAPE, {"hostname": self.sources.hostname}, time.monotonic() - started)
         yield from families.by_name.values()
 
     def _collect(self, out: _Families) -> None:
@@ -172,11 +173,11 @@ class GpuMetricsCollector(Collector):
     def _mig(self, out: _Families, base: dict[str, str], mig: MigDevice,
              held: list[tuple[str, str, str]]) -> None:
         reading = self.sources.read_mig(mig.uuid)
-        # dcgm-exporter's order: the GPU's labels, the instance's, then Hostname and the rest
+        # dcgm-exporter's order: the GPU's labels, the instance's, then hostname and the rest
         labels = {k: v for k, v in base.items()
-                  if k not in ("Hostname", "DCGM_FI_DRIVER_VERSION")}
+                  if k not in ("hostname", "DCGM_FI_DRIVER_VERSION")}
         labels.update(GPU_I_PROFILE=mig.profile, GPU_I_ID=str(mig.gi),
-                      Hostname=base["Hostname"],
+                      hostname=base["hostname"],
                       DCGM_FI_DRIVER_VERSION=base["DCGM_FI_DRIVER_VERSION"])
         for f in MIG_FIELDS:
             if f.reading in reading.values:
@@ -186,7 +187,7 @@ class GpuMetricsCollector(Collector):
         return {
             "gpu": str(gpu.index), "UUID": gpu.uuid, "pci_bus_id": dcgm_bus_id(gpu.pci_bus_id),
             "device": f"nvidia{gpu.minor}", "modelName": gpu.name,
-            "Hostname": self.sources.hostname, "DCGM_FI_DRIVER_VERSION": driver,
+            "hostname": self.sources.hostname, "DCGM_FI_DRIVER_VERSION": driver,
         }
 
 

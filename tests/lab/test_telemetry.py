@@ -203,7 +203,7 @@ def test_a_working_pod_moves_its_gpus_series_and_they_stop_when_it_ends(
     assert nvml["util"] == 60 and used[2] == nvml["used"] / MIB >= 3000, (used, nvml)
     assert len(nvml["procs"]) == 1  # gpu-work, by its pid on the node
     (temp,) = series(got, "DCGM_FI_DEV_GPU_TEMP", **labels)
-    assert temp[1]["Hostname"] == A100 and temp[1]["device"].startswith("nvidia")
+    assert temp[1]["hostname"] == A100 and temp[1]["device"].startswith("nvidia")
     others = [s for s in series(got, "DCGM_FI_DEV_GPU_UTIL") if s[1]["UUID"] != gpu]
     assert len(others) == 7 and all(s[2] == 0 and "pod" not in s[1] for s in others)
 

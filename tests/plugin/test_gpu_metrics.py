@@ -88,7 +88,7 @@ def test_dcgm_names_and_labels_for_a_whole_gpu() -> None:
     (util,) = series(got, "DCGM_FI_DEV_GPU_UTIL", gpu="1")
     assert util[1] == {"gpu": "1", "UUID": gpu_uuid(1), "pci_bus_id": util[1]["pci_bus_id"],
                        "device": "nvidia1", "modelName": "NVIDIA A100-SXM4-40GB",
-                       "Hostname": "gpu-a100", "DCGM_FI_DRIVER_VERSION": "550.90.07"}
+                       "hostname": "gpu-a100", "DCGM_FI_DRIVER_VERSION": "550.90.07"}
     names = {s[0] for s in got}
     want = {f.name for f in gm.GPU_FIELDS} | {"DCGM_FI_DEV_XID_ERRORS", "gpukit_gpu_lost",
                                               "gpukit_gpu_metrics_scrape_seconds"}
@@ -300,7 +300,7 @@ def test_a_working_pod_moves_its_gpus_series_and_they_agree_with_nvml(
     uuid = ctl.status()["gpus"][3]["uuid"]
     idle = get()
     assert series(idle, "DCGM_FI_DEV_GPU_UTIL", UUID=uuid)[0][2] == 0.0
-    assert series(idle, "DCGM_FI_DEV_GPU_UTIL", UUID=uuid)[0][1]["Hostname"] == "gpu-a100"
+    assert series(idle, "DCGM_FI_DEV_GPU_UTIL", UUID=uuid)[0][1]["hostname"] == "gpu-a100"
     pods.pods = [("trainer-0", "ml", "train", "nvidia.com/gpu", [uuid])]
     ctl.set_process(3, pid=4242, mem_mb=4096, util=80)
     busy = get()

@@ -79,7 +79,7 @@ def dashboard_exprs(doc: dict[str, Any]) -> list[str]:
 
 def concrete(expr: str) -> str:
     """A dashboard query as Grafana sends it (variables filled in)."""
-    return expr.replace("$Hostname", ".*").replace("$namespace", ".*")
+    return expr.replace("$hostname", ".*").replace("$namespace", ".*")
 
 
 def check_as_rules(tmp_path: Path, exprs: list[str]) -> subprocess.CompletedProcess[str]:
@@ -129,7 +129,7 @@ def test_the_rules_read_only_what_the_agent_exports() -> None:
 
 
 def test_metric_names_of_an_expression() -> None:
-    assert metric_names('max by (Hostname, gpu) (rate(DCGM_FI_DEV_X{a="b{c}"}[5m])) > 0 '
+    assert metric_names('max by (hostname, gpu) (rate(DCGM_FI_DEV_X{a="b{c}"}[5m])) > 0 '
                         'and on (node) up{job="j"} or vector(1)') == {"DCGM_FI_DEV_X", "up"}
     assert metric_names("x > 0 unless x offset 10m") == {"x"}
 

@@ -127,7 +127,7 @@ def test_promql_answers_a_working_pod_s_utilisation_with_its_labels(
 
     (series,) = wait_for(f"{query} at 70 %", answered, timeout=120, every=2, retry_on=NOT_YET)
     m = series["metric"]
-    assert (m["pod"], m["namespace"], m["container"], m["node"], m["Hostname"]) == (
+    assert (m["pod"], m["namespace"], m["container"], m["node"], m["hostname"]) == (
         name, namespace, "trainer", A100, A100), m
     used = promql(lab.spec, f'DCGM_FI_DEV_FB_USED{{pod="{name}",namespace="{namespace}"}}')
     assert used and float(used[0]["value"][1]) >= 2000, used

@@ -70,7 +70,7 @@ def test_every_published_device_has_series_and_a_claims_mig_device_its_pod(
     by_device = {(s[1]["UUID"], s[1].get("GPU_I_ID")): s[1].get("pod") for s in fb}
     assert by_device == {(gpu_uuid(0), None): None, (gpu_uuid(0), "1"): None,
                          (gpu_uuid(0), "2"): "train", (gpu_uuid(1), None): "infer"}
-    assert {s[1]["Hostname"] for s in fb} == {"gpu-a100"}
+    assert {s[1]["hostname"] for s in fb} == {"gpu-a100"}
     health = {s[1]["device"]: s[2] for s in got if s[0] == "gpukit_plugin_device_healthy"}
     assert health == {mig_uuid(0, 0): 1.0, mig_uuid(0, 1): 1.0, gpu_uuid(1): 1.0}
 
