@@ -32,6 +32,9 @@ from .model import (
 )
 from .problems import MISSING, InventoryError, Problem
 
+# More GPUs than any server holds (16 in the largest HGX boards) is a typo, never a node: refused
+# before the roles or the suite would plan for it.
+MAX_GPUS_PER_NODE = 64
 _BRANCH = re.compile(r"^\d{3,4}$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
@@ -62,12 +65,15 @@ class _Vars:
             return default
         return value
 
-    def integer(self, name: str, value: Any, minimum: int) -> int | None:
+    def integer(self, name: str, value: Any, minimum: int, maximum: int | None = None
+                ) -> int | None:
+        wanted = (f"is not an integer >= {minimum}" if maximum is None
+                  else f"is not an integer from {minimum} to {maximum}")
         if isinstance(value, bool) or not isinstance(value, int):
-            self.fail(name, value, f"is not an integer >= {minimum}")
+            self.fail(name, value, wanted)
             return None
-        if value < minimum:
-            self.fail(name, value, f"is not an integer >= {minimum}")
+        if value < minimum or (maximum is not None and value > maximum):
+            self.fail(name, value, wanted)
             return None
         return value
 
@@ -210,7 +216,7 @@ def _gpu(v: _Vars) -> GpuDecl | None:
         v.fail("gpukit_gpu.product", product if "product" in doc else MISSING,
                "is not a product name such as 'NVIDIA A100-SXM4-40GB'")
         product = None
-    count = v.integer("gpukit_gpu.count", doc.get("count", MISSING), 0)
+    count = v.integer("gpukit_gpu.count", doc.get("count", MISSING), 0, MAX_GPUS_PER_NODE)
     memory = doc.get("memory_mib")
     if memory is not None:
         memory = v.integer("gpukit_gpu.memory_mib", memory, 1)

@@ -168,7 +168,7 @@ def test_every_problem_of_every_host_is_reported(tmp_path: Path) -> None:
     with pytest.raises(inv.InventoryError) as exc:
         inv.load(root)
     text = str(exc.value)
-    assert "host a: gpukit_gpu.count: 'two' is not an integer >= 0" in text
+    assert "host a: gpukit_gpu.count: 'two' is not an integer from 0 to 64" in text
     assert "host b: gpukit_container_runtime: 'dockr' is not one of containerd, crio" in text
 
 
@@ -197,6 +197,9 @@ def test_undefined_template_names_host_and_variable(tmp_path: Path) -> None:
     ({"gpukit_gpu": "8x A100"}, "gpukit_gpu: '8x A100' is not a mapping"),
     ({"gpukit_gpu": {"count": 2}}, "gpukit_gpu.product: is not a product name"),
     ({"gpukit_gpu": {"product": "T4", "count": -1}}, "gpukit_gpu.count: -1 is not an integer"),
+    # A typo, not a node (issue 29): no server holds 100000 GPUs.
+    ({"gpukit_gpu": {"product": "T4", "count": 100000}},
+     "gpukit_gpu.count: 100000 is not an integer from 0 to 64"),
     ({"gpukit_gpu": {"product": "T4", "count": 1, "memory": 5}}, "gpukit_gpu.memory: 5 is not a"),
     ({"gpukit_gpu": {"product": "T4", "count": 1, "memory_mib": 0}}, "memory_mib: 0 is not an"),
     ({"nvidia_driver_branch": "latest"}, "nvidia_driver_branch: 'latest' is not a driver branch"),
