@@ -58,10 +58,12 @@ def boots(node: NodeSpec) -> int:
 
 def delete_pods(core: client.CoreV1Api, namespace: str, names: list[str],
                 timeout: float = 90) -> None:
-    """Delete the named pods and wait until none of them exists any more: a teardown that
-    returns earlier lets the next test meet their processes still holding a GPU."""
+    """Delete the named pods and wait until none of them exists any more. With a grace period
+    of 1 s, not 0: a pod deleted with 0 leaves the API at once while the kubelet is still
+    stopping its containers, so a teardown that waited only for the name let the next step
+    (a GPU reset) meet the pod's process still holding the GPU."""
     for name in names:
-        delete_if_there(core.delete_namespaced_pod, name, namespace, grace_period_seconds=0)
+        delete_if_there(core.delete_namespaced_pod, name, namespace, grace_period_seconds=1)
     left = set(names)
     wait_for(f"the test pods {sorted(left)} gone", lambda: not left & {
         p.metadata.name for p in core.list_namespaced_pod(namespace).items}, timeout=timeout)

@@ -254,7 +254,10 @@ def mig_gpu0(core: client.CoreV1Api, deployed: AgentDeployment) -> Iterator[None
         yield
     finally:
         select(core, A100, "whole", {})
-        nodes.nvml_cli(cli, "reset", "--gpu", "0")
+        # A reset waits for the GPU's processes to end, as nvidia-smi -r does (IN_USE until).
+        wait_for("GPU 0 of gpu-a100 free to reset",
+                 lambda: nodes.nvml_cli(cli, "reset", "--gpu", "0") is not None, timeout=60,
+                 every=1, retry_on=(subprocess.CalledProcessError,))
         labtools.node_pynvml(A100, labtools.MIG_MODE, "destroy")
         nodes.nvml_cli(cli, "reset", "--gpu", "0")
         wait_for(f"{A100} back to 8 whole GPUs",
