@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -65,31 +66,41 @@ _PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True,
                  "help_option_names": []}  # fmt: skip
 
 
-def _run_agent(module: str, args: list[str], prog: str) -> None:
-    """Start an agent whose entry point is `module`.main: the signal handlers before its heavy
+def _run_agent(load: Callable[[], Callable[..., int]], args: list[str], prog: str) -> None:
+    """Start an agent whose entry point `load()` imports: the signal handlers before its heavy
     imports, as `python -m <module>` does (a SIGTERM while importing ends it with 0)."""
-    import importlib
-
     from gpukit.plugin.signals import INBOX, StopRequested
 
     INBOX.install()
     try:
-        entry = importlib.import_module(module).main
+        entry = load()
     except StopRequested:
         raise typer.Exit(0) from None
     raise typer.Exit(entry(args, prog=prog))
 
 
+def _device_plugin_main() -> Callable[..., int]:
+    from gpukit.plugin.cli import main
+
+    return main
+
+
+def _dra_plugin_main() -> Callable[..., int]:
+    from gpukit.plugin.dra.cli import main
+
+    return main
+
+
 @app.command("plugin", context_settings=_PASS_THROUGH, add_help_option=False)
 def plugin(ctx: typer.Context) -> None:
     """Run the device plugin: gpukit-device-plugin's flags (`gpukit plugin --help`)."""
-    _run_agent("gpukit.plugin.cli", ctx.args, "gpukit plugin")
+    _run_agent(_device_plugin_main, ctx.args, "gpukit plugin")
 
 
 @app.command("dra", context_settings=_PASS_THROUGH, add_help_option=False)
 def dra(ctx: typer.Context) -> None:
     """Run the DRA kubelet plugin for gpu.nvidia.com (`gpukit dra --help`)."""
-    _run_agent("gpukit.plugin.dra.cli", ctx.args, "gpukit dra")
+    _run_agent(_dra_plugin_main, ctx.args, "gpukit dra")
 
 
 @app.command("mig", context_settings=_PASS_THROUGH, add_help_option=False)

@@ -96,9 +96,6 @@ def gpu_status(core: client.CoreV1Api, node: str) -> dict[str, str]:
             for k, v in (values or {}).items() if k.startswith(ln.RESOURCE_PREFIX)}
 
 
-L = TypeVar("L", bound="SiteLab")
-
-
 def release_nodes(core: client.CoreV1Api, names: list[str], *labels: str) -> None:
     """Nodes schedulable again and without `labels` (e.g. an earlier run's rollout state)."""
     for name in names:
@@ -165,6 +162,9 @@ def dra_slices(custom: client.CustomObjectsApi, node: str) -> list[dict[str, Any
         "resource.k8s.io", "v1", "resourceslices",
         field_selector=f"spec.nodeName={node},spec.driver={dra.DRIVER}")
     return list(got["items"])
+
+
+L = TypeVar("L", bound="SiteLab")
 
 
 @dataclass
