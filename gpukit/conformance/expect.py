@@ -93,10 +93,11 @@ def _base_units(decl: NodeDecl) -> list[ExpectedUnit]:
 def expected_units(decl: NodeDecl) -> list[ExpectedUnit]:
     """Every device the node must serve, with its resource and time-slicing replicas."""
     base = _base_units(decl)
-    ts = decl.plugin_config.time_slicing
+    ts = decl.plugin_config.sharing
     taken: set[int] = set()  # positions in `base` already shared
     out = list(base)
-    var = f"gpukit_device_plugin_configs.{decl.plugin_config_name}.sharing.timeSlicing"
+    var = (f"gpukit_device_plugin_configs.{decl.plugin_config_name}."
+           f"{decl.plugin_config.sharing_path}")
     for i, entry in enumerate(ts.resources):
         name = _qualify(entry.name)
         positions = [j for j, u in enumerate(base) if u.base_resource == name]
@@ -198,12 +199,11 @@ def product_value(*parts: str, shared: bool = False) -> str:
 
 
 def _sharing_of(decl: NodeDecl, resource: str) -> tuple[int, bool]:
-    entries = [e for e in decl.plugin_config.time_slicing.resources
-               if _qualify(e.name) == resource]
+    sharing = decl.plugin_config.sharing
+    entries = [e for e in sharing.resources if _qualify(e.name) == resource]
     if not entries:
         return 1, False
-    renamed = all(e.rename or decl.plugin_config.time_slicing.rename_by_default
-                  for e in entries)
+    renamed = all(e.rename or sharing.rename_by_default for e in entries)
     return max(e.replicas for e in entries), renamed
 
 
@@ -218,11 +218,14 @@ def expected_labels(decl: NodeDecl) -> dict[str, str]:
     labels: dict[str, str] = {
         ln.MIG_CAPABLE: "true" if table is not None else "false",
     }
+    mig_on = strategy != "none" and any(g.mig_enabled for g in decl.mig_gpus)
+    # GFD's sharing labeler: MPS-capable only while MPS shares and no GPU is in MIG mode.
+    labels[ln.MPS_CAPABLE] = str(decl.plugin_config.sharing_strategy == "mps"
+                                 and not any(g.mig_enabled for g in decl.mig_gpus)).lower()
     if decl.driver_branch:
         labels[ln.CUDA_DRIVER_MAJOR] = decl.driver_branch
     if strategy != "none":
         labels[ln.MIG_STRATEGY] = strategy
-    mig_on = strategy != "none" and any(g.mig_enabled for g in decl.mig_gpus)
     # GFD labels MIG-enabled GPUs as whole GPUs without sharing (replicas 0, strategy none,
     # under every migStrategy); a GPU with MIG disabled overrides that with its own sharing.
     gpus = decl.mig_gpus or tuple(GpuMig(i, False) for i in range(gpu.count))
@@ -237,7 +240,7 @@ def expected_labels(decl: NodeDecl) -> dict[str, str]:
     labels[ln.GPU_PRODUCT] = product_value(
         gpu.product, shared=replicas > 1 and not renamed)
     labels[ln.GPU_REPLICAS] = str(replicas)
-    labels[ln.SHARING_STRATEGY] = _sharing_strategy(replicas)
+    labels[ln.SHARING_STRATEGY] = _sharing_strategy(decl, replicas)
     if gpu.memory_mib:
         labels[ln.GPU_MEMORY] = str(gpu.memory_mib)
     if mig_on:
@@ -248,9 +251,10 @@ def expected_labels(decl: NodeDecl) -> dict[str, str]:
     return labels
 
 
-def _sharing_strategy(replicas: int) -> str:
-    """Per resource, as GFD: time-slicing only where that resource has several replicas."""
-    return "time-slicing" if replicas > 1 else "none"
+def _sharing_strategy(decl: NodeDecl, replicas: int) -> str:
+    """Per resource, as GFD: the config's strategy only where that resource has several
+    replicas."""
+    return decl.plugin_config.sharing_strategy if replicas > 1 else "none"
 
 
 def _mig_labels(decl: NodeDecl, resource: str, profile: str, count: int) -> dict[str, str]:
@@ -264,7 +268,7 @@ def _mig_labels(decl: NodeDecl, resource: str, profile: str, count: int) -> dict
                                  shared=replicas > 1 and not renamed),
         "count": str(count),
         "replicas": str(replicas),
-        "sharing-strategy": _sharing_strategy(replicas),
+        "sharing-strategy": _sharing_strategy(decl, replicas),
         "memory": str(p.memory_mb),
         "multiprocessors": str(p.multiprocessors),
         "slices.gi": str(p.compute_slices),

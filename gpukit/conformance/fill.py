@@ -122,7 +122,7 @@ def run(suite: Suite, node: str) -> NodeFill:
     counts = {r: n for r, n in allocatable(node_obj).items() if n > 0}
     fill = NodeFill(node=node, counts=counts)
     decl = suite.decl(node)
-    fail_gt_one = bool(decl and decl.plugin_config.time_slicing.fail_requests_greater_than_one)
+    fail_gt_one = bool(decl and decl.plugin_config.sharing.fail_requests_greater_than_one)
     shared = set(suite.shared_resources(node))
     # 1. fillers for every resource, and a pod that requests no GPU
     created: dict[str, list[Seen]] = {}

@@ -54,9 +54,9 @@ def test_shared_resource_names(gpukit_suite: Any, node: str, check: Check) -> No
     """Renamed (or renameByDefault) shared resources appear under their new name, and the
     original name keeps only the devices that are not shared."""
     decl = need_decl(gpukit_suite, node)
-    ts = decl.plugin_config.time_slicing
+    ts = decl.plugin_config.sharing
     if not ts.resources:
-        check.skip(f"config {decl.plugin_config_name!r} declares no time-slicing")
+        check.skip(f"config {decl.plugin_config_name!r} declares no sharing (time-slicing or MPS)")
     expected = need_expected(gpukit_suite, node)
     observed = allocatable(gpukit_suite.kube.node(node))
     names = sorted({u.resource for u in expect.expected_units(decl)}
@@ -106,7 +106,7 @@ def test_request_above_one(gpukit_suite: Any, node: str, resource: str, check: C
     """A container asking for 2 replicas fails admission with UnexpectedAdmissionError when
     failRequestsGreaterThanOne is set, and runs otherwise."""
     decl = need_decl(gpukit_suite, node)
-    fail_gt_one = decl.plugin_config.time_slicing.fail_requests_greater_than_one
+    fail_gt_one = decl.plugin_config.sharing.fail_requests_greater_than_one
     run = gpukit_suite.request_above_one(node, resource)
     name, state = run.pod, run.state
     if fail_gt_one:

@@ -7,8 +7,14 @@ Precedence (as in NVIDIA's plugin): command-line flag > environment variable > f
 Overrides are merged into the raw document before validation, so an invalid value reports the
 same field path whether it came from the file, a flag or the environment (plus where it came from).
 
-Extension over NVIDIA: `sharing.timeSlicing.resources` may list the same `name` more than once
-with disjoint `devices`, giving per-GPU replica counts (selected GPUs shared, the others whole).
+Extension over NVIDIA: `sharing.timeSlicing.resources` (and `sharing.mps.resources`) may list the
+same `name` more than once with disjoint `devices`, giving per-GPU replica counts (selected GPUs
+shared, the others whole).
+
+`sharing.mps` takes NVIDIA's shape unchanged (the same replicated-resources schema as
+timeSlicing); as in NVIDIA's plugin, `failRequestsGreaterThanOne` defaults to true there, and MIG
+devices cannot be shared with MPS. A config sharing with both is refused: NVIDIA's plugin would
+silently use MPS and drop the time-slicing entries.
 """
 
 from __future__ import annotations
@@ -44,6 +50,10 @@ DEFAULT_KUBELET_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_CDI_DIR = "/var/run/cdi"
 DEFAULT_CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 DEFAULT_METRICS_ADDRESS = "127.0.0.1:9402"
+# NVIDIA's `flags.mpsRoot` default: per-GPU pipe and log directories and the shared /dev/shm.
+DEFAULT_MPS_ROOT = "/run/nvidia/mps"
+# NVIDIA's MPS guide (Limitations): an MPS server serves at most 48 client contexts per device.
+MAX_MPS_CLIENTS = 48
 
 _DNS_LABEL_CHARS = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _GPU_UUID = re.compile(r"^GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
@@ -55,7 +65,7 @@ _MIG_INDEX = re.compile(r"^\d+:\d+$")
 # Keys NVIDIA's schema knows but gpukit does not act on: accepted so existing files load.
 _NVIDIA_FLAGS_IGNORED = {
     "restartOnDeviceUnhealthy", "nvidiaDevRoot", "gdsEnabled", "mofedEnabled",
-    "gdrcopyEnabled", "useNodeFeatureAPI", "deviceDiscoveryStrategy", "mpsRoot", "gfd",
+    "gdrcopyEnabled", "useNodeFeatureAPI", "deviceDiscoveryStrategy", "gfd",
 }
 _NVIDIA_PLUGIN_FLAGS_IGNORED = {"nvidiaCTKPath", "containerDriverRoot", "nvidiaCDIHookPath"}
 
@@ -83,6 +93,7 @@ class Flags:
     mig_strategy: str = "none"
     fail_on_init_error: bool = True
     nvidia_driver_root: str = "/"
+    mps_root: str = DEFAULT_MPS_ROOT
     plugin: PluginFlags = field(default_factory=PluginFlags)
 
 
@@ -112,7 +123,9 @@ class ReplicatedResource:
 
 
 @dataclass(frozen=True)
-class TimeSlicing:
+class ReplicatedResources:
+    """NVIDIA's ReplicatedResources: how `sharing.timeSlicing` or `sharing.mps` shares."""
+
     rename_by_default: bool = False
     fail_requests_greater_than_one: bool = False
     resources: tuple[ReplicatedResource, ...] = ()
@@ -144,7 +157,8 @@ class GpukitSettings:
 class Config:
     version: str = VERSION
     flags: Flags = field(default_factory=Flags)
-    time_slicing: TimeSlicing = field(default_factory=TimeSlicing)
+    time_slicing: ReplicatedResources = field(default_factory=ReplicatedResources)
+    mps: ReplicatedResources | None = None
     gpukit: GpukitSettings = field(default_factory=GpukitSettings)
     warnings: tuple[str, ...] = ()
 
@@ -157,8 +171,20 @@ class Config:
         return self.gpukit.device_root_in_plugin or self.device_root
 
     @property
+    def sharing(self) -> ReplicatedResources:
+        """The replicated resources of the sharing in force (MPS or time-slicing)."""
+        return self.mps if self.mps is not None else self.time_slicing
+
+    @property
+    def sharing_path(self) -> str:
+        """Where `sharing` came from in the document, for messages."""
+        return "sharing.mps" if self.mps is not None else "sharing.timeSlicing"
+
+    @property
     def sharing_strategy(self) -> str:
         """GFD's `nvidia.com/gpu.sharing-strategy` value."""
+        if self.mps is not None and self.mps.resources:
+            return "mps"
         return "time-slicing" if self.time_slicing.resources else "none"
 
 
@@ -341,20 +367,25 @@ def parse_config(
     flags = _parse_flags(r, r.mapping(doc.get("flags"), "flags"))
     sharing = r.mapping(doc.get("sharing"), "sharing")
     r.check_keys(sharing, "sharing", {"timeSlicing", "mps"}, set())
+    ts = _parse_replicated_resources(r, sharing.get("timeSlicing"), "sharing.timeSlicing")
+    mps = None
     if sharing.get("mps") is not None:
-        r.fail("sharing.mps", "MPS sharing is not supported by gpukit; use sharing.timeSlicing")
-    ts = _parse_time_slicing(r, sharing.get("timeSlicing"), "sharing.timeSlicing")
+        mps = _parse_replicated_resources(r, sharing.get("mps"), "sharing.mps", mps=True)
+        if ts.resources:
+            r.fail("sharing", "both timeSlicing and mps share devices; a GPU is shared one way "
+                   "(NVIDIA's plugin would use mps and silently drop timeSlicing)")
     gk = _parse_gpukit(r, r.mapping(doc.get("gpukit"), "gpukit"))
     if r.problems:
         raise ConfigError(r.problems, source)
     return Config(
-        version=VERSION, flags=flags, time_slicing=ts, gpukit=gk, warnings=tuple(r.warnings)
+        version=VERSION, flags=flags, time_slicing=ts, mps=mps, gpukit=gk,
+        warnings=tuple(r.warnings),
     )
 
 
 def _parse_flags(r: _Reader, doc: Mapping[str, Any]) -> Flags:
     r.check_keys(
-        doc, "flags", {"migStrategy", "failOnInitError", "nvidiaDriverRoot", "plugin"},
+        doc, "flags", {"migStrategy", "failOnInitError", "nvidiaDriverRoot", "mpsRoot", "plugin"},
         _NVIDIA_FLAGS_IGNORED,
     )
     plugin = r.mapping(doc.get("plugin"), "flags.plugin")
@@ -367,6 +398,7 @@ def _parse_flags(r: _Reader, doc: Mapping[str, Any]) -> Flags:
         mig_strategy=r.choice(doc.get("migStrategy"), "flags.migStrategy", MIG_STRATEGIES, "none"),
         fail_on_init_error=r.boolean(doc.get("failOnInitError"), "flags.failOnInitError", True),
         nvidia_driver_root=r.string(doc.get("nvidiaDriverRoot"), "flags.nvidiaDriverRoot", "/"),
+        mps_root=_parse_mps_root(r, doc.get("mpsRoot"), "flags.mpsRoot"),
         plugin=PluginFlags(
             pass_device_specs=r.boolean(
                 plugin.get("passDeviceSpecs"), "flags.plugin.passDeviceSpecs", False
@@ -412,9 +444,19 @@ def _parse_list_strategy(r: _Reader, value: Any, path: str) -> tuple[str, ...]:
     return tuple(out) or ("envvar",)
 
 
-def _parse_time_slicing(r: _Reader, value: Any, path: str) -> TimeSlicing:
+def _parse_mps_root(r: _Reader, value: Any, path: str) -> str:
+    root = r.string(value, path, DEFAULT_MPS_ROOT)
+    if not root.startswith("/"):
+        r.fail(path, f"{root!r} is not an absolute path")
+        return DEFAULT_MPS_ROOT
+    return root
+
+
+def _parse_replicated_resources(
+    r: _Reader, value: Any, path: str, mps: bool = False
+) -> ReplicatedResources:
     if value is None:
-        return TimeSlicing()
+        return ReplicatedResources()
     doc = r.mapping(value, path)
     r.check_keys(
         doc, path, {"renameByDefault", "failRequestsGreaterThanOne", "resources", "strategy"},
@@ -423,20 +465,35 @@ def _parse_time_slicing(r: _Reader, value: Any, path: str) -> TimeSlicing:
     if doc.get("strategy") not in (None, ""):
         r.fail(f"{path}.strategy", f"{doc.get('strategy')!r} is not supported (leave it unset)")
     rename_by_default = r.boolean(doc.get("renameByDefault"), f"{path}.renameByDefault", False)
+    # NVIDIA keeps MPS's historical default: one replica per container unless relaxed.
     fail_gt_one = r.boolean(
-        doc.get("failRequestsGreaterThanOne"), f"{path}.failRequestsGreaterThanOne", False
+        doc.get("failRequestsGreaterThanOne"), f"{path}.failRequestsGreaterThanOne", mps
     )
     raw = doc.get("resources")
     if not isinstance(raw, list) or not raw:
         r.fail(f"{path}.resources", "no resources specified (need a non-empty list)")
-        return TimeSlicing(rename_by_default, fail_gt_one, ())
+        return ReplicatedResources(rename_by_default, fail_gt_one, ())
     parsed = [
         (i, res)
         for i, item in enumerate(raw)
         if (res := _parse_replicated(r, item, f"{path}.resources[{i}]", rename_by_default))
     ]
     _check_replica_overlaps(r, parsed, f"{path}.resources")
-    return TimeSlicing(rename_by_default, fail_gt_one, tuple(res for _, res in parsed))
+    if mps:
+        _check_mps_resources(r, parsed, f"{path}.resources")
+    return ReplicatedResources(rename_by_default, fail_gt_one, tuple(res for _, res in parsed))
+
+
+def _check_mps_resources(
+    r: _Reader, parsed: list[tuple[int, ReplicatedResource]], path: str
+) -> None:
+    for pos, res in parsed:
+        if res.name.partition("/")[2].startswith("mig-"):
+            r.fail(f"{path}[{pos}].name", f"{res.name!r}: MIG devices cannot be shared with MPS "
+                   "(NVIDIA's plugin refuses it too; share them with timeSlicing)")
+        if res.replicas > MAX_MPS_CLIENTS:
+            r.fail(f"{path}[{pos}].replicas", f"{res.replicas} is more than {MAX_MPS_CLIENTS}, "
+                   "the clients an MPS server serves per GPU")
 
 
 def _parse_replicated(

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from gpukit.contracts import label_names
 from gpukit.contracts.plugin_config import Config
 
+from .mps import MpsLayout, MpsRequestError, mps_answer
 from .resources import PluginDevice, Resource, units_of
 
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
@@ -80,8 +81,10 @@ class Allocator:
         config: Config,
         exists: Callable[[str], bool] = os.path.exists,
         response_id: Callable[[], str] = lambda: str(uuidlib.uuid4()),
+        mps: MpsLayout | None = None,
     ) -> None:
         self.resource = resource
+        self.mps = mps
         self.devices = resource.by_id()
         self.config = config
         self._response_id = response_id
@@ -90,7 +93,7 @@ class Allocator:
         self.by_index = plugin.device_id_strategy == "index"
         # Under CDI only, the spec injects the nodes: NVIDIA's plugin passes no DeviceSpecs.
         self.pass_specs = plugin.pass_device_specs and not self.strategies <= CDI_STRATEGIES
-        self.fail_gt_one = config.time_slicing.fail_requests_greater_than_one
+        self.fail_gt_one = config.sharing.fail_requests_greater_than_one
         self.annotation_prefix = plugin.cdi_annotation_prefix
         root_seen = config.device_root_in_plugin
         # Checked once per resource build, not per Allocate: keeps Allocate fast.
@@ -149,4 +152,17 @@ class Allocator:
                 nodes.update(dict.fromkeys(unit.device_nodes))
             nodes.update(dict.fromkeys(self.control_nodes))
             out.devices = [DeviceNode(p, host_path(self.device_root, p)) for p in nodes]
+        if self.mps is not None:
+            self._add_mps(out, devices)
         return out
+
+    def _add_mps(self, out: ContainerAllocation, devices: list[PluginDevice]) -> None:
+        assert self.mps is not None
+        try:
+            answer = mps_answer(self.mps, self.resource.name, devices)
+        except MpsRequestError as exc:
+            raise AllocationError(
+                f"invalid allocation request for '{self.resource.name}': {exc}") from None
+        if answer is not None:
+            out.envs.update(answer.envs)
+            out.mounts.extend(Mount(c, h) for c, h in answer.mounts)

@@ -240,7 +240,7 @@ def _base_values(resource: str, config: Config | None, count: int, *parts: str
     replicas, renamed = 0, False
     strategy = "none"
     if config is not None:
-        entries = [e for e in config.time_slicing.resources if e.name == resource]
+        entries = [e for e in config.sharing.resources if e.name == resource]
         replicas = max((e.replicas for e in entries), default=1)
         renamed = bool(entries) and all(e.rename for e in entries)
         if replicas > 1:
@@ -329,7 +329,9 @@ def compute_labels(node_devices: NodeDevices, config: Config, sysfs_root: str | 
     labels.update({
         ln.GPU_MACHINE: label_value(machine_type(root)),
         ln.MIG_CAPABLE: str(any(g.mig_capable for g in node_devices.gpus)).lower(),
-        ln.MPS_CAPABLE: "false",
+        # lm/nvml.go newSharingLabeler: true only while MPS shares and no GPU is in MIG mode.
+        ln.MPS_CAPABLE: str(config.sharing_strategy == "mps"
+                            and not any(g.mig_enabled for g in node_devices.gpus)).lower(),
         ln.GPU_MODE: gpu_mode(node_devices.gpus, root),
     })
     labels.update(_version_labels(node_devices))

@@ -43,11 +43,13 @@ from .label_publisher import LabelPublisher
 from .labels import compute_labels
 from .metrics import PluginMetrics
 from .mig.pause import PauseWatcher
+from .mps import MpsLayout, mps_layout
+from .mps_daemons import MpsDaemons
 from .node_api import NodeClient
 from .nvml_backend import InitError as InitError
 from .nvml_backend import NvmlBackend as NvmlBackend
 from .nvml_backend import PynvmlBackend as PynvmlBackend
-from .nvml_backend import no_reading
+from .nvml_backend import no_compute_mode, no_reading
 from .resources import Resource, ResourceError, ResourceSet, Unit, build_resources
 from .server import DeviceView, PluginServer, ResourceState, inode, register
 
@@ -123,6 +125,8 @@ class PluginManager:
         self.labels = LabelPublisher(self.metrics, node_client, source.node_name or "",
                                      self.options)
         self._last_cdi: dict[str, object] | None = None
+        self.mps = MpsDaemons(getattr(backend, "set_compute_mode", no_compute_mode))
+        self.mps_layout: MpsLayout | None = None  # None: no GPU shared through MPS
         self.pause = PauseWatcher(self.options.pause_file) if self.options.pause_file else None
         self.metrics.readiness = self.readiness
         self.pod_resources = podresources.PodResourcesCache(
@@ -317,6 +321,7 @@ class PluginManager:
                 log.info("resources: %s", ", ".join(
                     f"{n}={len(r.devices)}" for n, r in rs.resources.items()) or "none")
             self.resources = rs
+            self._reconcile_mps()
             self._reconcile()
             self._write_cdi()
         self._apply_health()
@@ -331,13 +336,24 @@ class PluginManager:
                            d.unit.numa_node)
                 for d in resource.devices]
 
+    def _reconcile_mps(self) -> None:
+        """MPS daemons before the replicas they serve are (re)offered; also stops what a
+        previous config or agent left running."""
+        root = self.config.flags.mps_root
+        if self.config.sharing_strategy == "mps":
+            layout = mps_layout(self.resources, root)
+        else:
+            layout = MpsLayout(root=root, shares={})
+        self.mps.reconcile(layout)
+        self.mps_layout = layout if layout.shares else None
+
     def _reconcile(self) -> None:
         wanted = self.resources.resources
         policy = self.config.gpukit.replica_policy
         for name in [n for n in self.servers if n not in wanted]:
             self._retire(name)
         for name, res in wanted.items():
-            allocator = Allocator(res, self.config)
+            allocator = Allocator(res, self.config, mps=self.mps_layout)
             views = self._views(res)
             server = self.servers.get(name)
             if server is None and name in self._retiring:
@@ -563,6 +579,7 @@ class PluginManager:
                     problems.append(f"{name}: not registered with the kubelet")
                 elif server.state.streamless_since() is not None:
                     problems.append(f"{name}: registered, the kubelet has no ListAndWatch open")
+            problems.extend(f"MPS: {why}" for why in self.mps.problems.values())
         if problems and inode(self.kubelet_socket) is None:
             problems.append(f"no kubelet socket at {self.kubelet_socket}")
         if problems:

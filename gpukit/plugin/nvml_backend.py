@@ -7,7 +7,7 @@ from typing import Protocol
 
 from . import nvml
 from .devices import NodeDevices
-from .nvml import telemetry
+from .nvml import compute_mode, telemetry
 
 
 class InitError(RuntimeError):
@@ -37,11 +37,18 @@ class PynvmlBackend:
     def shutdown(self) -> None:
         nvml.shutdown()
 
+    def set_compute_mode(self, uuid: str, exclusive: bool) -> None:
+        compute_mode.set_exclusive(uuid, exclusive)
+
     def read_gpu(self, uuid: str) -> telemetry.Reading:
         return telemetry.read_gpu(uuid)
 
     def read_mig(self, uuid: str) -> telemetry.Reading:
         return telemetry.read_mig(uuid)
+
+
+def no_compute_mode(uuid: str, exclusive: bool) -> None:
+    raise NotImplementedError("this NVML backend cannot set a GPU's compute mode")
 
 
 def no_reading(uuid: str) -> telemetry.Reading:

@@ -6,8 +6,10 @@
 - mixed: MIG-disabled GPUs are `nvidia.com/gpu`, MIG devices `nvidia.com/mig-<profile>` with
   `+` replaced by `.`. (A MIG-enabled GPU with no MIG devices is skipped with a warning; NVIDIA
   refuses to start, but in gpukit that state is a MIG change in progress.)
-- time-slicing: each selected device becomes `replicas` devices `<uuid>::<n>` under the
-  resource's (re)name; devices not selected stay whole under the original name.
+- time-slicing and MPS: each selected device becomes `replicas` devices `<uuid>::<n>` under the
+  resource's (re)name; devices not selected stay whole under the original name. MPS shares whole
+  GPUs only (NVIDIA's rule), so MIG devices behind `nvidia.com/gpu` (migStrategy single) are an
+  error there.
 """
 
 from __future__ import annotations
@@ -179,12 +181,19 @@ def build_resources(node_devices: NodeDevices, config: Config, proc_root: str = 
     devices: dict[str, list[PluginDevice]] = {}
     shared_by: dict[str, str] = {}  # unit uuid -> config entry that replicated it
     replicated: dict[str, set[str]] = {}  # base resource -> uuids replicated
-    for i, entry in enumerate(config.time_slicing.resources):
-        where = f"sharing.timeSlicing.resources[{i}]"
+    mps = config.sharing_strategy == "mps"
+    for i, entry in enumerate(config.sharing.resources):
+        where = f"{config.sharing_path}.resources[{i}]"
         units = base.get(entry.name)
         if not units:
             continue  # like NVIDIA: sharing config for a resource this node does not have
         for unit in _select(units, entry, where):
+            if mps and unit.mig is not None:
+                raise ResourceError(
+                    f"{where}: {entry.name} is served by MIG devices here ({unit.index_id}, "
+                    f"migStrategy {config.flags.mig_strategy}); MIG devices cannot be shared "
+                    "with MPS"
+                )
             if unit.uuid in shared_by:
                 raise ResourceError(
                     f"{where}.devices: {unit.index_id} ({unit.uuid}) is already shared by "

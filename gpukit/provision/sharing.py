@@ -23,7 +23,7 @@ from gpukit.inventory.model import NodeDecl
 class SharingCheck:
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    time_slicing_replicas: dict[str, int] = field(default_factory=dict)
+    shared_replicas: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -63,10 +63,11 @@ def declared(decl: NodeDecl) -> SharingCheck:
 def summary(name: str | None, config: Config, layout: Sequence[MigConfigEntry] | None,
             mig_config: str | None) -> SharingCheck:
     """What the gpu_sharing role reports of valid declarations: the selected config's
-    time-slicing replicas, and a warning when the layout's MIG devices go unserved."""
+    shared replicas (time-slicing or MPS), and a warning when the layout's MIG devices go
+    unserved."""
     out = SharingCheck()
-    for r in config.time_slicing.resources:
-        out.time_slicing_replicas[r.name] = max(out.time_slicing_replicas.get(r.name, 0),
+    for r in config.sharing.resources:
+        out.shared_replicas[r.name] = max(out.shared_replicas.get(r.name, 0),
                                                 r.replicas)
     if layout and any(e.mig_enabled for e in layout) and config.flags.mig_strategy == "none":
         out.warnings.append(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gpukit.contracts.plugin_config import (
     DEFAULT_IGNORED_XIDS,
@@ -125,8 +126,18 @@ def test_replicas_below_two() -> None:
      "sharing.timeSlicing.resources[0].rename: 'nvidia.com/Bad_Name' is not a valid resource "
      "name (lower-case letters, digits, '-' and '.', starting and ending with a letter or "
      "digit)"),
-    ({"sharing": {"mps": {"resources": [{"name": "gpu", "replicas": 2}]}}},
-     "sharing.mps: MPS sharing is not supported by gpukit; use sharing.timeSlicing"),
+    ({"sharing": {"mps": {"resources": [{"name": "mig-1g.10gb", "replicas": 2}]}}},
+     "sharing.mps.resources[0].name: 'nvidia.com/mig-1g.10gb': MIG devices cannot be shared "
+     "with MPS (NVIDIA's plugin refuses it too; share them with timeSlicing)"),
+    ({"sharing": {"mps": {"resources": [{"name": "gpu", "replicas": 49}]}}},
+     "sharing.mps.resources[0].replicas: 49 is more than 48, the clients an MPS server serves "
+     "per GPU"),
+    ({"sharing": {"mps": {"resources": [{"name": "gpu", "replicas": 1}]}}},
+     "sharing.mps.resources[0].replicas: 1 is not >= 2"),
+    ({"sharing": {"mps": {"renameByDefalt": True}}},
+     "sharing.mps.renameByDefalt: unknown field (did you mean 'renameByDefault'? known: "
+     "failRequestsGreaterThanOne, renameByDefault, resources, strategy)"),
+    ({"flags": {"mpsRoot": "run/mps"}}, "flags.mpsRoot: 'run/mps' is not an absolute path"),
     ({"gpukit": {"metricsAdress": "x"}},
      "gpukit.metricsAdress: unknown field (did you mean 'metricsAddress'? known: cdiSpecDir, deviceRoot, deviceRootInPlugin, "
      "health, kubeletDir, metricsAddress, replicaPolicy, rescanIntervalSeconds)"),
@@ -146,7 +157,36 @@ def test_time_slicing_plus_mps_rejected() -> None:
         "timeSlicing": {"resources": [{"name": "gpu", "replicas": 2}]},
         "mps": {"resources": [{"name": "gpu", "replicas": 2}]},
     }})
-    assert found == ["sharing.mps: MPS sharing is not supported by gpukit; use sharing.timeSlicing"]
+    assert found == ["sharing: both timeSlicing and mps share devices; a GPU is shared one way "
+                     "(NVIDIA's plugin would use mps and silently drop timeSlicing)"]
+
+
+def test_nvidia_mps_example_config_unchanged() -> None:
+    """NVIDIA's documented MPS example loads as it is: MPS sharing, one request per container
+    by default (NVIDIA's historical behaviour), the default MPS root."""
+    cfg = parse_config(yaml.safe_load(NVIDIA_MPS_EXAMPLE))
+    assert cfg.sharing_strategy == "mps"
+    assert cfg.sharing_path == "sharing.mps"
+    assert cfg.sharing.fail_requests_greater_than_one is True
+    assert [(r.name, r.replicas) for r in cfg.sharing.resources] == [("nvidia.com/gpu", 10)]
+    assert cfg.flags.mps_root == "/run/nvidia/mps"
+    assert cfg.time_slicing.resources == ()
+    relaxed = parse_config({"sharing": {"mps": {"failRequestsGreaterThanOne": False,
+                                                "resources": [{"name": "gpu", "replicas": 4}]}}})
+    assert relaxed.sharing.fail_requests_greater_than_one is False
+    assert parse_config({"sharing": {"timeSlicing": {"resources": [
+        {"name": "gpu", "replicas": 4}]}}}).sharing.fail_requests_greater_than_one is False
+
+
+# NVIDIA k8s-device-plugin README, "With CUDA MPS".
+NVIDIA_MPS_EXAMPLE = """\
+version: v1
+sharing:
+  mps:
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 10
+"""
 
 
 def test_all_problems_reported_at_once() -> None:

@@ -64,7 +64,7 @@ def test_the_fact_holds_what_the_model_validated_and_what_it_implies(
     assert fact["expected_resources"] == inventory.expected_resources(decl)
     assert fact["expected_labels"] == inventory.expected_labels(decl)
     assert fact["labels"] == decl.labels and fact["device_plugin_config"] == "time-sliced"
-    assert fact["sharing"]["time_slicing_replicas"] == {"nvidia.com/gpu": 4}
+    assert fact["sharing"]["shared_replicas"] == {"nvidia.com/gpu": 4}
     assert "gpukit_kubeconfig" not in fact["inputs"] or fact["inputs"]["gpukit_kubeconfig"]
 
 

@@ -115,7 +115,7 @@ def test_plan_removes_only_what_gpukit_set_before() -> None:
 
 def test_sharing_check() -> None:
     ok = sharing.check(CONFIGS, "time-sliced", MIG, None)
-    assert ok.ok and ok.time_slicing_replicas == {"nvidia.com/gpu": 4}
+    assert ok.ok and ok.shared_replicas == {"nvidia.com/gpu": 4}
     unknown = sharing.check(CONFIGS, "nope", MIG, None)
     # The inventory model's checks and wording (gpukit.inventory.validate.sharing).
     assert unknown.problems == [

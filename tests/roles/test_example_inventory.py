@@ -459,7 +459,7 @@ def test_the_gpu_sharing_roles_check_accepts_every_host(resolved: PlayResult) ->
         check = resolved.results[host][SHARING_CHECK_TASK]["ansible_facts"]["gpu_sharing_check"]
         assert check["ok"] and check["problems"] == [] and check["warnings"] == [], (host, check)
         time_sliced = EXPECTED[host][3] == "time-sliced"
-        assert check["time_slicing_replicas"] == ({"nvidia.com/gpu": 4} if time_sliced else {})
+        assert check["shared_replicas"] == ({"nvidia.com/gpu": 4} if time_sliced else {})
 
 
 def test_role_variables_resolve_from_the_inventory(role_vars: dict[str, dict[str, Any]]) -> None:

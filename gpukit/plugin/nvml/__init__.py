@@ -1,6 +1,7 @@
 """NVML access for gpukit's programs on a node, the one place they call pynvml.
 
 * ``calls``      loading the library, init/shutdown, NVML's failures as `NvmlError`
+* ``compute_mode`` a GPU's compute mode (EXCLUSIVE_PROCESS while MPS serves it)
 * ``discovery``  the node's GPUs, MIG devices and links (the types of gpukit/plugin/devices.py)
 * ``events``     XID event sets and the GPU probe the health monitor uses
 * ``mig``        GPU and compute instances for the MIG manager
