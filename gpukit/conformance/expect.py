@@ -34,6 +34,9 @@ from gpukit.inventory.problems import InventoryError, Problem
 _INVALID_LABEL_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
 _INVALID_PRODUCT_CHARS = re.compile(r"[^A-Za-z0-9_. -]+")
 _UUID_REF = re.compile(r"^(GPU|MIG)-")
+# Below this a replica's MPS memory share holds little beyond a CUDA context (a few hundred
+# MiB of the client's own); such a layout is a slip (replicas meant for a bigger GPU).
+MPS_MIN_SHARE_MIB = 1024
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,9 @@ def expected_units(decl: NodeDecl) -> list[ExpectedUnit]:
                     raise _declaration_error(decl, where, ref,
                                              f"is not a {name} device of this node")
                 chosen.append(pick)
+        if decl.plugin_config.sharing_strategy == "mps":
+            _check_mps_share(decl, f"{var}.resources[{i}]", entry.replicas,
+                             [base[j] for j in chosen])
         rename = entry.rename or (f"{name}.shared" if ts.rename_by_default else name)
         for j in chosen:
             if j in taken:
@@ -132,6 +138,23 @@ def expected_units(decl: NodeDecl) -> list[ExpectedUnit]:
             out[j] = ExpectedUnit(_qualify(rename), name, gpu_index, u.mig_profile,
                                   entry.replicas)
     return out
+
+
+def _check_mps_share(decl: NodeDecl, where: str, replicas: int, units: list[ExpectedUnit]
+                     ) -> None:
+    """MPS shares whole GPUs only (NVIDIA's rule), each replica a real share of memory."""
+    migs = [u for u in units if u.mig_profile]
+    if migs:
+        raise _declaration_error(
+            decl, f"{where}.name", migs[0].base_resource,
+            f"is served by MIG devices on this node ({migs[0].mig_profile}, migStrategy "
+            f"{decl.mig_strategy}); MIG devices cannot be shared with MPS")
+    memory = decl.gpu.memory_mib
+    if memory and memory // replicas < MPS_MIN_SHARE_MIB:
+        raise _declaration_error(
+            decl, f"{where}.replicas", replicas,
+            f"leaves each MPS client {memory // replicas} MiB of the {memory} MiB of "
+            f"{decl.gpu.product}, below the {MPS_MIN_SHARE_MIB} MiB floor")
 
 
 def _ref_of(refs: Sequence[str], j: int, chosen: list[int]) -> str:

@@ -354,3 +354,38 @@ def test_an_h200_layout_is_checked_against_the_h200_table() -> None:
     assert ("host n1: gpukit_mig_configs.l[0].mig-devices: {'1g.18gb': 8} does not fit on one "
             "H200-141GB (1g.18gb: 8 requested, at most 7 per GPU") in _error(
                 **_mig(eight, gpukit_gpu=h200))
+
+
+def _mps(replicas: int, **flags: Any) -> dict[str, Any]:
+    return {"version": "v1", "flags": flags, "sharing": {"mps": {"resources": [
+        {"name": "nvidia.com/gpu", "replicas": replicas}]}}}
+
+
+def test_mps_config_serves_its_replicas_and_labels() -> None:
+    decl = _decl(gpukit_device_plugin_configs={"mps4": _mps(4)})
+    assert inv.expected_resources(decl) == {"nvidia.com/gpu": 8}
+    labels = inv.expected_labels(decl)
+    assert labels["nvidia.com/gpu.sharing-strategy"] == "mps"
+    assert labels["nvidia.com/mps.capable"] == "true"
+    assert labels["nvidia.com/gpu.product"] == "Tesla-T4-SHARED"
+
+
+def test_mps_share_below_the_memory_floor_is_refused() -> None:
+    decl = _decl(gpukit_gpu={"product": "Tesla T4", "count": 2, "memory_mib": 15360},
+                 gpukit_device_plugin_configs={"mps16": _mps(16)})
+    with pytest.raises(inv.InventoryError) as exc:
+        inv.expected_resources(decl)
+    assert ("host n1: gpukit_device_plugin_configs.mps16.sharing.mps.resources[0].replicas: 16 "
+            "leaves each MPS client 960 MiB of the 15360 MiB of Tesla T4, below the 1024 MiB "
+            "floor") in str(exc.value)
+
+
+def test_mps_on_mig_devices_is_refused() -> None:
+    layout = [{"devices": "all", "mig-enabled": True, "mig-devices": {"3g.20gb": 2}}]
+    decl = inv.node_from_vars("n1", _mig(
+        layout, gpukit_device_plugin_configs={"m": _mps(2, migStrategy="single")}))
+    with pytest.raises(inv.InventoryError) as exc:
+        inv.expected_resources(decl)
+    assert ("gpukit_device_plugin_configs.m.sharing.mps.resources[0].name: 'nvidia.com/gpu' is "
+            "served by MIG devices on this node (3g.20gb, migStrategy single); MIG devices cannot "
+            "be shared with MPS") in str(exc.value)
