@@ -161,12 +161,36 @@ def check_kind(where: str, cfg: DeviceConfig, is_mig: bool) -> None:
                           f"{'MIG device' if is_mig else 'whole GPU'} (use {wanted})")
 
 
+_SUFFIX = {"": 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+           "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
+           "E": 10**18, "m": 1, "n": 1, "u": 1}
+
+
+def quantity_mib(where: str, quantity: str) -> str:
+    """A memory quantity as MPS takes a limit (`<MiB>M`, rounded down, as NVIDIA's driver);
+    below 1 MiB is refused, as there."""
+    m = _QUANTITY.match(quantity)
+    assert m is not None  # validated when parsed
+    number = float(quantity[: m.start(2)] if m.group(2) else quantity)
+    suffix = m.group(2) or ""
+    if suffix[:1] in ("e", "E") and suffix[1:].lstrip("+-").isdigit():
+        value = float(quantity)  # an exponent: 1e9
+    elif suffix in ("m", "n", "u"):
+        value = 0.0  # milli-, nano-, micro-bytes: below a byte
+    else:
+        value = number * _SUFFIX[suffix]
+    mib = int(value) // 2**20
+    if mib <= 0:
+        raise ConfigError(f"{where}: {quantity!r} is below 1Mi, too low for an MPS limit")
+    return f"{mib}M"
+
+
 def sharing_env(sharing: Sharing | None) -> list[str]:
-    """What a sharing setting puts into the container's environment. On a real GPU NVIDIA's
-    driver also acts on the device: time-slicing runs `nvidia-smi compute-policy
-    --set-timeslice=<0-3>` for the GPU, MPS starts a control daemon per claim whose pipe
-    directory the container gets. The lab's GPUs have neither; the setting is recorded here
-    (GPUKIT_DRA_SHARING_*), and MPS's limits as the CUDA MPS client reads them."""
+    """What a sharing setting puts into the container's environment: the setting as
+    recorded (GPUKIT_DRA_SHARING_*), and MPS's limits as the CUDA MPS client reads them. The
+    MPS daemon itself and its pipe directory come with the claim (gpukit/plugin/dra/
+    claim_mps.py); a time-slice interval is recorded only (NVIDIA's driver runs `nvidia-smi
+    compute-policy --set-timeslice=<0-3>`, which the lab's GPUs do not have)."""
     if sharing is None:
         return []
     env = [f"GPUKIT_DRA_SHARING_STRATEGY={sharing.strategy}"]

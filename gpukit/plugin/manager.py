@@ -344,7 +344,8 @@ class PluginManager:
             layout = mps_layout(self.resources, root)
         else:
             layout = MpsLayout(root=root, shares={})
-        self.mps.reconcile(layout)
+        # Keys of the device plugin's daemons are GPU UUIDs; the DRA plugin's are claim-<uid>.
+        self.mps.reconcile(root, layout.daemons(), prefix="GPU-")
         self.mps_layout = layout if layout.shares else None
 
     def _reconcile(self) -> None:

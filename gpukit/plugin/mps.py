@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .devices import Gpu
+from .mps_daemons import DaemonDirs, DaemonSpec
 from .resources import PluginDevice, ResourceSet
 
 CONTAINER_ROOT = "/mps"
@@ -59,20 +60,24 @@ class GpuShare:
     def thread_percentage(self) -> int:
         return max(1, 100 // self.replicas)
 
+    def daemon(self) -> DaemonSpec:
+        """Its daemon: this GPU only (limits by UUID, as NVIDIA's DRA driver sets them)."""
+        uuid = self.gpu.uuid
+        return DaemonSpec(key=uuid, devices=(uuid,), exclusive=(uuid,),
+                          memory_limits=((uuid, f"{self.memory_limit_mb}M"),),
+                          thread_percentage=self.thread_percentage)
+
 
 @dataclass(frozen=True)
 class MpsLayout:
     root: str
     shares: dict[str, GpuShare]  # GPU UUID -> share
 
-    def gpu_dir(self, uuid: str) -> str:
-        return os.path.join(self.root, uuid)
-
     def pipe_dir(self, uuid: str) -> str:
-        return os.path.join(self.gpu_dir(uuid), "pipe")
+        return DaemonDirs(self.root, uuid).pipe
 
-    def log_dir(self, uuid: str) -> str:
-        return os.path.join(self.gpu_dir(uuid), "log")
+    def daemons(self) -> dict[str, DaemonSpec]:
+        return {uuid: share.daemon() for uuid, share in self.shares.items()}
 
     @property
     def shm_dir(self) -> str:

@@ -1,42 +1,82 @@
-"""The MPS control daemons of a node's MPS-shared GPUs: started, checked, restarted, stopped.
+"""MPS control daemons: started, checked, restarted, stopped, for both of gpukit's plugins.
 
-What NVIDIA's mps-control-daemon does per resource, done per GPU (see gpukit.plugin.mps):
-`nvidia-cuda-mps-control -d` with the GPU's pipe and log directories and CUDA_VISIBLE_DEVICES
-set to its UUID, the GPU in EXCLUSIVE_PROCESS compute mode (only the MPS server may hold a
-context on it), the share's limits sent as daemon defaults (`set_default_device_pinned_mem_limit`,
-`set_default_active_thread_percentage`), health as an answer to
-`get_default_active_thread_percentage`. A GPU that stops being MPS-shared gets `quit` (the
-daemon finishes its clients' work first; the sharing rollout drains the node before a change),
-its compute mode back to DEFAULT and its directories removed, so no daemon is left behind.
+What NVIDIA's mps-control-daemon does, with one daemon per key: the device plugin keys its
+daemons by GPU UUID (one per MPS-shared GPU, gpukit.plugin.mps), the DRA plugin by claim
+(`claim-<uid>`, one per prepared claim asking for MPS, as NVIDIA's DRA driver). Each daemon is
+`nvidia-cuda-mps-control -d` with its own pipe and log directories under the MPS root and
+CUDA_VISIBLE_DEVICES set to the devices it serves; the whole GPUs among them are in
+EXCLUSIVE_PROCESS compute mode (only the MPS server holds a context) while it runs; its limits
+are sent as daemon defaults (`set_default_device_pinned_mem_limit`,
+`set_default_active_thread_percentage`); health is an answer to
+`get_default_active_thread_percentage`. Stopping sends `quit` (the daemon lets its clients
+finish), restores DEFAULT compute mode and removes the directory, so no daemon is left behind.
 
-A daemon found already answering on a GPU's pipe directory (the agent restarted) is adopted: its
-limits are set again, it is not restarted under its clients.
+Each daemon's directory holds `spec.json`, what it was started for: a restarted plugin adopts a
+daemon that still answers (limits set again, no restart under its clients) and stops the ones
+nothing asks for any more with the GPUs to restore.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
 import subprocess
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-
-from .mps import GpuShare, MpsLayout
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 log = logging.getLogger(__name__)
 
 CONTROL_BINARY = "nvidia-cuda-mps-control"
 COMMAND_TIMEOUT = 10.0
+SPEC_FILE = "spec.json"
 
 # (GPU UUID, exclusive) -> None; raises on failure. EXCLUSIVE_PROCESS when exclusive, else
-# DEFAULT (pynvml nvmlDeviceSetComputeMode behind the agent's NVML backend).
+# DEFAULT (pynvml nvmlDeviceSetComputeMode behind the plugins' NVML access).
 ComputeModeSetter = Callable[[str, bool], None]
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 
 
 class MpsError(RuntimeError):
-    """A daemon could not be started, configured or reached; the message says which GPU."""
+    """A daemon could not be started, configured or reached; the message says which."""
+
+
+@dataclass(frozen=True)
+class DaemonSpec:
+    key: str  # its directory under the root: a GPU UUID, or claim-<uid>
+    devices: tuple[str, ...]  # UUIDs it serves (GPUs or MIG devices), CUDA_VISIBLE_DEVICES
+    exclusive: tuple[str, ...]  # whole GPUs among them: EXCLUSIVE_PROCESS while it runs
+    # (device index as the daemon sees it, limit such as "3840M")
+    memory_limits: tuple[tuple[str, str], ...] = ()
+    thread_percentage: int | None = None
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> DaemonSpec:
+        pct = doc.get("thread_percentage")
+        return cls(str(doc["key"]), tuple(str(d) for d in doc.get("devices") or ()),
+                   tuple(str(d) for d in doc.get("exclusive") or ()),
+                   tuple((str(i), str(v)) for i, v in doc.get("memory_limits") or ()),
+                   pct if isinstance(pct, int) else None)
+
+
+@dataclass(frozen=True)
+class DaemonDirs:
+    root: str
+    key: str
+
+    @property
+    def base(self) -> str:
+        return os.path.join(self.root, self.key)
+
+    @property
+    def pipe(self) -> str:
+        return os.path.join(self.base, "pipe")
+
+    @property
+    def log(self) -> str:
+        return os.path.join(self.base, "log")
 
 
 @dataclass
@@ -44,115 +84,146 @@ class MpsDaemons:
     set_compute_mode: ComputeModeSetter
     control_binary: str = CONTROL_BINARY
     run: Runner = subprocess.run
-    # GPU UUID -> the share its daemon was configured for
-    running: dict[str, GpuShare] = field(default_factory=dict)
-    problems: dict[str, str] = field(default_factory=dict)
-    layout: MpsLayout | None = None  # what the last reconcile made
+    running: dict[str, DaemonSpec] = field(default_factory=dict)  # key -> spec
+    problems: dict[str, str] = field(default_factory=dict)  # key -> why it is not serving
 
-    def _env(self, layout: MpsLayout, uuid: str) -> dict[str, str]:
+    def _env(self, dirs: DaemonDirs, spec: DaemonSpec | None) -> dict[str, str]:
         env = dict(os.environ)
-        env.update({
-            "CUDA_VISIBLE_DEVICES": uuid,
-            "CUDA_MPS_PIPE_DIRECTORY": layout.pipe_dir(uuid),
-            "CUDA_MPS_LOG_DIRECTORY": layout.log_dir(uuid),
-        })
+        env.update({"CUDA_MPS_PIPE_DIRECTORY": dirs.pipe, "CUDA_MPS_LOG_DIRECTORY": dirs.log})
+        if spec is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(spec.devices)
         return env
 
-    def command(self, layout: MpsLayout, uuid: str, line: str) -> str:
-        """Send one control command to a GPU's daemon; its answer, or MpsError."""
+    def command(self, dirs: DaemonDirs, line: str) -> str:
+        """Send one control command to a daemon; its answer, or MpsError."""
+        what = f"MPS daemon {dirs.key}: control command {line.split()[0]!r}"
         try:
             done = self.run([self.control_binary], input=line + "\n", capture_output=True,
-                            text=True, env=self._env(layout, uuid), timeout=COMMAND_TIMEOUT,
+                            text=True, env=self._env(dirs, None), timeout=COMMAND_TIMEOUT,
                             check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            raise MpsError(f"GPU {uuid}: MPS control command {line.split()[0]!r}: {exc}") from exc
+            raise MpsError(f"{what}: {exc}") from exc
         if done.returncode != 0:
-            why = (done.stderr or done.stdout).strip() or f"exit {done.returncode}"
-            raise MpsError(f"GPU {uuid}: MPS control command {line.split()[0]!r}: {why}")
+            raise MpsError(f"{what}: {_why(done)}")
         return done.stdout.strip()
 
-    def healthy(self, layout: MpsLayout, uuid: str) -> bool:
+    def healthy(self, dirs: DaemonDirs) -> bool:
         try:
-            self.command(layout, uuid, "get_default_active_thread_percentage")
+            self.command(dirs, "get_default_active_thread_percentage")
         except MpsError:
             return False
         return True
 
-    def _start(self, layout: MpsLayout, share: GpuShare) -> None:
-        uuid = share.gpu.uuid
-        for d in (layout.pipe_dir(uuid), layout.log_dir(uuid), layout.shm_dir):
+    def start(self, root: str, spec: DaemonSpec) -> None:
+        """Start (or adopt) the daemon of `spec` and set its limits; MpsError says why not.
+        A daemon that did start but could not be configured is stopped again."""
+        dirs = DaemonDirs(root, spec.key)
+        for d in (dirs.pipe, dirs.log, os.path.join(root, "shm")):
             os.makedirs(d, mode=0o755, exist_ok=True)
-        if not self.healthy(layout, uuid):
-            try:
-                self.set_compute_mode(uuid, True)
-            except Exception as exc:  # NVML's errors, whatever the backend
-                raise MpsError(f"GPU {uuid}: cannot set EXCLUSIVE_PROCESS compute mode: "
-                               f"{exc}") from exc
+        started = False
+        if not self.healthy(dirs):
+            for uuid in spec.exclusive:
+                try:
+                    self.set_compute_mode(uuid, True)
+                except Exception as exc:  # NVML's errors, whatever the backend
+                    self._restore(spec)
+                    raise MpsError(f"MPS daemon {spec.key}: cannot set GPU {uuid} to "
+                                   f"EXCLUSIVE_PROCESS compute mode: {exc}") from exc
             try:
                 done = self.run([self.control_binary, "-d"], capture_output=True, text=True,
-                                env=self._env(layout, uuid), timeout=COMMAND_TIMEOUT,
-                                check=False)
+                                env=self._env(dirs, spec), timeout=COMMAND_TIMEOUT, check=False)
             except (OSError, subprocess.TimeoutExpired) as exc:
-                raise MpsError(f"GPU {uuid}: cannot start the MPS control daemon: {exc}"
-                               ) from exc
+                self._restore(spec)
+                raise MpsError(f"MPS daemon {spec.key}: cannot start "
+                               f"{self.control_binary}: {exc}") from exc
             if done.returncode != 0:
-                why = (done.stderr or done.stdout).strip() or f"exit {done.returncode}"
-                raise MpsError(f"GPU {uuid}: the MPS control daemon did not start: {why}")
-            log.info("MPS control daemon started for GPU %s (%d replicas)", uuid, share.replicas)
-        # Device 0: the daemon sees only its GPU (CUDA_VISIBLE_DEVICES).
-        self.command(layout, uuid,
-                     f"set_default_device_pinned_mem_limit 0 {share.memory_limit_mb}M")
-        self.command(layout, uuid,
-                     f"set_default_active_thread_percentage {share.thread_percentage}")
-
-    def _stop(self, layout: MpsLayout, uuid: str) -> None:
-        if self.healthy(layout, uuid):
-            self.command(layout, uuid, "quit")
-            log.info("MPS control daemon of GPU %s quit", uuid)
+                self._restore(spec)
+                raise MpsError(f"MPS daemon {spec.key}: did not start: {_why(done)}")
+            started = True
+            log.info("MPS control daemon %s started for %s", spec.key, ",".join(spec.devices))
+        with open(os.path.join(dirs.base, SPEC_FILE), "w", encoding="utf-8") as fh:
+            json.dump(asdict(spec), fh)
         try:
-            self.set_compute_mode(uuid, False)
-        except Exception as exc:  # a GPU gone from the bus has no mode to restore
-            log.warning("GPU %s: cannot restore DEFAULT compute mode: %s", uuid, exc)
-        shutil.rmtree(layout.gpu_dir(uuid), ignore_errors=True)
+            for index, limit in spec.memory_limits:
+                self.command(dirs, f"set_default_device_pinned_mem_limit {index} {limit}")
+            if spec.thread_percentage is not None:
+                self.command(dirs,
+                             f"set_default_active_thread_percentage {spec.thread_percentage}")
+        except MpsError:
+            if started:
+                self.stop(root, spec.key)
+            raise
+        self.running[spec.key] = spec
 
-    def reconcile(self, layout: MpsLayout) -> Mapping[str, str]:
-        """Make the running daemons those of `layout` (no shares: MPS off); GPU UUID ->
-        problem for each GPU whose daemon is not serving. Daemons of GPUs no longer shared are
-        stopped, also those a previous agent left (a GPU directory under the root)."""
-        previous = self.layout or layout
-        leftovers = set(self.running) | {u for u in _gpu_dirs(layout.root)
-                                         if u not in layout.shares}
-        for uuid in sorted(leftovers - set(layout.shares)):
+    def stop(self, root: str, key: str) -> None:
+        """Quit a daemon, restore its GPUs' compute mode, remove its directory."""
+        dirs = DaemonDirs(root, key)
+        spec = self.running.pop(key, None) or _read_spec(dirs)
+        if self.healthy(dirs):
+            self.command(dirs, "quit")
+            log.info("MPS control daemon %s quit", key)
+        if spec is not None:
+            self._restore(spec)
+        shutil.rmtree(dirs.base, ignore_errors=True)
+
+    def _restore(self, spec: DaemonSpec) -> None:
+        for uuid in spec.exclusive:
             try:
-                self._stop(previous if uuid in self.running else layout, uuid)
+                self.set_compute_mode(uuid, False)
+            except Exception as exc:  # a GPU gone from the bus has no mode to restore
+                log.warning("GPU %s: cannot restore DEFAULT compute mode: %s", uuid, exc)
+
+    def ensure(self, root: str, spec: DaemonSpec) -> None:
+        """Running and answering with `spec`'s settings: nothing; else started (again)."""
+        if self.running.get(spec.key) == spec and self.healthy(DaemonDirs(root, spec.key)):
+            return
+        if spec.key in self.running:
+            log.warning("MPS control daemon %s is not answering or its settings changed: "
+                        "starting or configuring it again", spec.key)
+        self.start(root, spec)
+
+    def reconcile(self, root: str, specs: Mapping[str, DaemonSpec], prefix: str
+                  ) -> Mapping[str, str]:
+        """Make the daemons whose key starts with `prefix` exactly `specs`: those nothing asks
+        for (also a previous plugin's, found by their directories) stopped, the others
+        running; key -> problem for each that is not serving."""
+        found = {k for k in _listdir(root) if k.startswith(prefix)}
+        for key in sorted((found | {k for k in self.running if k.startswith(prefix)})
+                          - set(specs)):
+            try:
+                self.stop(root, key)
             except MpsError as exc:
                 log.error("%s", exc)
-            self.running.pop(uuid, None)
-        self.layout = layout
         self.problems = {}
-        for uuid, share in layout.shares.items():
-            if self.running.get(uuid) == share and self.healthy(layout, uuid):
-                continue
-            if uuid in self.running:
-                log.warning("MPS control daemon of GPU %s is not answering or its share "
-                            "changed: starting or configuring it again", uuid)
+        for key, spec in specs.items():
             try:
-                self._start(layout, share)
+                self.ensure(root, spec)
             except MpsError as exc:
                 log.error("%s", exc)
-                self.problems[uuid] = str(exc)
-                self.running.pop(uuid, None)
-                continue
-            self.running[uuid] = share
+                self.problems[key] = str(exc)
+                self.running.pop(key, None)
         return self.problems
 
-    def check(self) -> Mapping[str, str]:
-        """Restart what stopped answering (the readiness probe's view stays current)."""
-        return self.reconcile(self.layout) if self.layout is not None else {}
+
+def _why(done: subprocess.CompletedProcess[str]) -> str:
+    return (done.stderr or done.stdout).strip() or f"exit {done.returncode}"
 
 
-def _gpu_dirs(root: str) -> list[str]:
+def read_spec(root: str, key: str) -> DaemonSpec | None:
+    """What the daemon of `key` was started for, or None (never started, or gone)."""
+    return _read_spec(DaemonDirs(root, key))
+
+
+def _read_spec(dirs: DaemonDirs) -> DaemonSpec | None:
     try:
-        return [n for n in os.listdir(root) if n.startswith("GPU-")]
+        with open(os.path.join(dirs.base, SPEC_FILE), encoding="utf-8") as fh:
+            return DaemonSpec.from_json(json.load(fh))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _listdir(root: str) -> list[str]:
+    try:
+        return os.listdir(root)
     except OSError:
         return []

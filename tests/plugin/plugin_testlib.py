@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import queue
+import subprocess
 import threading
 from collections.abc import Callable
 from concurrent import futures
@@ -173,3 +174,36 @@ class FakeNode:
                 self.labels_now[k] = v
         if self._seen is not None:
             self._seen(dict(self.labels_now))
+
+
+class ScriptedMpsControl:
+    """Stands in for nvidia-cuda-mps-control: daemons per pipe directory, commands logged."""
+
+    def __init__(self) -> None:
+        self.daemons: dict[str, dict[str, str]] = {}  # pipe dir -> settings
+        self.visible: dict[str, str] = {}  # pipe dir -> CUDA_VISIBLE_DEVICES at start
+        self.calls: list[tuple[str, str]] = []
+        self.fail_start = False
+        self.fail_command = ""
+
+    def __call__(self, argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+        pipe = kw["env"]["CUDA_MPS_PIPE_DIRECTORY"]
+        if argv[1:] == ["-d"]:
+            self.calls.append((pipe, "-d"))
+            if self.fail_start or pipe in self.daemons:
+                return subprocess.CompletedProcess(argv, 1, "", "cannot start")
+            self.daemons[pipe] = {}
+            self.visible[pipe] = kw["env"]["CUDA_VISIBLE_DEVICES"]
+            return subprocess.CompletedProcess(argv, 0, "", "")
+        line = kw["input"].strip()
+        self.calls.append((pipe, line))
+        if pipe not in self.daemons:
+            return subprocess.CompletedProcess(argv, 1, "", "Cannot find MPS control daemon")
+        words = line.split()
+        if self.fail_command and words[0] == self.fail_command:
+            return subprocess.CompletedProcess(argv, 1, "", "refused")
+        if words[0] == "quit":
+            del self.daemons[pipe]
+        elif words[0].startswith("set_default"):
+            self.daemons[pipe][words[0]] = " ".join(words[1:])
+        return subprocess.CompletedProcess(argv, 0, "100\n", "")

@@ -3,18 +3,17 @@ control daemons (against a scripted control binary; the lab's stand-in is tested
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-from plugin_testlib import A100, T4, cfg, gpu_uuid, make_gpu, make_inventory
+from plugin_testlib import A100, T4, ScriptedMpsControl, cfg, gpu_uuid, make_gpu, make_inventory
 
 from gpukit.contracts import label_names as ln
 from gpukit.plugin.allocate import AllocationError, Allocator, Mount
 from gpukit.plugin.labels import SYSFS_ROOT_ENV, compute_labels
-from gpukit.plugin.mps import MpsLayout, mps_layout
-from gpukit.plugin.mps_daemons import MpsDaemons
+from gpukit.plugin.mps import mps_layout
+from gpukit.plugin.mps_daemons import DaemonSpec, MpsDaemons
 from gpukit.plugin.resources import ResourceError, build_resources
 
 MPS4 = {"sharing": {"mps": {"resources": [{"name": "gpu", "replicas": 4}]}}}
@@ -96,65 +95,37 @@ def test_whole_gpus_beside_mps_replicas_get_no_mps() -> None:
     assert "CUDA_MPS_PIPE_DIRECTORY" not in a.envs and a.mounts == []
 
 
-class ScriptedControl:
-    """Stands in for nvidia-cuda-mps-control: daemons per pipe directory, commands logged."""
-
-    def __init__(self) -> None:
-        self.daemons: dict[str, dict[str, str]] = {}  # pipe dir -> settings
-        self.calls: list[tuple[str, str]] = []
-        self.fail_start = False
-
-    def __call__(self, argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
-        pipe = kw["env"]["CUDA_MPS_PIPE_DIRECTORY"]
-        assert kw["env"]["CUDA_VISIBLE_DEVICES"] in pipe
-        if argv[1:] == ["-d"]:
-            self.calls.append((pipe, "-d"))
-            if self.fail_start or pipe in self.daemons:
-                return subprocess.CompletedProcess(argv, 1, "", "cannot start")
-            self.daemons[pipe] = {}
-            return subprocess.CompletedProcess(argv, 0, "", "")
-        line = kw["input"].strip()
-        self.calls.append((pipe, line))
-        if pipe not in self.daemons:
-            return subprocess.CompletedProcess(argv, 1, "", "Cannot find MPS control daemon")
-        words = line.split()
-        if words[0] == "quit":
-            del self.daemons[pipe]
-        elif words[0].startswith("set_default"):
-            self.daemons[pipe][words[0]] = " ".join(words[1:])
-        return subprocess.CompletedProcess(argv, 0, "100\n", "")
-
-
-def daemons_for(tmp_path: Path) -> tuple[MpsDaemons, ScriptedControl, dict[str, bool]]:
-    control = ScriptedControl()
+def daemons_for() -> tuple[MpsDaemons, ScriptedMpsControl, dict[str, bool]]:
+    control = ScriptedMpsControl()
     modes: dict[str, bool] = {}
     return MpsDaemons(lambda uuid, ex: modes.__setitem__(uuid, ex), run=control), control, modes
 
 
-def layout_of(doc: dict[str, Any], root: Path) -> Any:
+def specs_of(doc: dict[str, Any], root: Path) -> dict[str, DaemonSpec]:
     config = cfg({"flags": {"mpsRoot": str(root)}, **doc})
     node = make_inventory([make_gpu(0, T4), make_gpu(1, T4)])
-    return mps_layout(build_resources(node, config), str(root))
+    return mps_layout(build_resources(node, config), str(root)).daemons()
 
 
 def test_daemons_started_configured_and_stopped_per_gpu(tmp_path: Path) -> None:
     root = tmp_path / "mps"
-    daemons, control, modes = daemons_for(tmp_path)
-    assert daemons.reconcile(layout_of(MPS4, root)) == {}
+    daemons, control, modes = daemons_for()
+    assert daemons.reconcile(str(root), specs_of(MPS4, root), "GPU-") == {}
     pipe0 = str(root / gpu_uuid(0) / "pipe")
+    assert control.visible[pipe0] == gpu_uuid(0)
     assert control.daemons[pipe0] == {
-        "set_default_device_pinned_mem_limit": "0 3840M",
+        "set_default_device_pinned_mem_limit": f"{gpu_uuid(0)} 3840M",
         "set_default_active_thread_percentage": "25",
     }
     assert modes == {gpu_uuid(0): True, gpu_uuid(1): True}
     assert (root / "shm").is_dir() and (root / gpu_uuid(1) / "log").is_dir()
     # Unchanged and answering: nothing started again.
     control.calls.clear()
-    daemons.check()
+    daemons.reconcile(str(root), specs_of(MPS4, root), "GPU-")
     assert [c for _, c in control.calls] == ["get_default_active_thread_percentage"] * 2
     # GPU 1 leaves MPS: its daemon quits, compute mode back to DEFAULT, directory gone.
     one = {"sharing": {"mps": {"resources": [{"name": "gpu", "replicas": 4, "devices": [0]}]}}}
-    daemons.reconcile(layout_of(one, root))
+    daemons.reconcile(str(root), specs_of(one, root), "GPU-")
     assert str(root / gpu_uuid(1) / "pipe") not in control.daemons
     assert modes[gpu_uuid(1)] is False and not (root / gpu_uuid(1)).exists()
     assert pipe0 in control.daemons
@@ -162,34 +133,40 @@ def test_daemons_started_configured_and_stopped_per_gpu(tmp_path: Path) -> None:
 
 def test_a_daemon_that_stopped_answering_is_started_again(tmp_path: Path) -> None:
     root = tmp_path / "mps"
-    daemons, control, _ = daemons_for(tmp_path)
-    daemons.reconcile(layout_of(MPS4, root))
+    daemons, control, _ = daemons_for()
+    daemons.reconcile(str(root), specs_of(MPS4, root), "GPU-")
     pipe0 = str(root / gpu_uuid(0) / "pipe")
     del control.daemons[pipe0]  # the daemon died
-    assert daemons.check() == {}
+    assert daemons.reconcile(str(root), specs_of(MPS4, root), "GPU-") == {}
     assert control.daemons[pipe0]["set_default_active_thread_percentage"] == "25"
 
 
-def test_a_daemon_that_cannot_start_is_a_readiness_problem(tmp_path: Path) -> None:
+def test_a_daemon_that_cannot_start_is_a_problem_and_leaves_no_mode(tmp_path: Path) -> None:
     root = tmp_path / "mps"
-    daemons, control, _ = daemons_for(tmp_path)
+    daemons, control, modes = daemons_for()
     control.fail_start = True
-    problems = daemons.reconcile(layout_of(MPS4, root))
+    problems = daemons.reconcile(str(root), specs_of(MPS4, root), "GPU-")
     assert set(problems) == {gpu_uuid(0), gpu_uuid(1)}
-    assert "the MPS control daemon did not start: cannot start" in problems[gpu_uuid(0)]
+    assert problems[gpu_uuid(0)] == f"MPS daemon {gpu_uuid(0)}: did not start: cannot start"
+    assert modes == {gpu_uuid(0): False, gpu_uuid(1): False}  # set, then restored
+    # Started but refusing its limits: stopped again, nothing half-applied.
+    control.fail_start, control.fail_command = False, "set_default_active_thread_percentage"
+    problems = daemons.reconcile(str(root), specs_of(MPS4, root), "GPU-")
+    assert "control command 'set_default_active_thread_percentage': refused" in (
+        problems[gpu_uuid(0)])
+    assert control.daemons == {} and modes[gpu_uuid(0)] is False
 
 
-def test_daemons_a_previous_agent_left_are_stopped_when_mps_is_off(tmp_path: Path) -> None:
+def test_daemons_a_previous_plugin_left_are_stopped_when_mps_is_off(tmp_path: Path) -> None:
     root = tmp_path / "mps"
-    first, control, _ = daemons_for(tmp_path)
-    first.reconcile(layout_of(MPS4, root))
-    # A new agent with a time-slicing config: the leftovers go, with their directories.
+    first, control, _ = daemons_for()
+    first.reconcile(str(root), specs_of(MPS4, root), "GPU-")
+    (root / "claim-1234").mkdir()  # the DRA plugin's: not the device plugin's to stop
+    # A new agent with a time-slicing config: the leftovers go, with their directories, and
+    # their GPUs' compute mode is restored from what the daemons were started for.
     modes: dict[str, bool] = {}
     second = MpsDaemons(lambda uuid, ex: modes.__setitem__(uuid, ex), run=control)
-    ts = {"sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 4}]}}}
-    config = cfg({"flags": {"mpsRoot": str(root)}, **ts})
-    assert config.sharing_strategy == "time-slicing"
-    second.reconcile(MpsLayout(root=str(root), shares={}))
+    assert second.reconcile(str(root), {}, "GPU-") == {}
     assert control.daemons == {}
     assert modes == {gpu_uuid(0): False, gpu_uuid(1): False}
-    assert sorted(p.name for p in root.iterdir()) == ["shm"]
+    assert sorted(p.name for p in root.iterdir()) == ["claim-1234", "shm"]

@@ -24,15 +24,16 @@ def device_id(claim_uid: str, device: str) -> str:
     return f"{CDI_KIND}={claim_uid}-{device}"
 
 
-def claim_spec(claim_uid: str, devices: Sequence[tuple[str, Unit, Sequence[str]]],
+def claim_spec(claim_uid: str, devices: Sequence[tuple[str, Unit, Mapping[str, Any]]],
                device_root: str, common: Mapping[str, Any]) -> dict[str, Any]:
-    """`devices`: (device name, unit, extra env) per allocated device; `common`: the node's
-    spec-wide edits (cdi.node_edits)."""
+    """`devices`: (device name, unit, extra container edits: env, mounts) per allocated
+    device; `common`: the node's spec-wide edits (cdi.node_edits)."""
     out = []
-    for name, unit, env in devices:
+    for name, unit, extra in devices:
         edits = cdi.unit_edits(unit, device_root)
-        if env:
-            edits["env"] = list(env)
+        for key, values in extra.items():
+            if values:
+                edits[key] = [*edits.get(key, []), *values]
         out.append({"name": f"{claim_uid}-{name}", "containerEdits": edits})
     return {"cdiVersion": cdi.CDI_VERSION, "kind": CDI_KIND, "devices": out,
             "containerEdits": dict(common)}  # fmt: skip

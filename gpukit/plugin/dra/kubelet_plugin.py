@@ -36,13 +36,15 @@ from gpukit.contracts.dra import (
     REGISTRATION_SOCKET,
     REGISTRY_DIR,
 )
-from gpukit.contracts.plugin_config import HealthSettings
+from gpukit.contracts.plugin_config import DEFAULT_MPS_ROOT, HealthSettings
 
 from .. import cdi, nvml, podresources
 from ..devices import NodeDevices
 from ..gpu_metrics import GpuMetricsCollector, GpuMetricsSources
 from ..health import HealthMonitor, HealthTracker, effective_ignored_xids
 from ..metrics import PluginMetrics
+from ..mps_daemons import MpsDaemons
+from ..nvml import compute_mode
 from ..nvml.mig import PynvmlBackend as MigReader
 from ..resources import Unit
 from .checkpoint import Checkpoint
@@ -72,6 +74,7 @@ class KubeletPluginOptions:
     pod_resources_socket: str = POD_RESOURCES_SOCKET  # the GPU metrics' pod attribution
     pod_resources_ttl: float = podresources.DEFAULT_TTL
     health_stream: bool = True  # serve the kubelet's DRA health stream (health_stream.py)
+    mps_root: str = DEFAULT_MPS_ROOT  # the claims' MPS daemons (claim_mps.py)
 
 
 def placements(devices: NodeDevices, reader: MigReader) -> dict[tuple[str, int], Placement]:
@@ -117,7 +120,8 @@ class DraKubeletPlugin:
         self.preparer = Preparer(
             node=options.node, read_claim=self._read_claim, devices=self.devices,
             common_edits=self._common_edits, checkpoint=self.checkpoint,
-            cdi_dir=options.cdi_dir, device_root=options.device_root)
+            cdi_dir=options.cdi_dir, device_root=options.device_root,
+            mps=MpsDaemons(compute_mode.set_exclusive), mps_root=options.mps_root)
         self.health_board = HealthBoard()
         self.health_service = (HealthService(self.health_board, options.node)
                                if options.health_stream else None)
@@ -198,6 +202,8 @@ class DraKubeletPlugin:
         if kept:
             log.info("prepared claims from the checkpoint: %s", ", ".join(
                 f"{c.namespace}/{c.name}" for c in kept.values()))
+        for key, problem in self.preparer.restore_mps().items():
+            log.error("MPS daemon %s of a prepared claim is not serving: %s", key, problem)
 
     def rescan(self) -> None:
         found = nvml.discover(with_topology=False)

@@ -2,10 +2,12 @@
 
 Prepare reads the claim from the API (the kubelet gives namespace, name and UID), takes the
 allocation's results for driver gpu.nvidia.com in this node's pool, checks NVIDIA's opaque
-configs, writes the claim's CDI spec and then records the claim in the checkpoint; it
+configs, starts the claim's MPS control daemon where a config shares through MPS
+(claim_mps.py), writes the claim's CDI spec and then records the claim in the checkpoint; it
 returns the CDI device IDs containerd injects. A claim already in the checkpoint (with its
 spec file present) is returned as recorded: a restarted agent does not prepare it twice.
-Unprepare removes the spec file, then the checkpoint entry; a claim it does not know is
+Unprepare removes the spec file, stops the claim's MPS daemon, then the checkpoint entry; a
+claim it does not know is
 already unprepared. Both are serialized: the kubelet may call for several pods at once.
 
 Every error names the claim (namespace/name, UID), what was expected and what was found; it
@@ -18,7 +20,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,8 @@ from gpukit.contracts import dra_claim_config as opaque
 from gpukit.contracts.dra import DRIVER
 
 from .. import cdi
-from . import claim_cdi
+from ..mps_daemons import DaemonDirs, MpsDaemons, MpsError, read_spec
+from . import claim_cdi, claim_mps
 from .checkpoint import Checkpoint, PreparedClaim, PreparedDevice
 from .slice_devices import SliceDevice
 
@@ -59,6 +62,8 @@ class Preparer:
     checkpoint: Checkpoint
     cdi_dir: str
     device_root: str  # host paths of device nodes
+    mps: MpsDaemons | None = None  # None: claims asking for MPS are refused
+    mps_root: str = ""
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -107,8 +112,9 @@ class Preparer:
         except opaque.ConfigError as exc:
             raise PrepareError(f"{ref}: {exc}") from exc
         published = self.devices()
-        spec_devices: dict[str, tuple[str, Any, Sequence[str]]] = {}
+        spec_devices: dict[str, tuple[str, Any, dict[str, list[Any]]]] = {}
         by_device: dict[str, list[str]] = {}
+        mps_devices: list[claim_mps.MpsDevice] = []
         for r in results:
             name, request = str(r.get("device")), str(r.get("request", ""))
             device = published.get(name)
@@ -118,6 +124,7 @@ class Preparer:
                     f"{self.node}'s devices now: {', '.join(sorted(published)) or 'none'}")
             cfg = configs.get(request)
             env: list[str] = []
+            extra: dict[str, list[Any]] = {}
             if cfg is not None:
                 try:
                     opaque.check_kind(f"request {request}, device {name}", cfg,
@@ -125,18 +132,63 @@ class Preparer:
                 except opaque.ConfigError as exc:
                     raise PrepareError(f"{ref}: {exc}") from exc
                 env = opaque.sharing_env(cfg.sharing)
-            spec_devices.setdefault(name, (name, device.unit, env))
+                if cfg.sharing is not None and cfg.sharing.strategy == opaque.MPS:
+                    mps_devices.append(claim_mps.MpsDevice(
+                        device.unit.uuid, device.unit.mig is None, request, cfg.sharing))
+                    extra = claim_mps.container_edits(self.mps_root, ref.uid)
+            extra["env"] = [*env, *extra.get("env", [])]
+            spec_devices.setdefault(name, (name, device.unit, extra))
             by_device.setdefault(name, []).append(request)
         uid = ref.uid
+        if mps_devices:
+            self._start_mps(ref, mps_devices)
         spec = claim_cdi.claim_spec(uid, list(spec_devices.values()), self.device_root,
                                     self.common_edits())
         file_name = claim_cdi.spec_file(uid)
-        cdi.write_spec(spec, self.cdi_dir, file_name)
+        try:
+            cdi.write_spec(spec, self.cdi_dir, file_name)
+        except OSError:
+            if mps_devices:  # nothing half-applied: the claim is not prepared
+                self._stop_mps(ref)
+            raise
         devices = tuple(
             PreparedDevice(tuple(dict.fromkeys(requests)), self.node, name,
                            (claim_cdi.device_id(uid, name),))
             for name, requests in by_device.items())
         return PreparedClaim(uid, ref.namespace, ref.name, devices, file_name)
+
+    def _start_mps(self, ref: ClaimRef, devices: list[claim_mps.MpsDevice]) -> None:
+        if self.mps is None:
+            raise PrepareError(f"{ref}: asks for MPS sharing, which this plugin was started "
+                               "without")
+        try:
+            spec = claim_mps.daemon_spec(ref.uid, devices)
+            self.mps.start(self.mps_root, spec)
+        except (opaque.ConfigError, MpsError) as exc:
+            raise PrepareError(f"{ref}: {exc}") from exc
+
+    def _stop_mps(self, ref: ClaimRef) -> None:
+        if self.mps is None or not os.path.isdir(
+                DaemonDirs(self.mps_root, claim_mps.claim_key(ref.uid)).base):
+            return
+        try:
+            self.mps.stop(self.mps_root, claim_mps.claim_key(ref.uid))
+        except MpsError as exc:
+            raise PrepareError(f"{ref}: {exc}") from exc
+
+    def restore_mps(self) -> dict[str, str]:
+        """After a restart: the daemons of the claims the checkpoint holds running again,
+        any other claim's stopped; key -> problem."""
+        if self.mps is None:
+            return {}
+        with self._lock:
+            specs = {}
+            for uid in self.checkpoint.all():
+                key = claim_mps.claim_key(uid)
+                spec = read_spec(self.mps_root, key)
+                if spec is not None:
+                    specs[key] = spec
+            return dict(self.mps.reconcile(self.mps_root, specs, claim_mps.KEY_PREFIX))
 
     # -- unprepare -------------------------------------------------------------------------
 
@@ -152,6 +204,7 @@ class Preparer:
             except OSError as exc:
                 raise PrepareError(f"{ref}: cannot remove its CDI spec {file_name}: "
                                    f"{exc}") from exc
+            self._stop_mps(ref)
             removed = self.checkpoint.remove(ref.uid)
             log.info("%s: %s", ref, "unprepared" if removed else "was not prepared here")
             return removed
