@@ -23,10 +23,8 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-
-import grpc
 
 from gpukit.contracts import label_names as ln
 from gpukit.contracts.plugin_config import Config, ConfigError
@@ -39,6 +37,7 @@ from .config_source import ConfigSource, LoadedConfig
 from .devices import NodeDevices
 from .gpu_metrics import GpuMetricsCollector, GpuMetricsSources
 from .health import HealthMonitor, HealthTracker, effective_ignored_xids
+from .kubelet_registration import KubeletRegistration, RegisterFn
 from .label_publisher import LabelPublisher
 from .labels import compute_labels
 from .metrics import PluginMetrics
@@ -77,9 +76,6 @@ class ManagerOptions:
     pod_resources_ttl: float = podresources.DEFAULT_TTL
 
 
-RegisterFn = Callable[[str, str, str, float], None]
-
-
 class PluginManager:
     def __init__(
         self,
@@ -111,10 +107,9 @@ class PluginManager:
         self._reload_requested = threading.Event()
         self._rescan_requested = threading.Event()
         self._loop: threading.Thread | None = None
-        self._kubelet_inode: int | None = None
-        self._unregistered: set[str] = set()
-        self._registered_at: dict[str, float] = {}
-        self._next_register = 0.0
+        self.registration = KubeletRegistration(
+            register_fn, self.metrics, self.options.register_timeout,
+            self.options.register_retry_seconds, self.options.stream_grace_seconds)
         self._next_serve_retry = 0.0
         self._next_rescan = 0.0
         self._next_config_poll = 0.0
@@ -265,7 +260,7 @@ class PluginManager:
                 for server in self.servers.values():
                     server.stop()
                 self.servers.clear()
-                self._kubelet_inode = None
+                self.registration.forget_kubelet()
             if old.gpukit.metrics_address != self.config.gpukit.metrics_address:
                 log.warning("metricsAddress changes take effect at the next restart")
         self.metrics.config_reloads.labels(result="ok").inc()
@@ -379,15 +374,14 @@ class PluginManager:
                 self.metrics.errors.labels(kind="serve").inc()
                 continue
             self.servers[name] = server
-            self._unregistered.add(name)
-        self._next_register = 0.0
+            self.registration.want(name)
         self._update_device_metrics()
 
     def _retire(self, name: str) -> None:
         """Tell the kubelet the resource has no devices, then close its socket shortly after
         (closing at once could cut the stream before the empty list is sent)."""
         server = self.servers.pop(name)
-        self._unregistered.discard(name)
+        self.registration.forget(name)
         empty = Resource(name=name, devices=())
         server.state.update(empty, Allocator(empty, self.config), self.devices, [],
                             self.config.gpukit.replica_policy)
@@ -487,33 +481,10 @@ class PluginManager:
     # -- kubelet ------------------------------------------------------------------------------
 
     def _register_pending(self) -> None:
-        if not self._unregistered or time.monotonic() < self._next_register:
-            return
-        sock = self.kubelet_socket
-        current = inode(sock)
-        if current is None:
-            return  # no kubelet yet; the loop retries when kubelet.sock appears
-        with self._lock:
-            todo = [(n, self.servers[n].endpoint) for n in sorted(self._unregistered)
-                    if n in self.servers]
-        failed = False
-        for name, endpoint in todo:
-            try:
-                self.register_fn(sock, endpoint, name, self.options.register_timeout)
-            except grpc.RpcError as exc:
-                failed = True
-                log.error("registering %s with the kubelet failed: %s", name,
-                          exc.details() if hasattr(exc, "details") else exc)
-                self.metrics.registrations.labels(resource=name, result="error").inc()
-                self.metrics.errors.labels(kind="register").inc()
-                continue
-            log.info("registered %s (%s) with the kubelet", name, endpoint)
-            self.metrics.registrations.labels(resource=name, result="ok").inc()
-            self._unregistered.discard(name)
-            self._registered_at[name] = time.monotonic()
-        self._kubelet_inode = current
-        if failed:
-            self._next_register = time.monotonic() + self.options.register_retry_seconds
+        def endpoints(names: Sequence[str]) -> list[tuple[str, str]]:
+            with self._lock:
+                return [(n, self.servers[n].endpoint) for n in names if n in self.servers]
+        self.registration.register_pending(self.kubelet_socket, endpoints)
 
     def check_kubelet(self) -> None:
         """Re-serve removed sockets; re-register everything when kubelet.sock is new."""
@@ -532,37 +503,12 @@ class PluginManager:
                     except OSError as exc:
                         log.error("cannot serve %s again: %s", name, exc)
                         continue
-                    self._unregistered.add(name)
-                    self._next_register = 0.0
-            current = inode(self.kubelet_socket)
-            if current is not None and current != self._kubelet_inode:
-                if self._kubelet_inode is not None:
-                    log.warning("kubelet.sock was re-created: re-registering all resources")
-                self._unregistered.update(self.servers)
-                self._next_register = 0.0
-            elif current is not None:
-                self._dropped_by_kubelet()
+                    self.registration.want(name)
+            if self.registration.kubelet_restarted(self.kubelet_socket):
+                self.registration.want(*self.servers)
+            elif inode(self.kubelet_socket) is not None:
+                self.registration.dropped(self.servers)
         self._register_pending()
-
-    def _dropped_by_kubelet(self) -> None:
-        """Register again each resource whose ListAndWatch stream the kubelet closed.
-
-        The kubelet opens the stream right after a registration and keeps it open; when an
-        older plugin's stream for the same resource ends after ours began, the kubelet
-        disconnects *ours* and reports the resource's devices unhealthy until the plugin
-        registers again (kubernetes#121994), e.g. after an overlapping agent restart."""
-        now = time.monotonic()
-        grace = self.options.stream_grace_seconds
-        for name, server in self.servers.items():
-            since = server.state.streamless_since()
-            if name in self._unregistered or since is None:
-                continue
-            if now - max(since, self._registered_at.get(name, now)) < grace:
-                continue
-            log.warning("the kubelet has no ListAndWatch stream open for %s: registering again",
-                        name)
-            self._unregistered.add(name)
-            self._next_register = 0.0
 
     def readiness(self) -> tuple[bool, str]:
         """(ready, why) for /readyz: every current resource is served, registered with the
@@ -576,7 +522,7 @@ class PluginManager:
                 server = self.servers.get(name)
                 if server is None or not server.socket_intact():
                     problems.append(f"{name}: not serving its socket")
-                elif name in self._unregistered or name not in self._registered_at:
+                elif not self.registration.is_registered(name):
                     problems.append(f"{name}: not registered with the kubelet")
                 elif server.state.streamless_since() is not None:
                     problems.append(f"{name}: registered, the kubelet has no ListAndWatch open")
