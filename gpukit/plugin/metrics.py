@@ -7,7 +7,7 @@ the same registry, computed at each scrape.
 
 The same HTTP endpoint answers `/readyz` (the DaemonSet's readinessProbe): 200 when the
 `readiness` callable (set by the manager) says every resource is registered and served, else
-503; the body says why.
+503; the body says why. Any other path is 404 (no exposition under every URL a scanner tries).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from gpukit.contracts.plugin_config import parse_host_port
 log = logging.getLogger(__name__)
 Readiness = Callable[[], tuple[bool, str]]  # (ready, why)
 READY_PATH = "/readyz"
+METRICS_PATH = "/metrics"
 
 
 class _Server(ThreadingMixIn, WSGIServer):
@@ -131,15 +132,20 @@ class PluginMetrics:
             return False, f"readiness check failed: {exc}"
 
     def app(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterator[bytes]:
-        """WSGI: /readyz here, anything else the Prometheus exposition."""
-        if environ.get("PATH_INFO") != READY_PATH:
+        """WSGI: /metrics the Prometheus exposition, /readyz the readiness, else 404."""
+        path = environ.get("PATH_INFO")
+        if path == METRICS_PATH:
             yield from self._metrics_app(environ, start_response)
             return
-        ok, why = self.ready()
-        body = f"{'ok' if ok else 'not ready'}: {why}\n".encode()
-        start_response("200 OK" if ok else "503 Service Unavailable",
-                       [("Content-Type", "text/plain; charset=utf-8"),
-                        ("Content-Length", str(len(body)))])
+        if path == READY_PATH:
+            ok, why = self.ready()
+            status = "200 OK" if ok else "503 Service Unavailable"
+            body = f"{'ok' if ok else 'not ready'}: {why}\n".encode()
+        else:
+            status = "404 Not Found"
+            body = f"not found; this endpoint serves {METRICS_PATH} and {READY_PATH}\n".encode()
+        start_response(status, [("Content-Type", "text/plain; charset=utf-8"),
+                                ("Content-Length", str(len(body)))])
         yield body
 
     def serve(self, address: str) -> tuple[str, int] | None:

@@ -102,6 +102,15 @@ def test_readyz_is_503_until_registered_and_listed_then_200(
         kubelet.stop()
 
 
+def test_paths_other_than_metrics_and_readyz_are_404(agent: tuple[PluginManager, str]) -> None:
+    _, base = agent
+    for path in ("/", "/metrics/", "/debug/pprof", "/readyz/x"):
+        code, body = get(f"{base}{path}")
+        assert (code, body) == (404, "not found; this endpoint serves /metrics and /readyz\n"), \
+            path
+    assert get(f"{base}/metrics?name[]=gpukit_plugin_registrations_total")[0] == 200
+
+
 def test_a_node_without_gpus_is_ready(agent: tuple[PluginManager, str]) -> None:
     """Nothing to serve (no GPUs, or NVML down with failOnInitError false) is all there is:
     a DaemonSet rollout must not stall on such a node."""
