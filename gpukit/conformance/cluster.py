@@ -197,6 +197,11 @@ class Kube:
             body["spec"] = {**body["spec"], "runtimeClassName": self.runtime_class}
         self.core.create_namespaced_pod(namespace, body)
 
+    def pods_on(self, node: str, selector: str) -> list[Any]:
+        """Pods of any namespace matching `selector` that run on `node` (e.g. an agent's)."""
+        return list(self.core.list_pod_for_all_namespaces(
+            label_selector=selector, field_selector=f"spec.nodeName={node}").items)
+
     def _selector(self, node: str | None) -> str:
         """The run's pods; with `node`, only those pinned to it: a node's waits then decode
         only its own pods' events (with nodes worked in parallel, every watch decoded every

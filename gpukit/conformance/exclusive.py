@@ -62,15 +62,34 @@ class PodRun:
     logs: str = ""
 
 
-def lab_mounts() -> list[tuple[str, str, str]]:
-    """The lab's mock NVML (library, profile, state), mounted as the toolkit would inject the
-    real driver's library."""
-    from gpukit.lab.agent import NVML_LIB, NVML_STATE
-    from gpukit.lab.nvml import DEFAULT_PROFILE
+# The lab's agent mounts its mock NVML's profile and state under these volume names
+# (inventories/lab: gpukit_device_plugin_host_mounts); restated here, not imported: the suite
+# is an independent witness of the agent (gpukit/agent_manifests.py says the same).
+_MOCK_NVML_VOLUMES = ("nvml-profile", "nvml-state")
+_AGENT_SELECTOR = "app.kubernetes.io/name=gpukit-node-agent"
+_DRIVER_ROOT_IN_AGENT = "/driver-root/"
 
-    return [("nvml-lib", NVML_LIB, "File"), ("nvml-profile", str(DEFAULT_PROFILE.parent),
-                                             "Directory"),
-            ("nvml-state", NVML_STATE, "Directory")]
+
+def lab_mounts(suite: Suite, node: str) -> list[tuple[str, str, str]]:
+    """The node's mock NVML (library, profile, state) as gpukit's agent on the node mounts
+    them, mounted as the toolkit would inject the real driver's library. Read from the agent's
+    pod, so the installed suite needs nothing of the lab (gpukit.lab is not in the wheel)."""
+    pods = suite.kube.pods_on(node, _AGENT_SELECTOR)
+    if not pods:
+        raise LookupError(f"node {node}: no gpukit agent pod ({_AGENT_SELECTOR}) to take the "
+                          "mock NVML's paths from")
+    spec = pods[0].spec
+    paths = {v.name: v.host_path.path for v in spec.volumes or () if v.host_path}
+    env = {e.name: e.value for c in spec.containers for e in c.env or ()}
+    library = str(env.get("GPUKIT_NVML_LIB") or "")
+    prefix = _DRIVER_ROOT_IN_AGENT
+    missing = [n for n in _MOCK_NVML_VOLUMES if n not in paths]
+    if not library.startswith(prefix) or missing:
+        raise LookupError(f"node {node}: the agent pod {pods[0].metadata.name} has no mock "
+                          f"NVML to share (GPUKIT_NVML_LIB {library!r}, volumes missing: "
+                          f"{missing})")
+    return [("nvml-lib", "/" + library[len(prefix):], "File"),
+            *((n, paths[n], "Directory") for n in _MOCK_NVML_VOLUMES)]
 
 
 def run_to_end(suite: Suite, node: str, resource: str, role: str, image: str,
@@ -101,7 +120,7 @@ def workload(suite: Suite, node: str, resource: str, lab: bool) -> PodRun:
     if not image:
         raise LookupError("no --agent-image (gpukit's node-agent image runs the pynvml workload)")
     return run_to_end(suite, node, resource, "pynvml", image, ["python3", "-c", WORKLOAD],
-                      lab_mounts() if lab else [], suite.options.pod_timeout)
+                      lab_mounts(suite, node) if lab else [], suite.options.pod_timeout)
 
 
 def request_above_one(suite: Suite, node: str, resource: str) -> PodRun:

@@ -442,3 +442,33 @@ def test_every_pod_gets_the_runtime_class_asked_for() -> None:
             "p", run_id="r", role="nogpu", node="n", image="i", command=[]))
     assert made[0]["spec"]["runtimeClassName"] == "nvidia"
     assert "runtimeClassName" not in made[1]["spec"]
+
+
+def test_the_workload_takes_the_mock_nvml_from_the_nodes_agent() -> None:
+    """The lab's workload pod mounts what gpukit's agent on the node mounts (no gpukit.lab
+    import: the installed suite has none); the restated names agree with the agent's."""
+    from gpukit import agent_manifests
+    from gpukit.conformance import exclusive
+
+    assert f"app.kubernetes.io/name={agent_manifests.APP}" == exclusive._AGENT_SELECTOR
+    assert exclusive._DRIVER_ROOT_IN_AGENT == agent_manifests.DRIVER_ROOT_IN_CONTAINER + "/"
+    volumes = [NS(name="nvml-profile", host_path=NS(path="/etc/gpukit-lab/nvml")),
+               NS(name="nvml-state", host_path=NS(path="/var/lib/gpukit-lab/nvml")),
+               NS(name="configs", host_path=None)]
+    env = [NS(name="GPUKIT_NVML_LIB",
+              value="/driver-root/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1")]
+    pod = NS(metadata=NS(name="agent-x"), spec=NS(volumes=volumes, containers=[NS(env=env)]))
+    asked: list[tuple[str, str]] = []
+
+    def pods_on(node: str, selector: str) -> list[object]:
+        asked.append((node, selector))
+        return [pod] if node == "n1" else []
+
+    suite = NS(kube=NS(pods_on=pods_on))
+    assert exclusive.lab_mounts(suite, "n1") == [  # type: ignore[arg-type]
+        ("nvml-lib", "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", "File"),
+        ("nvml-profile", "/etc/gpukit-lab/nvml", "Directory"),
+        ("nvml-state", "/var/lib/gpukit-lab/nvml", "Directory")]
+    assert asked == [("n1", "app.kubernetes.io/name=gpukit-node-agent")]
+    with pytest.raises(LookupError, match="node n2: no gpukit agent pod"):
+        exclusive.lab_mounts(suite, "n2")  # type: ignore[arg-type]

@@ -64,9 +64,6 @@ EXCEPTIONS = {
     ("gpukit.conformance.suite", "gpukit.lab.inventory"): "as above",
     ("gpukit.conformance.suite", "gpukit.lab.pytest_provider"):
         "`--lab N` brings the lab up (imported only when the option is given)",
-    ("gpukit.conformance.exclusive", "gpukit.lab.agent"):
-        "the workload check loads the lab's NVML only on a lab node",
-    ("gpukit.conformance.exclusive", "gpukit.lab.nvml"): "as above",
 }
 # Who may import the DRA kubelet plugin from outside the agent: the command line's `gpukit dra`
 # starts it. Everyone else reads NVIDIA's DRA contract from gpukit.contracts.dra.
