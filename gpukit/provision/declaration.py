@@ -45,7 +45,7 @@ def fact(decl: NodeDecl, resources: Mapping[str, int], labels: Mapping[str, str]
         "expected_dra_devices": inventory.expected_dra_devices(decl),
         "metrics": decl.metrics.as_dict(),
         "sharing": {"problems": shares.problems, "warnings": shares.warnings,
-                    "shared_replicas": shares.shared_replicas},
+                    "shared_replicas": shares.shared_replicas, "strategy": shares.strategy},
     }
 
 
@@ -93,7 +93,7 @@ def sharing_check(declaration: Any, plugin_configs: Mapping[str, Any],
                gpukit_mig_config=mig_config):
         s = declaration["sharing"]
         return sharing.SharingCheck(list(s["problems"]), list(s["warnings"]),
-                                    dict(s["shared_replicas"]))
+                                    dict(s["shared_replicas"]), str(s.get("strategy", "none")))
     return sharing.check(plugin_configs, plugin_config, mig_configs, mig_config)
 
 

@@ -24,6 +24,7 @@ class SharingCheck:
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     shared_replicas: dict[str, int] = field(default_factory=dict)
+    strategy: str = "none"  # GFD's sharing-strategy of the selected config
 
     @property
     def ok(self) -> bool:
@@ -65,7 +66,7 @@ def summary(name: str | None, config: Config, layout: Sequence[MigConfigEntry] |
     """What the gpu_sharing role reports of valid declarations: the selected config's
     shared replicas (time-slicing or MPS), and a warning when the layout's MIG devices go
     unserved."""
-    out = SharingCheck()
+    out = SharingCheck(strategy=config.sharing_strategy)
     for r in config.sharing.resources:
         out.shared_replicas[r.name] = max(out.shared_replicas.get(r.name, 0),
                                                 r.replicas)

@@ -65,6 +65,7 @@ def test_the_fact_holds_what_the_model_validated_and_what_it_implies(
     assert fact["expected_labels"] == inventory.expected_labels(decl)
     assert fact["labels"] == decl.labels and fact["device_plugin_config"] == "time-sliced"
     assert fact["sharing"]["shared_replicas"] == {"nvidia.com/gpu": 4}
+    assert fact["sharing"]["strategy"] == "time-slicing"
     assert "gpukit_kubeconfig" not in fact["inputs"] or fact["inputs"]["gpukit_kubeconfig"]
 
 

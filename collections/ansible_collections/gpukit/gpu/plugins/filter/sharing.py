@@ -17,7 +17,7 @@ def sharing_check(plugin_configs, plugin_config=None, mig_configs=None, mig_conf
     c = declared.sharing_check(declaration, plugin_configs or {}, plugin_config or None,
                                mig_configs or {}, mig_config or None)
     return {"ok": c.ok, "problems": c.problems, "warnings": c.warnings,
-            "shared_replicas": c.shared_replicas}
+            "shared_replicas": c.shared_replicas, "strategy": c.strategy}
 
 
 @gk.gpukit_filter
