@@ -23,7 +23,7 @@ def check(inventory: Path) -> subprocess.CompletedProcess[str]:
 def test_the_example_fleet_passes() -> None:
     r = check(EXAMPLE)
     assert r.returncode == 0, r.stderr
-    assert "9 GPU node(s), every declaration valid" in r.stdout
+    assert "13 GPU node(s), every declaration valid" in r.stdout
     assert "gpu-t4-01                nvidia.com/gpu=16" in r.stdout
 
 
