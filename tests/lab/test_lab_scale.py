@@ -112,5 +112,5 @@ def test_the_opt_in_h200_and_b200_nodes_get_their_groups_mig_layouts(
         "nvidia.com/gpu": 6, "nvidia.com/mig-3g.71gb": 2, "nvidia.com/mig-2g.35gb": 2,
         "nvidia.com/mig-1g.18gb": 4}
     assert expect.expected_resources(b200) == {
-        "nvidia.com/gpu": 6, "nvidia.com/mig-1g.23gb": 7, "nvidia.com/mig-4g.90gb": 1,
-        "nvidia.com/mig-3g.90gb": 1}
+        "nvidia.com/gpu": 5, "nvidia.com/mig-1g.23gb": 7, "nvidia.com/mig-4g.90gb": 2,
+        "nvidia.com/mig-3g.90gb": 2}
