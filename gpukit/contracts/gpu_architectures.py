@@ -4,7 +4,8 @@
 - that name -> the spelling go-nvlib's GetArchitectureAsString gives, which NVIDIA's DRA driver
   publishes as the `architecture` attribute (selectors match it unchanged);
 - GPU feature discovery's `nvidia.com/gpu.family` label, which GFD derives from the CUDA compute
-  capability instead (so Ada is `ada-lovelace` there, and 12.x Blackwell parts `blackwell`).
+  capability instead (so Ada is `ada-lovelace` there, and 12.x Blackwell parts `blackwell`), as
+  GFD v0.20.0's getArchFamily (internal/lm/resource.go) does, 13.x `rubin` included.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ BY_NVML_CODE = {code: name for code, name, _ in _TABLE}
 DISPLAY = {name: display for _, name, display in _TABLE}
 # GFD's family by compute capability major (7.x and 8.x split by minor: gfd_family).
 _GFD_FAMILY = {1: "tesla", 2: "fermi", 3: "kepler", 5: "maxwell", 6: "pascal", 9: "hopper",
-               10: "blackwell", 12: "blackwell"}
+               10: "blackwell", 12: "blackwell", 13: "rubin"}
 
 
 def from_nvml(code: int) -> str:

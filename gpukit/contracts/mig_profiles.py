@@ -140,8 +140,9 @@ class GpuInstanceProfile:
 
     @property
     def media_extensions(self) -> bool:
-        """``+me`` profiles own the GPU's media engines (JPEG and OFA)."""
-        return self.name.endswith("+me")
+        """``+me`` and ``+me.all`` profiles own the GPU's media engines (JPEG and OFA, or all of
+        them); ``-me`` profiles have none and are not extensions."""
+        return "+me" in self.name
 
     @property
     def resource_suffix(self) -> str:

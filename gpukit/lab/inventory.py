@@ -27,8 +27,10 @@ from gpukit.lab.nodes import gpu_count
 
 LAB_INVENTORY = REPO_ROOT / "inventories" / "lab"
 DEFAULT_NODE_NAMES = ["gpu-a100", "gpu-t4"]
-# Profiles whose group (and declaration) inventories/lab already has.
-PROFILE_GROUPS = {"a100-sxm4-40gb-x8": "a100_nodes", "t4-x2": "t4_nodes"}
+# Profiles whose group (and declaration) inventories/lab already has. h200_nodes and b200_nodes
+# apply only to a lab that asks for such nodes (GPUKIT_LAB_NODES): the default lab has none.
+PROFILE_GROUPS = {"a100-sxm4-40gb-x8": "a100_nodes", "t4-x2": "t4_nodes",
+                  "h200-x8": "h200_nodes", "b200-x8": "b200_nodes"}
 # Groups or hosts whose GPUs DRA serves (see the module's docstring).
 DRA_SETTING = "GPUKIT_LAB_DRA"
 DRA_VARS = {"gpukit_gpu_allocation": "dra"}

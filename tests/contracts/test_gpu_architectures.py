@@ -22,6 +22,6 @@ def test_a_code_the_table_lacks_is_left_out() -> None:
 @pytest.mark.parametrize(("cc", "family"), [
     ((7, 0), "volta"), ((7, 5), "turing"), ((8, 0), "ampere"), ((8, 6), "ampere"),
     ((8, 9), "ada-lovelace"), ((9, 0), "hopper"), ((10, 0), "blackwell"),
-    ((12, 0), "blackwell"), ((4, 0), "undefined")])
+    ((12, 0), "blackwell"), ((13, 0), "rubin"), ((4, 0), "undefined")])
 def test_gfd_family_by_compute_capability(cc: tuple[int, int], family: str) -> None:
     assert ga.gfd_family(*cc) == family

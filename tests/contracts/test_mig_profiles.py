@@ -14,7 +14,9 @@ pytestmark = pytest.mark.nvml
 
 
 def test_tables_and_lookup() -> None:
-    assert set(mp.tables().gpus) == {"A100-SXM4-40GB", "A100-80GB", "H100-80GB", "H200-141GB"}
+    assert set(mp.tables().gpus) == {"A100-SXM4-40GB", "A100-80GB", "H100-80GB", "H200-141GB",
+                                     "H100-NVL-94GB", "GH200-96GB", "B200-180GB", "GB200",
+                                     "RTX-PRO-6000-BSE"}
     a100 = mp.for_product("NVIDIA A100-SXM4-40GB")
     assert a100 is not None and a100.key == "A100-SXM4-40GB"
     assert mp.for_product("Tesla T4") is None
@@ -36,10 +38,11 @@ def test_tables_and_lookup() -> None:
 
 @pytest.mark.parametrize("name", [
     # other boards than the tables describe: none of them may borrow a table
-    "NVIDIA H100 NVL",  # 94 GB, 1g.12gb ... 7g.94gb
     "NVIDIA H100 PCIe",  # 80 GB but 114 SMs: other per-profile SM counts
     "NVIDIA H200 NVL",  # the PCIe H200: not the board the H200 table's listing is of
     "NVIDIA A100-PCIE-40GB", "A100-PCIE-40GB", "NVIDIA A100 80GB PCIe", "A100 80GB PCIe",
+    "NVIDIA GH200 144G HBM3e",  # the 144 GB GH200: 1g.18gb ... 7g.144gb, not the 96 GB table's
+    "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",  # no listing of its own read
 ])
 def test_boards_the_tables_do_not_describe_have_no_table(name: str) -> None:
     assert mp.for_product(name) is None
@@ -51,18 +54,25 @@ def test_product_names_are_the_boards_each_table_describes() -> None:
         "A100-80GB": ("NVIDIA A100-SXM4-80GB", "A100-SXM4-80GB"),
         "H100-80GB": ("NVIDIA H100 80GB HBM3",),
         "H200-141GB": ("NVIDIA H200",),
+        "H100-NVL-94GB": ("NVIDIA H100 NVL",),
+        "GH200-96GB": ("NVIDIA GH200 480GB",),
+        "B200-180GB": ("NVIDIA B200",),
+        "GB200": ("NVIDIA GB200",),
+        "RTX-PRO-6000-BSE": ("NVIDIA RTX PRO 6000 Blackwell Server Edition",),
     }
 
 
 def test_driver_ids() -> None:
-    """The driver's profile ids (nvidia-smi mig -lgip's ID), which A100 and H100 drivers give
-    the same constants; looked up by driver id, never by indexing with the constant."""
+    """The driver's profile ids (nvidia-smi mig -lgip's ID), which every 7-slice GPU's driver
+    gives the same constants (the RTX PRO 6000's 4-slice set has its own: see its test); looked
+    up by driver id, never by indexing with the constant."""
     want = {"NVML_GPU_INSTANCE_PROFILE_1_SLICE": 19, "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1": 20,
             "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2": 15, "NVML_GPU_INSTANCE_PROFILE_2_SLICE": 14,
             "NVML_GPU_INSTANCE_PROFILE_3_SLICE": 9, "NVML_GPU_INSTANCE_PROFILE_4_SLICE": 5,
             "NVML_GPU_INSTANCE_PROFILE_7_SLICE": 0}
     for gpu in mp.tables().gpus.values():
-        assert {p.nvml_constant: p.driver_id for p in gpu.gpu_instance_profiles} == want
+        if gpu.compute_slices == 7:
+            assert {p.nvml_constant: p.driver_id for p in gpu.gpu_instance_profiles} == want
     a100 = mp.gpu("A100-SXM4-40GB")
     assert a100.gpu_instance_profile_by_driver_id(9).name == "3g.20gb"
     assert a100.gpu_instance_profile(9).name == "1g.10gb"  # constant 9 is another profile
@@ -138,8 +148,9 @@ def test_malformed_table_names_file_and_field(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("product", "reason"), [
     ("NVIDIA H100 PCIe", "no MIG table for 'NVIDIA H100 PCIe' in gpukit (known: NVIDIA A100-SXM4-40GB"),
-    ("NVIDIA B200", "no MIG table for 'NVIDIA B200' in gpukit"),
+    ("NVIDIA GH200 144G HBM3e", "no MIG table for 'NVIDIA GH200 144G HBM3e' in gpukit (known: "),
     ("NVIDIA L40S", "NVIDIA L40S is not MIG capable"),
+    ("NVIDIA L4", "NVIDIA L4 is not MIG capable"),
     ("Tesla T4", "Tesla T4 is not MIG capable"),
 ])
 def test_a_product_without_a_table_is_answered_honestly(product: str, reason: str) -> None:
@@ -153,6 +164,12 @@ def test_a_product_without_a_table_is_answered_honestly(product: str, reason: st
 # profile, the full profile's memory_mb and SMs) -- each figure from the table's cited listing.
 NEW_PRODUCTS = [
     ("NVIDIA H200", "H200-141GB", "1g.18gb", 7, 16384, 16, "1g.18gb+me", "7g.141gb", 143104, 132),
+    ("NVIDIA H100 NVL", "H100-NVL-94GB", "1g.12gb", 7, 11008, 16, "1g.12gb+me", "7g.94gb", 95360,
+     132),
+    ("NVIDIA GH200 480GB", "GH200-96GB", "1g.12gb", 7, 11264, 16, "1g.12gb+me", "7g.96gb", 95232,
+     132),
+    ("NVIDIA B200", "B200-180GB", "1g.23gb", 7, 20992, 18, "1g.23gb+me", "7g.180gb", 182784, 148),
+    ("NVIDIA GB200", "GB200", "1g.23gb", 7, 22528, 18, "1g.23gb+me", "7g.186gb", 187904, 150),
 ]
 
 
@@ -183,3 +200,31 @@ def test_newer_products(product: str, key: str, one_g: str, count: int, memory_m
     plain = [q for q in gpu.gpu_instance_profiles if not q.media_extensions]
     assert [q.name.split(".")[0] for q in plain] == ["1g", "1g", "2g", "3g", "4g", "7g"]
     assert [q.max_count for q in plain] == [7, 4, 3, 2, 1, 1]
+
+
+def test_rtx_pro_6000_blackwell_universal_mig() -> None:
+    """The RTX PRO 6000 Blackwell Server Edition's set (NVIDIA's MIG user guide): 4 slices, the
+    +gfx / +me / +me.all / -me variants, engines deciding what may share a GPU."""
+    gpu = mp.for_product("NVIDIA RTX PRO 6000 Blackwell Server Edition")
+    assert gpu is not None and gpu.key == "RTX-PRO-6000-BSE"
+    assert (gpu.memory_slices, gpu.compute_slices, gpu.multiprocessors) == (4, 4, 188)
+    g = gpu.gpu_instance_profile
+    assert [(p.name, p.driver_id, p.max_count) for p in gpu.gpu_instance_profiles] == [
+        ("1g.24gb", 14, 4), ("1g.24gb+me", 21, 1), ("1g.24gb+gfx", 47, 4),
+        ("1g.24gb+me.all", 65, 1), ("1g.24gb-me", 67, 4), ("2g.48gb", 5, 2),
+        ("2g.48gb+gfx", 35, 2), ("2g.48gb+me.all", 64, 1), ("2g.48gb-me", 66, 2),
+        ("4g.96gb", 0, 1), ("4g.96gb+gfx", 32, 1)]
+    assert {p.multiprocessors for p in gpu.gpu_instance_profiles} == {46, 94, 188}
+    assert g("1g.24gb.me.all") is g("1g.24gb+me.all") and g("1g.24gb+me.all").media_extensions
+    assert not g("1g.24gb-me").media_extensions and g("1g.24gb-me").resource_suffix == "1g.24gb-me"
+    P = mp.Placement
+    one = g("1g.24gb")
+    assert gpu.fits([(one, P(i, 1)) for i in range(4)])
+    assert not gpu.fits([(one, P(i, 1)) for i in range(4)] + [(one, P(4, 1))])
+    # +me.all takes every media engine: only -me instances (none) share the GPU with it.
+    all_me = g("1g.24gb+me.all")
+    assert gpu.fits([(all_me, P(0, 1))] + [(g("1g.24gb-me"), P(i, 1)) for i in (1, 2, 3)])
+    assert not gpu.fits([(all_me, P(0, 1)), (one, P(1, 1))])
+    assert [s.describe() for s in pack(gpu, {"1g.24gb": 4})] == [f"1g.24gb@{i}" for i in range(4)]
+    with pytest.raises(PlacementError, match=r"1g\.24gb: 5 requested, at most 4 per GPU"):
+        pack(gpu, {"1g.24gb": 5})

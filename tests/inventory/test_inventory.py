@@ -389,3 +389,28 @@ def test_mps_on_mig_devices_is_refused() -> None:
     assert ("gpukit_device_plugin_configs.m.sharing.mps.resources[0].name: 'nvidia.com/gpu' is "
             "served by MIG devices on this node (3g.20gb, migStrategy single); MIG devices cannot "
             "be shared with MPS") in str(exc.value)
+
+
+def test_a_b200_layout_is_checked_against_the_b200_table() -> None:
+    """Issue 25's check for the B200: `1g.23gb: 7` fits, an 8th is refused naming the host, the
+    variable, the profile and the GPU's limit."""
+    b200 = {"product": "NVIDIA B200", "count": 8}
+    seven = [{"devices": "all", "mig-enabled": True, "mig-devices": {"1g.23gb": 7}}]
+    node = inv.node_from_vars("n1", _mig(seven, gpukit_gpu=b200))
+    assert {g.profiles for g in node.mig_gpus} == {("1g.23gb",) * 7}
+    assert len(node.mig_gpus) == 8
+    eight = [{"devices": "all", "mig-enabled": True, "mig-devices": {"1g.23gb": 8}}]
+    assert ("host n1: gpukit_mig_configs.l[0].mig-devices: {'1g.23gb': 8} does not fit on one "
+            "B200-180GB (1g.23gb: 8 requested, at most 7 per GPU") in _error(
+                **_mig(eight, gpukit_gpu=b200))
+
+
+def test_a_product_without_a_table_is_not_called_mig_incapable() -> None:
+    """A MIG layout for a product gpukit has no table of is refused as exactly that, naming the
+    host, the variable and the product, never as "not MIG capable" (NVIDIA says it is)."""
+    gh200 = {"product": "NVIDIA GH200 144G HBM3e", "count": 1}
+    layout = [{"devices": "all", "mig-enabled": True, "mig-devices": {"1g.18gb": 7}}]
+    text = _error(**_mig(layout, gpukit_gpu=gh200))
+    assert ("host n1: gpukit_mig_configs.l[0].mig-devices: {'1g.18gb': 7} asks for MIG devices, "
+            "but no MIG table for 'NVIDIA GH200 144G HBM3e' in gpukit (known: ") in text
+    assert "NVIDIA B200" in text and "not MIG capable" not in text

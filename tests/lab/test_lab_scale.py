@@ -83,3 +83,34 @@ def test_node_links_have_distinct_names_within_the_kernels_limit() -> None:
     assert len(set(names)) == len(names)  # cut to 15, two of them were gk8-gpu-a100-80
     assert all(len(n) <= 15 for n in names)
     assert names[:2] == ["gk8-gpu-a100", "gk8-gpu-a100-80"]  # names that fit are kept
+
+
+def test_the_opt_in_h200_and_b200_nodes_get_their_groups_mig_layouts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPUKIT_LAB_NODES=...,gpu-h200=h200-x8,gpu-b200=b200-x8: each node lands in the group
+    inventories/lab declares for it, with the MIG layout a team would pick; the declaration
+    passes `gpukit inventory check` and the oracle expects the MIG devices of those layouts.
+    (Without the A100 node the lab's team-a quota on nvidia.com/mig-1g.5gb names a resource
+    no node serves, and the check says so.)"""
+    monkeypatch.setenv("GPUKIT_LAB_DIR", str(tmp_path / "lab"))
+    nodes = "gpu-a100=a100-sxm4-40gb-x8,gpu-t4=t4-x2,gpu-h200=h200-x8,gpu-b200=b200-x8"
+    spec = LabSpec(nodes=parse_nodes(nodes), instance=2)
+    path = lab_inventory.for_instance(spec)
+    groups = yaml.safe_load((path / "hosts.yml").read_text())["all"]["children"]["gpu_nodes"]
+    assert {g: set(v["hosts"]) for g, v in groups["children"].items()} == {
+        "a100_nodes": {"gpu-a100"}, "t4_nodes": {"gpu-t4"}, "h200_nodes": {"gpu-h200"},
+        "b200_nodes": {"gpu-b200"}}
+    result = inv.check(path)
+    assert result.problems == ()
+    only_new = LabSpec(nodes=parse_nodes("gpu-h200=h200-x8,gpu-b200=b200-x8"), instance=2)
+    [quota] = inv.check(lab_inventory.for_instance(only_new)).problems
+    assert quota.variable == "gpukit_gpu_quotas.team-a.requests.nvidia.com/mig-1g.5gb"
+    fleet = inv.load(path)
+    h200, b200 = fleet.node("gpu-h200"), fleet.node("gpu-b200")
+    assert (h200.gpu.product, b200.gpu.product) == ("NVIDIA H200", "NVIDIA B200")
+    assert expect.expected_resources(h200) == {
+        "nvidia.com/gpu": 6, "nvidia.com/mig-3g.71gb": 2, "nvidia.com/mig-2g.35gb": 2,
+        "nvidia.com/mig-1g.18gb": 4}
+    assert expect.expected_resources(b200) == {
+        "nvidia.com/gpu": 5, "nvidia.com/mig-1g.23gb": 7, "nvidia.com/mig-4g.90gb": 2,
+        "nvidia.com/mig-3g.90gb": 2}

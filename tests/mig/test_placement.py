@@ -131,7 +131,7 @@ def test_unknown_profile_for_the_product() -> None:
     assert "1g.10gb+me: unknown profile for NVIDIA A100-SXM4-40GB" in p
 
 
-@pytest.mark.parametrize("product", ["NVIDIA H100 NVL", "NVIDIA H100 PCIe",
+@pytest.mark.parametrize("product", ["NVIDIA GH200 144G HBM3e", "NVIDIA H100 PCIe",
                                      "NVIDIA A100-PCIE-40GB", "NVIDIA A100 80GB PCIe"])
 def test_a_board_without_its_own_table_is_refused_not_planned(product: str) -> None:
     """A MIG-capable board no table describes: a clear refusal, never another board's plan;

@@ -94,6 +94,31 @@ def test_discovery_t4_and_labels(mock_node: Callable[[str], Any]) -> None:
     assert labels["nvidia.com/mig.capable"] == "false"
 
 
+@pytest.mark.parametrize(("profile", "name", "memory", "product", "numa", "nvlinks"), [
+    ("b200-x8", "NVIDIA B200", 183359, "NVIDIA-B200", [0, 0, 0, 0, 1, 1, 1, 1], 18),
+    ("gb200-x4", "NVIDIA GB200", 189471, "NVIDIA-GB200", [0, 0, 1, 1], 18),
+])
+def test_discovery_and_labels_of_blackwell_nodes(
+        mock_node: Callable[[str], Any], profile: str, name: str, memory: int, product: str,
+        numa: list[int], nvlinks: int) -> None:
+    """The B200 and GB200 mocks as gpukit sees them: compute capability 10.0, architecture
+    blackwell (GFD's family too), MIG capable with their own tables, NVLink 5 to switches."""
+    mock_node(profile)
+    inv = discover()
+    g = inv.gpus[0]
+    assert (g.name, g.memory_mb, g.compute_major, g.compute_minor, g.architecture) == (
+        name, memory, 10, 0, "blackwell")
+    assert g.mig_capable and not g.mig_enabled
+    assert [x.numa_node for x in inv.gpus] == numa
+    assert inv.link(inv.gpus[0].uuid, inv.gpus[1].uuid).nvlinks == nvlinks
+    labels = compute_labels(inv, ConfigSource().load().config)
+    assert labels["nvidia.com/gpu.product"] == product
+    assert labels["nvidia.com/gpu.family"] == "blackwell"
+    assert (labels["nvidia.com/gpu.compute.major"], labels["nvidia.com/gpu.compute.minor"]) == (
+        "10", "0")
+    assert labels["nvidia.com/mig.capable"] == "true"
+
+
 def test_mig_discovery_and_mixed_resources(mock_node: Callable[[str], Any]) -> None:
     ctl = mock_node("a100-sxm4-40gb-x8")
     make_mig(ctl, 1, [3, 3])

@@ -25,7 +25,7 @@ OPT_OUT = toolkit_config.OPT_OUT_VARIABLE
 def example() -> dict[str, dict[str, Any]]:
     """The example fleet's per-host results, as the preflight hands them to the hosts."""
     facts = declaration.facts(inventory.check(REPO / "inventories" / "example"))
-    assert len(facts) == 9
+    assert len(facts) == 13
     return facts
 
 

@@ -52,11 +52,14 @@ SITE_ROLES = [r["role"].removeprefix("gpukit.gpu.")
 HARDWARE_GROUPS = {
     "a100_nodes": ["gpu-a100-01", "gpu-a100-02", "gpu-a100-03"],
     "h100_nodes": ["gpu-h100-01", "gpu-h100-02", "gpu-h100-03"],
+    "h200_nodes": ["gpu-h200-01", "gpu-h200-02"],
+    "b200_nodes": ["gpu-b200-01", "gpu-b200-02"],
     "t4_nodes": ["gpu-t4-01", "gpu-t4-02", "gpu-t4-03"],
 }
 OS_GROUPS = {
     "os_ubuntu2204": ["gpu-a100-01", "gpu-a100-02"],
-    "os_ubuntu2404": ["gpu-h100-01", "gpu-h100-02", "gpu-t4-01", "gpu-t4-02"],
+    "os_ubuntu2404": ["gpu-h100-01", "gpu-h100-02", "gpu-t4-01", "gpu-t4-02", "gpu-h200-01",
+                      "gpu-h200-02", "gpu-b200-01", "gpu-b200-02"],
     "os_el9": ["gpu-a100-03", "gpu-h100-03", "gpu-t4-03"],
 }
 HOSTS = sorted(h for hosts in HARDWARE_GROUPS.values() for h in hosts)
@@ -75,7 +78,11 @@ MIRROR = "https://mirror.example.com/"
 # What each host must come out as: (apt|dnf, branch, kernel modules, device plugin config,
 # MIG layout, resources the node must serve).
 A100_MIXED = {"nvidia.com/mig-1g.10gb": 36, "nvidia.com/mig-2g.20gb": 4,
-              "nvidia.com/mig-3g.40gb": 4}  # fmt: skip
+              "nvidia.com/mig-3g.40gb": 4}
+H200_MIXED = {"nvidia.com/mig-1g.18gb": 36, "nvidia.com/mig-2g.35gb": 4,
+              "nvidia.com/mig-3g.71gb": 4}
+B200_MIXED = {"nvidia.com/mig-1g.23gb": 28, "nvidia.com/mig-3g.90gb": 4,
+              "nvidia.com/mig-4g.90gb": 4}  # fmt: skip
 EXPECTED: dict[str, tuple[str, str, str, str, str | None, dict[str, int]]] = {
     "gpu-a100-01": ("apt", "550", "open", "mig-mixed", "a100-80gb-mixed", A100_MIXED),
     "gpu-a100-02": ("apt", "550", "open", "mig-mixed", "a100-80gb-mixed", A100_MIXED),
@@ -84,6 +91,10 @@ EXPECTED: dict[str, tuple[str, str, str, str, str | None, dict[str, int]]] = {
     "gpu-h100-01": ("apt", "570", "open", "default", "all-disabled", {"nvidia.com/gpu": 8}),
     "gpu-h100-02": ("apt", "570", "open", "default", "all-disabled", {"nvidia.com/gpu": 8}),
     "gpu-h100-03": ("dnf", "570", "open", "default", "all-disabled", {"nvidia.com/gpu": 8}),
+    "gpu-h200-01": ("apt", "550", "open", "mig-mixed", "h200-mixed", H200_MIXED),
+    "gpu-h200-02": ("apt", "550", "open", "mig-mixed", "h200-mixed", H200_MIXED),
+    "gpu-b200-01": ("apt", "570", "open", "mig-mixed", "b200-mixed", B200_MIXED),
+    "gpu-b200-02": ("apt", "570", "open", "mig-mixed", "b200-mixed", B200_MIXED),
     "gpu-t4-01": ("apt", "550", "proprietary", "time-sliced", None, {"nvidia.com/gpu": 16}),
     "gpu-t4-02": ("apt", "550", "proprietary", "time-sliced", None, {"nvidia.com/gpu": 16}),
     "gpu-t4-03": ("dnf", "550", "proprietary", "time-sliced", None, {"nvidia.com/gpu": 16}),
@@ -704,6 +715,8 @@ def test_mig_layout_is_planned_against_the_gpu_models_tables(
         "all-1g.10gb",
         "all-3g.40gb",
         "all-disabled",
+        "b200-mixed",
+        "h200-mixed",
     ]
     if selected is None:
         assert node.gpu.mig_table is None  # T4: not MIG capable, MIG left alone
@@ -715,9 +728,15 @@ def test_mig_layout_is_planned_against_the_gpu_models_tables(
         return
     mixed = "MIG enabled: 2g.20gb@0 1g.10gb@2 1g.10gb@3 3g.40gb@4"
     small = "MIG enabled: " + " ".join(f"1g.10gb@{i}" for i in range(7))
+    h200_mixed = "MIG enabled: 2g.35gb@0 1g.18gb@2 1g.18gb@3 3g.71gb@4"
+    h200_small = "MIG enabled: " + " ".join(f"1g.18gb@{i}" for i in range(7))
+    b200_mixed = "MIG enabled: 4g.90gb@0 3g.90gb@4"
+    b200_small = "MIG enabled: " + " ".join(f"1g.23gb@{i}" for i in range(7))
     expected = {
         "a100-80gb-mixed": [mixed] * 4 + [small] * 4,
         "all-3g.40gb": ["MIG enabled: 3g.40gb@0 3g.40gb@4"] * 8,
+        "h200-mixed": [h200_mixed] * 4 + [h200_small] * 4,
+        "b200-mixed": [b200_mixed] * 4 + [b200_small] * 4,
     }[selected]
     assert targets == expected
     assert [g.gpu.index for g in plan.gpus if g.reset_required] == list(range(8))
@@ -772,6 +791,7 @@ def test_node_labels_and_taints_per_host(host: str, role_vars: dict[str, dict[st
                                    rv["node_labels_mig_config"],
                                    rv["node_labels_deploy_device_plugin"])  # fmt: skip
     pool = {"a100_nodes": ("a100-mig", "training"), "h100_nodes": ("h100", "training"),
+            "h200_nodes": ("h200-mig", "training"), "b200_nodes": ("b200-mig", "inference"),
             "t4_nodes": ("t4-shared", "inference")}  # fmt: skip
     (group,) = [g for g, hs in HARDWARE_GROUPS.items() if host in hs]
     expected = {
@@ -822,6 +842,12 @@ def test_what_each_node_must_serve(host: str, fleet: inventory.GpuInventory,
         assert (
             labels["nvidia.com/mig.capable"] == "true" and "nvidia.com/mig.strategy" not in labels
         )
+    elif host.startswith("gpu-h200"):  # MIG sizes from the H200 table (a driver's listing)
+        assert labels["nvidia.com/mig.strategy"] == "mixed"
+        assert labels["nvidia.com/mig-1g.18gb.memory"] == "16384"
+    elif host.startswith("gpu-b200"):
+        assert labels["nvidia.com/mig.strategy"] == "mixed"
+        assert labels["nvidia.com/mig-1g.23gb.memory"] == "20992"
     else:
         assert labels["nvidia.com/mig.strategy"] == "mixed"
         assert labels["nvidia.com/mig-3g.40gb.memory"] == "40192"
@@ -869,8 +895,8 @@ def test_rhel_hosts_in_check_mode(rhel_check: tuple[PlayResult, Path],
 
 def test_a_fleet_wide_driver_change_rolls_in_the_declared_batches(listed: dict[str, Any]) -> None:
     """Per-group serial and order from group_vars/*/upgrade.yml: T4 inference two at a time
-    first, A100 a third of the group at a time, H100 one at a time last; the fleet's failure
-    budget of 0 caps every batch at one node (two T4s could fail at once)."""
+    first, A100 a third of the group at a time, H200, H100 and B200 one at a time last; the
+    fleet's failure budget of 0 caps every batch at one node (two T4s could fail at once)."""
     from gpukit.provision import upgrade
 
     hostvars = listed["_meta"]["hostvars"]
@@ -885,7 +911,9 @@ def test_a_fleet_wide_driver_change_rolls_in_the_declared_batches(listed: dict[s
     assert plan.batches == [
         ["gpu-t4-01"], ["gpu-t4-02"], ["gpu-t4-03"],
         ["gpu-a100-01"], ["gpu-a100-02"], ["gpu-a100-03"],
+        ["gpu-h200-01"], ["gpu-h200-02"],
         ["gpu-h100-01"], ["gpu-h100-02"], ["gpu-h100-03"],
+        ["gpu-b200-01"], ["gpu-b200-02"],
     ]  # fmt: skip
     assert plan.max_failed == 0
     assert any(line.startswith("batches of t4_nodes hold at most 1 node(s)") for line in plan.lines)

@@ -31,7 +31,8 @@ EXAMPLE = REPO / "inventories" / "example"
 PLAYBOOKS = ["site.yml", *sorted(f"playbooks/{p.name}" for p in (REPO / "playbooks").glob("*.yml"))]
 PREFLIGHT_PLAY = "PLAY [Check every GPU node's declaration before touching any host]"
 PREFLIGHT_TASK = "TASK [Validate the GPU nodes' declarations through the inventory model]"
-ALL = [f"gpu-{g}-0{i}" for g in ("a100", "h100", "t4") for i in (1, 2, 3)]
+ALL = sorted([f"gpu-{g}-0{i}" for g in ("a100", "h100", "t4") for i in (1, 2, 3)]
+             + [f"gpu-{g}-0{i}" for g in ("h200", "b200") for i in (1, 2)])
 
 
 def _edit(path: Path, change: Callable[[Any], None]) -> None:
@@ -187,14 +188,14 @@ def test_declarations_given_with_extra_vars_are_checked(
     for host in ALL:
         assert (f"host {host}: nvidia_driver_branch: '55x' is not a driver branch such as "
                 '"550"') in out, out  # fmt: skip
-    assert "9 problem(s)" in out and "UNREACHABLE" not in out and not calls.exists()
+    assert "13 problem(s)" in out and "UNREACHABLE" not in out and not calls.exists()
 
 
 def test_the_preflight_validates_each_host_once_and_hands_it_its_declaration(
     tmp_path: Path, fake_ssh: tuple[dict[str, str], Path]
 ) -> None:
     """Counted, not timed: the preflight validates every host once and parses each distinct
-    device plugin config once (9 hosts share 3 configs from group_vars), then each host holds
+    device plugin config once (13 hosts share 3 configs from group_vars), then each host holds
     the model's result as gpukit_declaration (the roles read it instead of validating again)."""
     env, calls = fake_ssh
     counted = tmp_path / "calls.txt"
@@ -222,7 +223,7 @@ def test_the_preflight_playbook_passes_the_example_fleet(
     r = play("gpukit.gpu.preflight", EXAMPLE, env, "-v")
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
-    assert "inventories/example: 9 GPU node(s), every declaration valid" in out
+    assert "inventories/example: 13 GPU node(s), every declaration valid" in out
     assert not calls.exists()
 
 

@@ -23,7 +23,7 @@ def check(inventory: Path) -> subprocess.CompletedProcess[str]:
 def test_the_example_fleet_passes() -> None:
     r = check(EXAMPLE)
     assert r.returncode == 0, r.stderr
-    assert "9 GPU node(s), every declaration valid" in r.stdout
+    assert "13 GPU node(s), every declaration valid" in r.stdout
     assert "gpu-t4-01                nvidia.com/gpu=16" in r.stdout
 
 
@@ -34,6 +34,10 @@ def test_the_example_fleet_passes() -> None:
      ["host gpu-t4-01: gpukit_device_plugin_config: 'nope' is not a named config"]),
     ("t4_nodes/hardware.yml", "gpukit_gpu: {product: Tesla T4, count: 4, colour: red}\n",
      ["gpukit_gpu.colour"]),
+    # a MIG-capable product gpukit has no table of: said so, never "not MIG capable" (issue 25)
+    ("a100_nodes/hardware.yml", "gpukit_gpu: {product: NVIDIA GH200 144G HBM3e, count: 8}\n",
+     ["host gpu-a100-01: gpukit_mig_configs.a100-80gb-mixed[0].mig-devices: ",
+      "asks for MIG devices, but no MIG table for 'NVIDIA GH200 144G HBM3e' in gpukit (known: "]),
 ])
 def test_a_broken_copy_fails_naming_host_variable_and_value(
         tmp_path: Path, file: str, text: str, needles: list[str]) -> None:
@@ -44,4 +48,4 @@ def test_a_broken_copy_fails_naming_host_variable_and_value(
     assert r.returncode == 2, r.stdout + r.stderr
     for needle in needles:
         assert needle in r.stderr, r.stderr
-    assert "Traceback" not in r.stderr
+    assert "Traceback" not in r.stderr and "not MIG capable" not in r.stderr

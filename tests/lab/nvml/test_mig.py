@@ -193,11 +193,33 @@ def test_immediate_mode_change_profile_option(
 @pytest.mark.parametrize(
     ("profile_name", "table"),
     [("a100-sxm4-40gb-x8", "A100-SXM4-40GB"), ("a100-80gb-x4", "A100-80GB"),
-     ("h100-80gb-x8", "H100-80GB"), ("h200-x8", "H200-141GB")],
+     ("h100-80gb-x8", "H100-80GB"), ("h200-x8", "H200-141GB"), ("b200-x8", "B200-180GB"),
+     ("gb200-x4", "GB200")],
 )
 def test_profiles_match_the_planner_tables(nvml: Any, ctl: MockControl, table: str) -> None:
-    t = mig_profiles.gpu(table)
     h = enable_mig(nvml, ctl, 0)
+    _assert_answers_table(nvml, h, mig_profiles.gpu(table))
+
+
+# Tables without a lab profile of their own: one GPU of the H100 profile, renamed so that the
+# mock picks the table (the name is what the planner looks the table up by).
+@pytest.mark.parametrize("table", ["H100-NVL-94GB", "GH200-96GB", "RTX-PRO-6000-BSE"])
+def test_other_tables_on_the_mock(nvml_with_profile: Callable[[dict[str, Any]], Any],
+                                  table: str) -> None:
+    t = mig_profiles.gpu(table)
+    doc = yaml.safe_load(mock.profile_path("h100-80gb-x8").read_text())
+    doc["defaults"].update(name=t.product_names[0], mig_table=table, mig_enabled=True,
+                           multiprocessors=t.multiprocessors)
+    doc["gpus"] = doc["gpus"][:1]
+    pynvml = nvml_with_profile(doc)
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    assert pynvml.nvmlDeviceGetMigMode(h) == [1, 1]
+    _assert_answers_table(pynvml, h, t)
+
+
+def _assert_answers_table(nvml: Any, h: Any, t: mig_profiles.MigGpu) -> None:
+    """The mock answers every NVML MIG profile query on `h` (MIG on, no instances) with table
+    `t`'s figures: counts, memory, SMs, engines, ids, names and placements."""
     assert mig_profiles.for_product(nvml.nvmlDeviceGetName(h)) == t
     seen = set()
     for const in range(nvml.NVML_GPU_INSTANCE_PROFILE_COUNT):

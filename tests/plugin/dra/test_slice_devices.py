@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from plugin_testlib import T4, gpu_uuid, make_gpu, make_inventory, mig_uuid
 
 from gpukit.plugin.dra.slice_devices import Placement, node_slice_devices, quantity, semver
@@ -24,6 +26,17 @@ def test_whole_gpus_carry_nvidias_names_attributes_and_memory() -> None:
     assert a100["capacity"] == {"memory": {"value": "40Gi"}}
     assert devices[1].body["attributes"]["architecture"] == {"string": "Turing"}
     assert devices[1].unit.device_nodes == ("/dev/nvidia1",)
+
+
+def test_a_blackwell_gpu_is_described_as_nvidias_driver_describes_it() -> None:
+    """A B200 (compute capability 10.0, NVML architecture Blackwell): the architecture as
+    go-nvlib spells it, the capability as a version, the name as NVML gives it."""
+    b200 = dataclasses.replace(make_gpu(0), name="NVIDIA B200", memory_mb=183359,
+                               compute_major=10, compute_minor=0, architecture="blackwell")
+    attrs = node_slice_devices(make_inventory([b200]), {})[0].body["attributes"]
+    assert attrs["productName"] == {"string": "NVIDIA B200"}
+    assert attrs["architecture"] == {"string": "Blackwell"}
+    assert attrs["cudaComputeCapability"] == {"version": "10.0.0"}
 
 
 def test_mig_devices_replace_their_gpu_named_by_profile_id_and_placement() -> None:

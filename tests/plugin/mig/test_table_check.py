@@ -70,7 +70,8 @@ def problems_of(configs: schema.MigConfigs, node: MockNode) -> list[str]:
     return e.value.problems
 
 
-@pytest.mark.parametrize("profile", ["a100-sxm4-40gb-x8", "a100-80gb-x4", "h100-80gb-x8"])
+@pytest.mark.parametrize("profile", ["a100-sxm4-40gb-x8", "a100-80gb-x4", "h100-80gb-x8", "h200-x8",
+                                     "b200-x8", "gb200-x4"])
 def test_the_shipped_tables_agree_with_the_driver(
     node_factory: Callable[..., MockNode], profile: str, caplog: pytest.LogCaptureFixture
 ) -> None:
