@@ -370,25 +370,24 @@ def test_mps_config_serves_its_replicas_and_labels() -> None:
     assert labels["nvidia.com/gpu.product"] == "Tesla-T4-SHARED"
 
 
-def test_mps_share_below_the_memory_floor_is_refused() -> None:
-    decl = _decl(gpukit_gpu={"product": "Tesla T4", "count": 2, "memory_mib": 15360},
-                 gpukit_device_plugin_configs={"mps16": _mps(16)})
+@pytest.mark.parametrize(("raw", "message"), [
+    ({"gpukit_gpu": {"product": "Tesla T4", "count": 2, "memory_mib": 15360},
+      "gpukit_device_plugin_configs": {"mps16": _mps(16)}},
+     "host n1: gpukit_device_plugin_configs.mps16.sharing.mps.resources[0].replicas: 16 leaves "
+     "each MPS client 960 MiB of the 15360 MiB of Tesla T4, below the 1024 MiB floor"),
+    (_mig([{"devices": "all", "mig-enabled": True, "mig-devices": {"3g.20gb": 2}}],
+          gpukit_device_plugin_configs={"m": _mps(2, migStrategy="single")}),
+     "gpukit_device_plugin_configs.m.sharing.mps.resources[0].name: 'nvidia.com/gpu' is served "
+     "by MIG devices on this node (3g.20gb, migStrategy single); MIG devices cannot be shared "
+     "with MPS"),
+])
+def test_mps_configs_the_node_cannot_serve_are_refused(raw: dict[str, Any], message: str
+                                                        ) -> None:
+    """A per-client memory share below the floor, MIG devices behind an MPS resource."""
+    decl = _decl(**raw)
     with pytest.raises(inv.InventoryError) as exc:
         inv.expected_resources(decl)
-    assert ("host n1: gpukit_device_plugin_configs.mps16.sharing.mps.resources[0].replicas: 16 "
-            "leaves each MPS client 960 MiB of the 15360 MiB of Tesla T4, below the 1024 MiB "
-            "floor") in str(exc.value)
-
-
-def test_mps_on_mig_devices_is_refused() -> None:
-    layout = [{"devices": "all", "mig-enabled": True, "mig-devices": {"3g.20gb": 2}}]
-    decl = inv.node_from_vars("n1", _mig(
-        layout, gpukit_device_plugin_configs={"m": _mps(2, migStrategy="single")}))
-    with pytest.raises(inv.InventoryError) as exc:
-        inv.expected_resources(decl)
-    assert ("gpukit_device_plugin_configs.m.sharing.mps.resources[0].name: 'nvidia.com/gpu' is "
-            "served by MIG devices on this node (3g.20gb, migStrategy single); MIG devices cannot "
-            "be shared with MPS") in str(exc.value)
+    assert message in str(exc.value)
 
 
 def test_a_b200_layout_is_checked_against_the_b200_table() -> None:
