@@ -156,6 +156,21 @@ def prepared_claims(checkpoint_text: str) -> list[str]:
         return [f"(unreadable {DRA_PLUGIN_CHECKPOINT})"]
 
 
+def claims_left(checkpoint_text: str, claims: Sequence[Mapping[str, Any]] | None,
+                node_name: str) -> list[str]:
+    """What holds a DRA node's GPUs: the claims its plugin's checkpoint holds prepared that
+    still exist (an entry of a claim deleted while the plugin was down is stale: it must not
+    refuse the switch for good), and those the API allocates on the node for a pod. `claims`
+    None: the API was not asked, every prepared entry counts."""
+    prepared = set(prepared_claims(checkpoint_text))
+    if claims is None:
+        return sorted(prepared)
+    existing = {f"{(c.get('metadata') or {}).get('namespace')}/"
+                f"{(c.get('metadata') or {}).get('name')}" for c in claims}
+    prepared = {c for c in prepared if c in existing or c.startswith("(unreadable")}
+    return sorted(prepared | set(allocated_claims(claims, node_name)))
+
+
 def allocated_claims(claims: Sequence[Mapping[str, Any]], node_name: str) -> list[str]:
     """'namespace/name' of the ResourceClaims allocated a device of the node's pool (driver
     gpu.nvidia.com) and still reserved for a pod: the pod would lose its GPU."""

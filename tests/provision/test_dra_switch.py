@@ -110,6 +110,16 @@ def test_claims_left_on_a_node_leaving_dra() -> None:
     assert dra_switch.allocated_claims(claims, "gpu-t4") == ["team-a/here"]
     assert filters.allocation_switch_claims(_plugin_checkpoint(("team-a", "here")), claims,
                                             "gpu-t4") == ["team-a/here"]
+    # A prepared entry counts while its claim exists (reserved or not); the entry of a claim
+    # deleted while the plugin was down is stale and does not hold the node for good; without
+    # the API's list every entry counts.
+    left = _plugin_checkpoint(("team-a", "idle"), ("team-a", "deleted"))
+    assert filters.allocation_switch_claims(left, claims, "gpu-t4") == [
+        "team-a/here", "team-a/idle"]
+    assert filters.allocation_switch_claims(left, None, "gpu-t4") == [
+        "team-a/deleted", "team-a/idle"]
+    assert filters.allocation_switch_claims("{cut", [], "gpu-t4") == [
+        "(unreadable /var/lib/kubelet/plugins/gpu.nvidia.com/checkpoint.json)"]
 
 
 def test_what_a_switch_clears_in_words() -> None:

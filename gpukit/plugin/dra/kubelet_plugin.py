@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from gpukit.contracts.dra import (
     CDI_DIR,
@@ -49,7 +50,7 @@ from ..nvml.mig import PynvmlBackend as MigReader
 from ..resources import Unit
 from .checkpoint import Checkpoint
 from .health_stream import DeviceState, HealthBoard, HealthService
-from .prepare import Preparer
+from .prepare import ClaimRef, Preparer
 from .server import DraServer
 from .slice_devices import Placement, SliceDevice, node_slice_devices
 from .slices import SlicePublisher
@@ -174,6 +175,17 @@ class DraKubeletPlugin:
         return cdi.node_edits(self.options.device_root_in_plugin, self.options.device_root,
                               version)
 
+    def _claim_exists(self, ref: ClaimRef) -> bool | None:
+        """The claim is in the API with this UID: True; gone (404, or another UID): False;
+        the API cannot say now: None."""
+        try:
+            claim = self._read_claim(ref.namespace, ref.name)
+        except ApiException as exc:
+            return False if exc.status == 404 else None
+        except Exception:  # no answer at all: keep the entry
+            return None
+        return bool((claim.get("metadata") or {}).get("uid") == ref.uid)
+
     def _read_claim(self, namespace: str, name: str) -> Mapping[str, Any]:
         resp = client.ResourceV1Api(self.api_client).read_namespaced_resource_claim(
             name, namespace, _preload_content=False)
@@ -202,6 +214,7 @@ class DraKubeletPlugin:
         if kept:
             log.info("prepared claims from the checkpoint: %s", ", ".join(
                 f"{c.namespace}/{c.name}" for c in kept.values()))
+        self.preparer.forget_gone(self._claim_exists)
         for key, problem in self.preparer.restore_mps().items():
             log.error("MPS daemon %s of a prepared claim is not serving: %s", key, problem)
 

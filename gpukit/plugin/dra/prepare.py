@@ -176,6 +176,20 @@ class Preparer:
         except MpsError as exc:
             raise PrepareError(f"{ref}: {exc}") from exc
 
+    def forget_gone(self, exists: Callable[[ClaimRef], bool | None]) -> list[ClaimRef]:
+        """Unprepare the checkpoint's claims that no longer exist (`exists` False: gone from
+        the API, or a new claim under the same name; None: unknown, kept). A claim deleted
+        while the plugin was down never gets its NodeUnprepareResources, and its entry would
+        hold the node's GPUs for good (a switch back to the device plugin refused on it)."""
+        gone = []
+        for uid, claim in sorted(self.checkpoint.all().items()):
+            ref = ClaimRef(claim.namespace, claim.name, uid)
+            if exists(ref) is False:
+                self.unprepare(ref)
+                log.info("%s: gone from the API, unprepared", ref)
+                gone.append(ref)
+        return gone
+
     def restore_mps(self) -> dict[str, str]:
         """After a restart: the daemons of the claims the checkpoint holds running again,
         any other claim's stopped; key -> problem."""

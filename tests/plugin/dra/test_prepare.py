@@ -184,3 +184,20 @@ def test_the_kubelets_grpc_calls_over_unix_sockets(short_tmp: Path, tmp_path: Pa
     finally:
         server.stop(0)
     assert not server.plugin_socket.exists() and not server.registration_socket.exists()
+
+
+def test_claims_deleted_while_the_plugin_was_down_are_forgotten(tmp_path: Path) -> None:
+    """An entry whose claim is gone from the API (or replaced under its name) is unprepared at
+    start: its spec file and entry go; one the API cannot answer for is kept."""
+    p = preparer(tmp_path, Api(claim([("gpu", "gpu-0")])))
+    p.prepare(REF)
+    other = ClaimRef("ns", "d", "uid-d")
+    p.read_claim = lambda ns, name: claim([("gpu", "gpu-0")], uid="uid-d")
+    p.prepare(other)
+    answers: dict[str, bool | None] = {UID: None, "uid-d": False}
+    assert p.forget_gone(lambda ref: answers[ref.uid]) == [other]
+    assert set(p.checkpoint.all()) == {UID} and spec_path(tmp_path).is_file()
+    assert not (tmp_path / "cdi" / "k8s.gpu.nvidia.com-claim_uid-d.json").exists()
+    answers[UID] = False
+    assert p.forget_gone(lambda ref: answers[ref.uid]) == [REF]
+    assert p.checkpoint.all() == {} and not spec_path(tmp_path).exists()

@@ -28,8 +28,7 @@ def allocation_switch_checkpoint(text):
 
 @gk.gpukit_filter
 def allocation_switch_claims(text, claims, node_name):
-    return sorted(set(dra_switch.prepared_claims(text or ""))
-                  | set(dra_switch.allocated_claims(claims or [], node_name)))
+    return dra_switch.claims_left(text or "", claims, node_name)
 
 
 @gk.gpukit_filter
