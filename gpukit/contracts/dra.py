@@ -22,6 +22,13 @@ CDI_CLASS = "claim"
 CDI_KIND = f"{CDI_VENDOR}/{CDI_CLASS}"
 # Opaque parameters: NVIDIA's config API group.
 CONFIG_API_VERSION = "resource.nvidia.com/v1beta1"
+# NVLink fabric / IMEX clique: NVIDIA's driver publishes no attribute for it on GPU devices
+# (checked: NVIDIA/k8s-dra-driver-gpu main of 2026-05-15 and kubernetes-sigs/dra-driver-nvidia-gpu
+# of 2026-08-07, cmd/gpu-kubelet-plugin deviceinfo.go). Its compute-domain plugin reads the
+# node's clique (<cluster UUID>.<clique id>) for ComputeDomains instead, and the newer
+# gpuModuleID / partition<N> attributes come from Fabric Manager behind a feature gate, not NVML.
+# gpukit publishes none either, so selectors match as on NVIDIA's driver; the clique is the node
+# label nvidia.com/gpu.clique (gpukit.contracts.label_names.GPU_CLIQUE).
 # The standard attribute Kubernetes defines for a device's PCI address
 # (k8s.io/dynamic-resource-allocation/deviceattribute).
 PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"

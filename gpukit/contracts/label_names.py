@@ -30,6 +30,8 @@ MIG_STRATEGY = "nvidia.com/mig.strategy"
 MPS_CAPABLE = "nvidia.com/mps.capable"
 GPU_MODE = "nvidia.com/gpu.mode"  # PCI class of the GPUs: compute, graphics or unknown
 GPU_MACHINE = "nvidia.com/gpu.machine"  # DMI product name
+# The NVLink (IMEX) clique of the node's GPUs: `<cluster UUID>.<clique id>` (GFD's IMEX labeler)
+GPU_CLIQUE = "nvidia.com/gpu.clique"
 VGPU_PRESENT = "nvidia.com/vgpu.present"
 VGPU_HOST_DRIVER_VERSION = "nvidia.com/vgpu.host-driver-version"
 VGPU_HOST_DRIVER_BRANCH = "nvidia.com/vgpu.host-driver-branch"

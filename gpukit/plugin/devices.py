@@ -43,6 +43,38 @@ class MigDevice:
         return f"{self.parent_index}:{self.index}"
 
 
+# NVML_GPU_FABRIC_STATE_* (nvml.h): where a GPU is in registering with the NVLink fabric manager
+FABRIC_STATE_NOT_SUPPORTED = 0
+FABRIC_STATE_NOT_STARTED = 1
+FABRIC_STATE_IN_PROGRESS = 2
+FABRIC_STATE_COMPLETED = 3
+_NIL_UUID = "00000000-0000-0000-0000-000000000000"
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """A GPU's NVLink fabric registration as nvmlDeviceGetGpuFabricInfo reports it (multi-node
+    NVLink systems such as GB200 NVL72; other GPUs have none)."""
+
+    cluster_uuid: str  # the 16 bytes in UUID form, lower case (xxxxxxxx-xxxx-...)
+    clique_id: int
+    state: int = FABRIC_STATE_COMPLETED  # a FABRIC_STATE_*
+    status: int = 0  # nvmlReturn_t of the registration; meaningful once completed
+
+    @property
+    def attached(self) -> bool:
+        """Registered: state completed, status success and a cluster UUID (not all zero), the
+        conditions NVIDIA's go-nvlib (IsFabricAttached) checks before GFD and the DRA driver
+        use the clique."""
+        return (self.state == FABRIC_STATE_COMPLETED and self.status == 0
+                and self.cluster_uuid != _NIL_UUID)
+
+    @property
+    def clique(self) -> str:
+        """`<cluster UUID>.<clique id>`: how NVIDIA's tools name the GPU's clique."""
+        return f"{self.cluster_uuid}.{self.clique_id}"
+
+
 @dataclass(frozen=True)
 class Gpu:
     index: int
@@ -59,6 +91,7 @@ class Gpu:
     mig_capable: bool = False
     mig_enabled: bool = False
     mig_devices: tuple[MigDevice, ...] = ()
+    fabric: Fabric | None = None  # NVLink fabric registration; None: the GPU has none
 
     @property
     def device_node(self) -> str:

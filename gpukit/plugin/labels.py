@@ -5,7 +5,8 @@ labels under `nvidia.com/gpu.*` (product, `-SHARED` when time-sliced without ren
 replicas, sharing-strategy, memory, family, compute capability), MIG labels under the MIG
 resource (`nvidia.com/gpu.*` for strategy single, `nvidia.com/mig-<profile>.*` for mixed, `+`
 as `.`), driver and CUDA versions, mig.capable, mig.strategy, mps.capable, gpu.mode (PCI class
-of the GPUs), gpu.machine (DMI product name) and vgpu.present. Host files are read under a
+of the GPUs), gpu.machine (DMI product name), gpu.clique (the GPUs' NVLink fabric clique) and
+vgpu.present. Host files are read under a
 sysfs root: `GPUKIT_SYSFS_ROOT`, default `/sys`. Values are made valid label values.
 
 gpukit extension: with per-GPU replica counts, `<resource>.replicas` is the largest count.
@@ -41,7 +42,7 @@ _OWNED = re.compile(
     + r")$"
 )
 _OWNED_NODE_WIDE = {
-    ln.MIG_CAPABLE, ln.MIG_STRATEGY, ln.MPS_CAPABLE, ln.GPU_MODE, ln.GPU_MACHINE,
+    ln.MIG_CAPABLE, ln.MIG_STRATEGY, ln.MPS_CAPABLE, ln.GPU_MODE, ln.GPU_MACHINE, ln.GPU_CLIQUE,
     ln.VGPU_PRESENT, ln.VGPU_HOST_DRIVER_VERSION, ln.VGPU_HOST_DRIVER_BRANCH,
     ln.CUDA_DRIVER_MAJOR, ln.CUDA_DRIVER_MINOR, ln.CUDA_DRIVER_REVISION, ln.CUDA_DRIVER_FULL,
     ln.CUDA_RUNTIME_MAJOR, ln.CUDA_RUNTIME_MINOR, ln.CUDA_RUNTIME_FULL,
@@ -220,6 +221,19 @@ def vgpu_labels(sysfs_root: str) -> dict[str, str]:
     return labels
 
 
+def clique_labels(gpus: Iterable[Gpu]) -> dict[str, str]:
+    """GFD's `gpu.clique` (lm/imex.go): `<cluster UUID>.<clique id>` of the GPUs attached to an
+    NVLink fabric (registration completed with success and a non-zero cluster UUID; the others
+    are left out of the count). No label when none is attached, or when the attached ones name
+    more than one cluster UUID or more than one clique id."""
+    attached = [g.fabric for g in gpus if g.fabric is not None and g.fabric.attached]
+    clusters = {f.cluster_uuid for f in attached}
+    cliques = {f.clique_id for f in attached}
+    if len(clusters) != 1 or len(cliques) != 1:
+        return {}
+    return {ln.GPU_CLIQUE: label_value(attached[0].clique)}
+
+
 # -- resources --------------------------------------------------------------------------------
 
 
@@ -334,6 +348,7 @@ def compute_labels(node_devices: NodeDevices, config: Config, sysfs_root: str | 
                             and not any(g.mig_enabled for g in node_devices.gpus)).lower(),
         ln.GPU_MODE: gpu_mode(node_devices.gpus, root),
     })
+    labels.update(clique_labels(node_devices.gpus))
     labels.update(_version_labels(node_devices))
     # lm/mig-strategy.go newGPULabelers: whatever the strategy, MIG-enabled GPUs get the
     # full-GPU labels without sharing (replicas 0); full GPUs of a model override them.

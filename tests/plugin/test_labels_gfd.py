@@ -4,8 +4,9 @@ Expected values are derived from NVIDIA/k8s-device-plugin v0.20.0 (gpu-feature-d
 internal/lm/nvml.go (gpu.mode, mps.capable), internal/lm/machine-type.go (gpu.machine),
 internal/lm/vgpu.go with internal/vgpu/{vgpu,pciutil}.go (vgpu.*), internal/lm/resource.go
 (baseLabeler: per-resource replicas and sharing-strategy, getProductName/sanitise) and
-internal/lm/mig-strategy.go (newGPULabelers, newInvalidMigStrategyLabeler), plus go-nvlib's
-pkg/nvpci/nvpci.go (what GetPCIClass reads from sysfs). A fake sysfs tree stands in for /sys.
+internal/lm/mig-strategy.go (newGPULabelers, newInvalidMigStrategyLabeler), internal/lm/imex.go
+(gpu.clique), plus go-nvlib's pkg/nvpci/nvpci.go (what GetPCIClass reads from sysfs) and
+pkg/nvlib/device/device.go (IsFabricAttached). A fake sysfs tree stands in for /sys.
 """
 
 from __future__ import annotations
@@ -18,9 +19,16 @@ import pytest
 from plugin_testlib import T4, cfg, make_gpu, make_inventory
 
 from gpukit.contracts import label_names as ln
-from gpukit.plugin.devices import Gpu, NodeDevices
+from gpukit.plugin.devices import (
+    FABRIC_STATE_COMPLETED,
+    FABRIC_STATE_IN_PROGRESS,
+    Fabric,
+    Gpu,
+    NodeDevices,
+)
 from gpukit.plugin.labels import (
     SYSFS_ROOT_ENV,
+    clique_labels,
     compute_labels,
     gfd_sanitise,
     label_changes,
@@ -370,3 +378,41 @@ def test_every_label_of_a_gfd_node(sysfs: Path) -> None:
         "nvidia.com/mps.capable": "false",
         "nvidia.com/vgpu.present": "false",
     }
+
+
+# ---- gpu.clique (lm/imex.go getFabricIDs, go-nvlib IsFabricAttached) ----
+CLUSTER_A = "6f1c2a9e-3b7d-4e58-a0c4-9d21e5b7f360"
+CLUSTER_B = "0b4e2f6a-9c1d-4a7e-8f35-2d6c9e1a7b40"
+NIL = "00000000-0000-0000-0000-000000000000"
+
+
+def _fabric_gpus(*fabrics: Fabric | None) -> list[Gpu]:
+    return [dataclasses.replace(make_gpu(i), fabric=f) for i, f in enumerate(fabrics)]
+
+
+@pytest.mark.parametrize(("fabrics", "expected"), [
+    # every GPU in one clique: the label
+    ((Fabric(CLUSTER_A, 32766), Fabric(CLUSTER_A, 32766)), f"{CLUSTER_A}.32766"),
+    # GPUs not attached are left out of the count, whatever they report
+    ((Fabric(CLUSTER_A, 7), None, Fabric(CLUSTER_B, 9, state=FABRIC_STATE_IN_PROGRESS),
+      Fabric(CLUSTER_B, 9, status=3), Fabric(NIL, 9)), f"{CLUSTER_A}.7"),
+    # two cliques, or two clusters, among the attached GPUs: no label
+    ((Fabric(CLUSTER_A, 1), Fabric(CLUSTER_A, 2)), None),
+    ((Fabric(CLUSTER_A, 1), Fabric(CLUSTER_B, 1)), None),
+    # nothing attached: registration not done, failed, a nil cluster, no fabric at all
+    ((Fabric(CLUSTER_A, 1, state=FABRIC_STATE_IN_PROGRESS),), None),
+    ((Fabric(CLUSTER_A, 1, state=FABRIC_STATE_COMPLETED, status=999),), None),
+    ((Fabric(NIL, 1),), None),
+    ((None, None), None),
+])
+def test_clique_label_follows_gfd(fabrics: tuple[Fabric | None, ...], expected: str | None
+                                  ) -> None:
+    gpus = _fabric_gpus(*fabrics)
+    assert clique_labels(gpus) == ({ln.GPU_CLIQUE: expected} if expected else {})
+    labels = compute_labels(NodeDevices(gpus=tuple(gpus)), cfg(), sysfs_root="/nonexistent")
+    assert labels.get(ln.GPU_CLIQUE) == expected
+
+
+def test_clique_label_is_owned_and_removed_when_it_no_longer_applies() -> None:
+    assert owned(ln.GPU_CLIQUE)
+    assert label_changes({ln.GPU_CLIQUE: f"{CLUSTER_A}.1"}, {}) == {ln.GPU_CLIQUE: None}

@@ -13,6 +13,7 @@ import pynvml
 import pytest
 from plugin_testlib import FakeKubelet, dial
 
+from gpukit.contracts import label_names as ln
 from gpukit.plugin import nvml
 from gpukit.plugin.api import deviceplugin_pb2 as pb
 from gpukit.plugin.config_source import ConfigSource, Override
@@ -117,6 +118,29 @@ def test_discovery_and_labels_of_blackwell_nodes(
     assert (labels["nvidia.com/gpu.compute.major"], labels["nvidia.com/gpu.compute.minor"]) == (
         "10", "0")
     assert labels["nvidia.com/mig.capable"] == "true"
+
+
+def test_gb200_fabric_is_discovered_and_labelled_as_gfd_does(
+        mock_node: Callable[[str], Any]) -> None:
+    """gb200-x4 declares a completed fabric (one cluster, clique 32766): every GPU carries it,
+    and the node gets GFD's nvidia.com/gpu.clique = <cluster UUID>.<clique id>."""
+    mock_node("gb200-x4")
+    inv = discover()
+    cluster = "6f1c2a9e-3b7d-4e58-a0c4-9d21e5b7f360"
+    for g in inv.gpus:
+        assert g.fabric is not None and g.fabric.attached
+        assert (g.fabric.cluster_uuid, g.fabric.clique_id) == (cluster, 32766)
+    labels = compute_labels(inv, ConfigSource().load().config)
+    assert labels[ln.GPU_CLIQUE] == f"{cluster}.32766"
+
+
+@pytest.mark.parametrize("profile", ["a100-sxm4-40gb-x8", "h100-80gb-x8", "b200-x8", "t4-x2"])
+def test_gpus_without_a_fabric_have_no_clique(mock_node: Callable[[str], Any],
+                                              profile: str) -> None:
+    mock_node(profile)
+    inv = discover()
+    assert all(g.fabric is None for g in inv.gpus)
+    assert ln.GPU_CLIQUE not in compute_labels(inv, ConfigSource().load().config)
 
 
 def test_mig_discovery_and_mixed_resources(mock_node: Callable[[str], Any]) -> None:

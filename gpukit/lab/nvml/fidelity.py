@@ -100,6 +100,27 @@ def _placements(nvml: Any, handle: Any, profile_id: int) -> list[list[int]]:
     return [[p.start, p.size] for p in placements[: count.value]]
 
 
+def _fabric_struct(nvml: Any, name: str) -> Any:
+    """A fabric info struct of this pynvml; one too old to have it records FUNCTION_NOT_FOUND."""
+    if not hasattr(nvml, name):
+        raise nvml.NVMLError(nvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+    return getattr(nvml, name)()
+
+
+def _fabric_info(nvml: Any, handle: Any) -> dict[str, Any]:
+    info = _fabric_struct(nvml, "c_nvmlGpuFabricInfo_t")
+    nvml.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))
+    return {"clusterUuid": bytes(info.clusterUuid).hex(), "cliqueId": info.cliqueId,
+            "state": info.state, "status": info.status}
+
+
+def _fabric_info_v2(nvml: Any, handle: Any) -> dict[str, Any]:
+    info = _fabric_struct(nvml, "c_nvmlGpuFabricInfo_v2_t")
+    nvml.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))
+    return {"clusterUuid": bytes(info.clusterUuid).hex(), "cliqueId": info.cliqueId,
+            "state": info.state, "status": info.status, "healthMask": info.healthMask}
+
+
 def _gpu_instances(nvml: Any, handle: Any, profile_id: int) -> int:
     instances = (nvml.c_nvmlGpuInstance_t * 8)()
     count = ctypes.c_uint(0)
@@ -181,6 +202,11 @@ def _device(r: Recorder, nvml: Any, h: Any) -> None:
            lambda: nvml.nvmlDeviceGetGraphicsRunningProcesses(h))
     r.call("device.numa_node", "info", lambda: nvml.nvmlDeviceGetNumaNodeId(h))
     r.call("device.nvlink_state[0]", "info", lambda: nvml.nvmlDeviceGetNvLinkState(h, 0))
+    # The nvmlNvlinkVersion_t the model's links answer (NVML_NVLINK_VERSION_4_0 = 6 on an H100?);
+    # the fabric registration depends on the machine (NVSwitch / multi-node NVLink), so info.
+    r.call("device.nvlink_version[0]", "exact", lambda: nvml.nvmlDeviceGetNvLinkVersion(h, 0))
+    r.call("device.gpu_fabric_info", "info", partial(_fabric_info, nvml, h))
+    r.call("device.gpu_fabric_info_v.v2", "info", partial(_fabric_info_v2, nvml, h))
     r.call("device.supported_event_types", "exact",
            lambda: nvml.nvmlDeviceGetSupportedEventTypes(h))
     r.call("device.xid_events(wait 10 ms)", "exact", lambda: _xid_wait(nvml, h))

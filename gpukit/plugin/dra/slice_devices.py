@@ -10,6 +10,7 @@ described as NVIDIA's DRA driver does, so selectors written for it match unchang
   versions and PCI address, index and parentIndex; capacity as the GPU instance profile gives
   it (multiprocessors, copyEngines, decoders, encoders, jpegEngines, ofaEngines, memory) and
   one `memorySlice<i>` per memory slice it occupies.
+No NVLink fabric / clique attribute: NVIDIA's driver publishes none (see gpukit.contracts.dra).
 Plain data: what NVML said comes in as `NodeDevices` and the GPU instances' placements.
 """
 

@@ -6,6 +6,7 @@ on NVML_ERROR_NOT_SUPPORTED instead of failing discovery, like the real plugin o
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import re
 from collections import Counter
@@ -16,7 +17,7 @@ import pynvml
 
 from gpukit.contracts import gpu_architectures
 
-from ..devices import Gpu, Link, MigDevice, NodeDevices, mig_memory_gb, profile_name
+from ..devices import Fabric, Gpu, Link, MigDevice, NodeDevices, mig_memory_gb, profile_name
 from .calls import NvmlError, _text, call, normalize_bus_id, optional
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,7 @@ def _describe_gpu(index: int, handle: Any) -> Gpu:
     mig_capable = current_mode != -1
     mig_enabled = current_mode == pynvml.NVML_DEVICE_MIG_ENABLE
     migs = _mig_devices(index, uuid, handle, int(mem.total)) if mig_enabled else ()
+    fabric = _fabric(handle, subject)
     return Gpu(
         index=index, uuid=uuid, minor=int(minor), name=name,
         memory_mb=int(mem.total) // (1024 * 1024), pci_bus_id=bus_id,
@@ -96,8 +98,43 @@ def _describe_gpu(index: int, handle: Any) -> Gpu:
         compute_major=int(major), compute_minor=int(minor_cc),
         architecture=gpu_architectures.from_nvml(int(arch)), brand=_BRANDS.get(int(brand), ""),
         mig_capable=mig_capable,
-        mig_enabled=mig_enabled, mig_devices=migs,
+        mig_enabled=mig_enabled, mig_devices=migs, fabric=fabric,
     )
+
+
+def _fabric_info(handle: Any) -> Any:
+    """nvmlDeviceGetGpuFabricInfo (the v1 struct, the call GFD and NVIDIA's DRA driver make);
+    a library without it (deprecated since CUDA 13) is asked the versioned call with v2."""
+    try:
+        info = pynvml.c_nvmlGpuFabricInfo_t()
+        pynvml.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))
+        return info
+    except pynvml.NVMLError as exc:
+        if exc.value != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+            raise
+    info = pynvml.c_nvmlGpuFabricInfo_v2_t()
+    pynvml.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))
+    return info
+
+
+def _fabric(handle: Any, subject: str) -> Fabric | None:
+    """The GPU's NVLink fabric registration; None where the GPU or driver has no fabric
+    (NOT_SUPPORTED, as every GPU outside a multi-node NVLink system answers) or the call fails
+    otherwise (logged: GFD would stop labelling the node; gpukit only leaves the clique out)."""
+    try:
+        info = optional("nvmlDeviceGetGpuFabricInfo", _fabric_info, handle, default=None,
+                        subject=subject)
+    except NvmlError as exc:
+        if exc.gpu_lost:
+            raise
+        log.warning("%s: no NVLink fabric information: %s", subject, exc)
+        return None
+    if info is None:
+        return None
+    raw = bytes(info.clusterUuid).hex()
+    cluster = f"{raw[:8]}-{raw[8:12]}-{raw[12:16]}-{raw[16:20]}-{raw[20:]}"
+    return Fabric(cluster_uuid=cluster, clique_id=int(info.cliqueId), state=int(info.state),
+                  status=int(info.status))
 
 
 def _mig_devices(index: int, parent_uuid: str, handle: Any, total_bytes: int

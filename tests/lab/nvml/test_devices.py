@@ -160,7 +160,7 @@ def test_nvlink_pairs(nvml: Any) -> None:
     bus1 = nvml.nvmlDeviceGetPciInfo(nvml.nvmlDeviceGetHandleByIndex(1)).busId
     for link in range(12):
         assert nvml.nvmlDeviceGetNvLinkState(h0, link) == nvml.NVML_FEATURE_ENABLED
-        assert nvml.nvmlDeviceGetNvLinkVersion(h0, link) == 3
+        assert nvml.nvmlDeviceGetNvLinkVersion(h0, link) == nvml.NVML_NVLINK_VERSION_3_1
         assert nvml.nvmlDeviceGetNvLinkRemotePciInfo(h0, link).busId == bus1
         assert nvml.nvmlDeviceGetNvLinkRemoteDeviceType(h0, link) == (
             nvml.NVML_NVLINK_DEVICE_TYPE_GPU)

@@ -147,6 +147,16 @@ def _variant(change: str) -> str:
         d["mig_enabled"] = True
     elif change == "arch":
         d["architecture"] = "fermi-ish"
+    elif change == "nvlink_version":
+        d["nvlink_version"] = "3.5"
+    elif change == "fabric_uuid":
+        d["fabric"] = {"cluster_uuid": "6f1c2a9e-3b7d", "clique_id": 1}
+    elif change == "fabric_state":
+        d["fabric"] = {"cluster_uuid": "6f1c2a9e-3b7d-4e58-a0c4-9d21e5b7f360", "state": "done"}
+    elif change == "fabric_unknown_field":
+        g0["fabric"] = {"cluster_uuid": "6f1c2a9e-3b7d-4e58-a0c4-9d21e5b7f360", "clique": 1}
+    elif change == "fabric_no_uuid":
+        g0["fabric"] = {"clique_id": 1}
     elif change.startswith("switch_"):
         _switch_variant(change, doc)
     return yaml.safe_dump(doc, sort_keys=False)
@@ -193,6 +203,11 @@ def _switch_variant(change: str, doc: dict[str, Any]) -> None:
         ("cc", "defaults.compute_capability", "MAJOR.MINOR"),
         ("mig_without_table", "gpus[0]", "needs a mig_table"),
         ("arch", "defaults.architecture", "unknown architecture 'fermi-ish'"),
+        ("nvlink_version", "defaults.nvlink_version", "expected an NVLink version (1.0, 2.0"),
+        ("fabric_uuid", "defaults.fabric.cluster_uuid", "expected a UUID (16 bytes)"),
+        ("fabric_state", "defaults.fabric.state", "expected one of not_supported, not_started"),
+        ("fabric_unknown_field", "gpus[0].fabric.clique", "unknown field (fabric fields"),
+        ("fabric_no_uuid", "gpus[0].fabric", "needs cluster_uuid"),
         ("switch_index", "gpus[1]", "nvlink_switches: 1 is not an NVSwitch of this node"),
         ("switch_and_peers", "gpus[0]", "nvlink_peers and nvlink_switches are exclusive"),
         ("switch_bus_is_gpu", "nvswitches[0]", "pci_bus_id 00000000:0F:00.0 is also used by "

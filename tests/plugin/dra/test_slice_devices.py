@@ -6,6 +6,7 @@ import dataclasses
 
 from plugin_testlib import T4, gpu_uuid, make_gpu, make_inventory, mig_uuid
 
+from gpukit.plugin.devices import Fabric
 from gpukit.plugin.dra.slice_devices import Placement, node_slice_devices, quantity, semver
 
 
@@ -37,6 +38,21 @@ def test_a_blackwell_gpu_is_described_as_nvidias_driver_describes_it() -> None:
     assert attrs["productName"] == {"string": "NVIDIA B200"}
     assert attrs["architecture"] == {"string": "Blackwell"}
     assert attrs["cudaComputeCapability"] == {"version": "10.0.0"}
+
+
+def test_a_gb200_in_an_nvlink_clique_gets_no_fabric_attribute() -> None:
+    """NVIDIA's DRA driver publishes no clique or cluster UUID on GPU devices (its
+    gpu-kubelet-plugin has none; the clique is the node label): neither does gpukit, so a
+    fabric-attached GPU is described exactly as one without a fabric."""
+    gb200 = dataclasses.replace(make_gpu(0), name="NVIDIA GB200", memory_mb=189471,
+                                compute_major=10, compute_minor=0, architecture="blackwell")
+    attached = dataclasses.replace(
+        gb200, fabric=Fabric("6f1c2a9e-3b7d-4e58-a0c4-9d21e5b7f360", 32766))
+    with_fabric = node_slice_devices(make_inventory([attached]), {})[0].body
+    without = node_slice_devices(make_inventory([gb200]), {})[0].body
+    assert with_fabric == without
+    assert not any("clique" in k.lower() or "cluster" in k.lower() or "fabric" in k.lower()
+                   for k in with_fabric["attributes"])
 
 
 def test_mig_devices_replace_their_gpu_named_by_profile_id_and_placement() -> None:

@@ -954,3 +954,101 @@ EXPORT nvmlReturn_t nvmlDeviceGetAttributes(nvmlDevice_t device, nvmlDeviceAttri
 {
     LOCKED(attributes_impl(device, attributes));
 }
+
+/* ---- NVLink fabric (GB200 NVL72 and other multi-node NVLink systems): the GPU's registration
+ * with the fabric manager as the profile's `fabric` declares it; NOT_SUPPORTED without one ---- */
+static nvmlReturn_t fabric_get(nvmlDevice_t d, const void *out, devref *r)
+{
+    if (!out)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = dev_get(d, r, 0);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    return r->p->has_fabric ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
+}
+
+static nvmlReturn_t fabric_v1_impl(nvmlDevice_t d, nvmlGpuFabricInfo_t *info)
+{
+    devref r;
+    nvmlReturn_t rc = fabric_get(d, info, &r);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    memset(info, 0, sizeof *info);
+    memcpy(info->clusterUuid, r.p->fabric_cluster_uuid, sizeof info->clusterUuid);
+    info->status = (nvmlReturn_t)r.p->fabric_status;
+    info->cliqueId = r.p->fabric_clique_id;
+    info->state = (nvmlGpuFabricState_t)r.p->fabric_state;
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device,
+                                               nvmlGpuFabricInfo_t *gpuFabricInfo)
+{
+    LOCKED(fabric_v1_impl(device, gpuFabricInfo));
+}
+
+/* The versioned call: v2 (pynvml's c_nvmlGpuFabricInfoV_t, go-nvml's V2()) or v3 (adds
+ * healthSummary); only the caller's version's bytes are written. */
+static nvmlReturn_t fabric_v_impl(nvmlDevice_t d, nvmlGpuFabricInfoV_t *info)
+{
+    if (info && info->version != nvmlGpuFabricInfo_v2 && info->version != nvmlGpuFabricInfo_v3)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    devref r;
+    nvmlReturn_t rc = fabric_get(d, info, &r);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (info->version == nvmlGpuFabricInfo_v2) {
+        nvmlGpuFabricInfo_v2_t *v2 = (nvmlGpuFabricInfo_v2_t *)info;
+        memset(v2, 0, sizeof *v2);
+        v2->version = nvmlGpuFabricInfo_v2;
+        memcpy(v2->clusterUuid, r.p->fabric_cluster_uuid, sizeof v2->clusterUuid);
+        v2->status = (nvmlReturn_t)r.p->fabric_status;
+        v2->cliqueId = r.p->fabric_clique_id;
+        v2->state = (nvmlGpuFabricState_t)r.p->fabric_state;
+        v2->healthMask = r.p->fabric_health_mask;
+        return NVML_SUCCESS;
+    }
+    memset(info, 0, sizeof *info);
+    info->version = nvmlGpuFabricInfo_v3;
+    memcpy(info->clusterUuid, r.p->fabric_cluster_uuid, sizeof info->clusterUuid);
+    info->status = (nvmlReturn_t)r.p->fabric_status;
+    info->cliqueId = r.p->fabric_clique_id;
+    info->state = (nvmlGpuFabricState_t)r.p->fabric_state;
+    info->healthMask = r.p->fabric_health_mask;
+    info->healthSummary = (unsigned char)r.p->fabric_health_summary;
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device,
+                                                nvmlGpuFabricInfoV_t *gpuFabricInfo)
+{
+    LOCKED(fabric_v_impl(device, gpuFabricInfo));
+}
+
+#ifdef NVML_GPU_FABRIC_CLIQUE_MAX
+/* nvml.h's per-type clique call (newer headers): the profile's clique id as the one unicast
+ * pointer clique, the id v3 reports. The other clique types a Blackwell driver adds are not
+ * modelled (their ids were not recorded). */
+static nvmlReturn_t fabric_v4_impl(nvmlDevice_t d, nvmlGpuFabricInfo_v4_t *info)
+{
+    devref r;
+    nvmlReturn_t rc = fabric_get(d, info, &r);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    memset(info, 0, sizeof *info);
+    memcpy(info->clusterUuid, r.p->fabric_cluster_uuid, sizeof info->clusterUuid);
+    info->status = (nvmlReturn_t)r.p->fabric_status;
+    if (r.p->fabric_state == NVML_GPU_FABRIC_STATE_COMPLETED) {
+        info->cliques[0].type = NVML_GPU_FABRIC_CLIQUE_TYPE_UNICAST_POINTER;
+        info->cliques[0].id = r.p->fabric_clique_id;
+        info->numCliques = 1;
+    }
+    info->state = (nvmlGpuFabricState_t)r.p->fabric_state;
+    info->healthMask = r.p->fabric_health_mask;
+    info->healthSummary = (unsigned char)r.p->fabric_health_summary;
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfo_v4(nvmlDevice_t device,
+                                                  nvmlGpuFabricInfo_v4_t *gpuFabricInfo)
+{
+    LOCKED(fabric_v4_impl(device, gpuFabricInfo));
+}
+#endif

@@ -107,6 +107,8 @@ typedef struct {
     const mock_mig_table *mig; /* NULL: not MIG capable */
     int mig_enabled;           /* MIG mode at first boot */
     int mig_immediate;         /* mode change applies without a reset */
+    /* nvlink_version: what nvmlDeviceGetNvLinkVersion answers, an nvmlNvlinkVersion_t
+     * (NVML_NVLINK_VERSION_4_0 = 6 for NVLink 4.0), not the generation number */
     unsigned nvlink_version, nvlink_links, n_nvlink_peers;
     int nvlink_peers[MOCK_MAX_NVLINK_PEERS];
     /* NVSwitch wiring (exclusive with nvlink_peers): link i goes to switch
@@ -118,6 +120,12 @@ typedef struct {
     unsigned sm_clock_max_mhz, sm_clock_idle_mhz, mem_clock_mhz; /* 0: the architecture's */
     int persistence;
     unsigned pcie_gen, pcie_width;
+    /* NVLink fabric (nvmlDeviceGetGpuFabricInfo, ...InfoV, ..._v4); has_fabric 0: the GPU has
+     * none and those calls answer NVML_ERROR_NOT_SUPPORTED */
+    int has_fabric;
+    unsigned char fabric_cluster_uuid[NVML_GPU_FABRIC_UUID_LEN];
+    unsigned fabric_clique_id, fabric_state, fabric_status, fabric_health_mask;
+    unsigned fabric_health_summary;
 } mock_gpu;
 
 typedef struct {

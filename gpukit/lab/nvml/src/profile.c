@@ -239,6 +239,142 @@ static const struct {
     {"unknown", NVML_BRAND_UNKNOWN},
 };
 
+/* nvlink_version: "MAJOR.MINOR" as NVIDIA names the versions, or a generation (4 = 4.0); stored
+ * as nvmlDeviceGetNvLinkVersion answers it, an nvmlNvlinkVersion_t */
+static const struct {
+    const char *name;
+    unsigned value;
+} NVLINK_VERSIONS[] = {
+    {"1.0", NVML_NVLINK_VERSION_1_0}, {"2.0", NVML_NVLINK_VERSION_2_0},
+    {"2.2", NVML_NVLINK_VERSION_2_2}, {"3.0", NVML_NVLINK_VERSION_3_0},
+    {"3.1", NVML_NVLINK_VERSION_3_1}, {"4.0", NVML_NVLINK_VERSION_4_0},
+    {"5.0", NVML_NVLINK_VERSION_5_0}, {"6.0", NVML_NVLINK_VERSION_6_0},
+};
+
+static int get_nvlink_version(yctx *c, const yaml_node_t *n, const char *field, unsigned *out)
+{
+    const char *s = scalar(n);
+    char name[8];
+    if (s && strlen(s) == 1 && isdigit((unsigned char)s[0]))
+        snprintf(name, sizeof name, "%s.0", s);
+    else
+        snprintf(name, sizeof name, "%.7s", s ? s : "");
+    for (size_t i = 0; s && i < sizeof NVLINK_VERSIONS / sizeof NVLINK_VERSIONS[0]; i++)
+        if (!strcmp(name, NVLINK_VERSIONS[i].name)) {
+            *out = NVLINK_VERSIONS[i].value;
+            return 0;
+        }
+    return fail(c, n, field,
+                "expected an NVLink version (1.0, 2.0, 2.2, 3.0, 3.1, 4.0, 5.0, 6.0, or a "
+                "generation such as 4), got '%s'",
+                s ? s : "");
+}
+
+/* "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (or 32 hex digits) -> the 16 bytes NVML gives */
+static int get_fabric_uuid(yctx *c, const yaml_node_t *n, const char *field, unsigned char *out)
+{
+    const char *s = scalar(n);
+    unsigned nbytes = 0;
+    int hi = -1;
+    for (const char *p = s; p && *p; p++) {
+        if (*p == '-')
+            continue;
+        if (!isxdigit((unsigned char)*p) || nbytes >= NVML_GPU_FABRIC_UUID_LEN)
+            return fail(c, n, field, "expected a UUID such as "
+                        "\"2b5e2d8c-0f3a-4c71-9a44-6f1e0c7d5b93\", got '%s'", s);
+        int v = isdigit((unsigned char)*p) ? *p - '0' : (tolower((unsigned char)*p) - 'a' + 10);
+        if (hi < 0) {
+            hi = v;
+        } else {
+            out[nbytes++] = (unsigned char)(hi << 4 | v);
+            hi = -1;
+        }
+    }
+    if (!s || nbytes != NVML_GPU_FABRIC_UUID_LEN || hi >= 0)
+        return fail(c, n, field, "expected a UUID (16 bytes) such as "
+                    "\"2b5e2d8c-0f3a-4c71-9a44-6f1e0c7d5b93\", got '%s'", s ? s : "");
+    return 0;
+}
+
+static const struct {
+    const char *name;
+    unsigned value;
+} FABRIC_STATES[] = {
+    {"not_supported", NVML_GPU_FABRIC_STATE_NOT_SUPPORTED},
+    {"not_started", NVML_GPU_FABRIC_STATE_NOT_STARTED},
+    {"in_progress", NVML_GPU_FABRIC_STATE_IN_PROGRESS},
+    {"completed", NVML_GPU_FABRIC_STATE_COMPLETED},
+}, FABRIC_SUMMARIES[] = {
+    {"not_supported", NVML_GPU_FABRIC_HEALTH_SUMMARY_NOT_SUPPORTED},
+    {"healthy", NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY},
+    {"unhealthy", NVML_GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY},
+    {"limited_capacity", NVML_GPU_FABRIC_HEALTH_SUMMARY_LIMITED_CAPACITY},
+};
+
+static const char *FABRIC_FIELDS =
+    "cluster_uuid, clique_id, state, status, health_mask, health_summary";
+
+/* fabric: {cluster_uuid, clique_id, state, status, health_mask, health_summary}, or none. A GPU's
+ * own fabric replaces the one in defaults as a whole. */
+static int get_fabric(yctx *c, yaml_node_t *v, const char *field, mock_gpu *g)
+{
+    g->has_fabric = 0;
+    memset(g->fabric_cluster_uuid, 0, sizeof g->fabric_cluster_uuid);
+    g->fabric_clique_id = g->fabric_status = g->fabric_health_mask = 0;
+    g->fabric_state = NVML_GPU_FABRIC_STATE_COMPLETED;
+    g->fabric_health_summary = NVML_GPU_FABRIC_HEALTH_SUMMARY_NOT_SUPPORTED;
+    const char *s = scalar(v);
+    if (s && (!*s || !strcmp(s, "null") || !strcmp(s, "~") || !strcasecmp(s, "none")))
+        return 0;
+    if (!v || v->type != YAML_MAPPING_NODE)
+        return fail(c, v, field, "expected a mapping (%s) or none", FABRIC_FIELDS);
+    int have_uuid = 0;
+    for (yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top; p++) {
+        const char *ks = scalar(yaml_document_get_node(&c->doc, p->key));
+        yaml_node_t *val = yaml_document_get_node(&c->doc, p->value);
+        char f[320];
+        snprintf(f, sizeof f, "%s.%s", field, ks ? ks : "?");
+        if (ks && !strcmp(ks, "cluster_uuid")) {
+            if (get_fabric_uuid(c, val, f, g->fabric_cluster_uuid))
+                return -1;
+            have_uuid = 1;
+        } else if (ks && !strcmp(ks, "clique_id")) {
+            if (get_u32(c, val, f, 0xffffffffu, &g->fabric_clique_id))
+                return -1;
+        } else if (ks && !strcmp(ks, "status")) {
+            if (get_u32(c, val, f, 999, &g->fabric_status))
+                return -1;
+        } else if (ks && !strcmp(ks, "health_mask")) {
+            if (get_u32(c, val, f, 0xffffffffu, &g->fabric_health_mask))
+                return -1;
+        } else if (ks && (!strcmp(ks, "state") || !strcmp(ks, "health_summary"))) {
+            int state = !strcmp(ks, "state");
+            const char *vs = scalar(val);
+            size_t n = state ? sizeof FABRIC_STATES / sizeof FABRIC_STATES[0]
+                             : sizeof FABRIC_SUMMARIES / sizeof FABRIC_SUMMARIES[0];
+            size_t i = 0;
+            for (; vs && i < n; i++)
+                if (!strcasecmp(vs, state ? FABRIC_STATES[i].name : FABRIC_SUMMARIES[i].name))
+                    break;
+            if (!vs || i == n)
+                return fail(c, val, f, "expected one of %s, got '%s'",
+                            state ? "not_supported, not_started, in_progress, completed"
+                                  : "not_supported, healthy, unhealthy, limited_capacity",
+                            vs ? vs : "");
+            if (state)
+                g->fabric_state = FABRIC_STATES[i].value;
+            else
+                g->fabric_health_summary = FABRIC_SUMMARIES[i].value;
+        } else {
+            return fail(c, val, f, "unknown field (fabric fields: %s)", FABRIC_FIELDS);
+        }
+    }
+    if (!have_uuid)
+        return fail(c, v, field, "needs cluster_uuid (16 bytes, UUID form)");
+    g->has_fabric = 1;
+    return 0;
+}
+
 static const char *GPU_FIELDS =
     "name, uuid, serial, pci_bus_id, pci_device_id, pci_subsystem_id, memory_mib, "
     "memory_reserved_mib, compute_capability, architecture, brand, multiprocessors, numa_node, "
@@ -246,7 +382,7 @@ static const char *GPU_FIELDS =
     "nvlink_links, nvlink_peers, nvlink_switches, power_usage_w, power_limit_w, temperature_c, "
     "utilization_gpu, utilization_memory, sm_clock_max_mhz, sm_clock_idle_mhz, mem_clock_mhz, "
     "persistence_mode, vbios_version, board_part_number, "
-    "pcie_generation, pcie_width";
+    "pcie_generation, pcie_width, fabric";
 
 static int gpu_field(yctx *c, const char *key, yaml_node_t *v, const char *path, mock_gpu *g,
                      unsigned *seen)
@@ -371,7 +507,9 @@ static int gpu_field(yctx *c, const char *key, yaml_node_t *v, const char *path,
         return 0;
     }
     if (!strcmp(key, "nvlink_version"))
-        return get_u32(c, v, f, 10, &g->nvlink_version);
+        return get_nvlink_version(c, v, f, &g->nvlink_version);
+    if (!strcmp(key, "fabric"))
+        return get_fabric(c, v, f, g);
     if (!strcmp(key, "nvlink_links"))
         return get_u32(c, v, f, NVML_NVLINK_MAX_LINKS, &g->nvlink_links);
     if (!strcmp(key, "nvlink_peers"))
@@ -746,7 +884,7 @@ static int parse_root(yctx *c, yaml_node_t *root, mock_profile *out)
         if (!g->vbios[0])
             snprintf(g->vbios, sizeof g->vbios, "%s", "00.00.00.00.00");
         if (g->nvlink_links && !g->nvlink_version)
-            g->nvlink_version = 3;
+            g->nvlink_version = NVML_NVLINK_VERSION_3_0;
         out->ngpu++;
     }
     if (out->ngpu == 0)
