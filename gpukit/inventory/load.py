@@ -77,7 +77,11 @@ def _load(paths: list[str], source: str, hosts: Sequence[str] | None,
     strays: dict[tuple[str, str], Problem] = {}  # unknown variables, each (name, where) once
     for host in members:
         hv = variables.get_vars(host=host)
-        for name, hint in known_variables.unknown(set(hv), _MODEL_VARIABLES).items():
+        for odd in (k for k in hv if not isinstance(k, str)):  # `? ` or `1: x` in a vars file
+            problems.append(Problem(host.name, "variables", odd,
+                                    "is not a variable name (a vars file's keys are names)"))
+        names = {k for k in hv if isinstance(k, str)}
+        for name, hint in known_variables.unknown(names, _MODEL_VARIABLES).items():
             where = _origin(hv[name])
             strays.setdefault((name, where or host.name), Problem(
                 None if where else host.name, name, MISSING,
