@@ -26,6 +26,9 @@ import yaml
 
 from gpukit.contracts import label_names
 from gpukit.inventory import GPU_GROUP, InventoryError, plain
+from gpukit.inventory import files as inventory_files
+from gpukit.inventory.load import one_line
+from gpukit.inventory.problems import short
 from gpukit.provision import agent, telemetry
 
 
@@ -141,13 +144,16 @@ def play_vars(
     source = str(inventory)
     if not Path(source).exists():
         raise ManifestsError(f"inventory {source!r} does not exist")
+    unreadable = inventory_files.problems([source])  # bounds before Ansible's parser
+    if unreadable:
+        raise InventoryError(unreadable, source)
     loader = DataLoader()
     try:
         inv = InventoryManager(loader=loader, sources=[source])
         variables = VariableManager(loader=loader, inventory=inv)
         extra = _extra_vars(loader, extra_vars)
-    except AnsibleError as e:
-        raise ManifestsError(f"{source}: cannot be read: {e}") from e
+    except (AnsibleError, RecursionError) as e:
+        raise ManifestsError(f"{source}: cannot be read: {one_line(e)}") from e
     if GPU_GROUP not in inv.groups:
         raise ManifestsError(f"{source}: no {GPU_GROUP!r} group: site.yml plays its hosts")
     if limit:
@@ -160,7 +166,10 @@ def play_vars(
               DEFAULT_CONFIG, METRICS_ADDRESS, *telemetry.VARIABLES)  # fmt: skip
     play: list[tuple[str, dict[str, Any]]] = []
     for host in hosts:
-        hv = {**variables.get_vars(host=host), **extra}
+        try:
+            hv = {**variables.get_vars(host=host), **extra}
+        except (AnsibleError, RecursionError) as e:
+            raise ManifestsError(f"{source}: cannot be read: {one_line(e)}") from e
         templar = Templar(loader=loader, variables=hv)
         templated: dict[str, Any] = {}
         for name in wanted:
@@ -168,8 +177,8 @@ def play_vars(
                 try:
                     templated[name] = plain(templar.template(hv[name]))
                 except AnsibleError as e:
-                    raise ManifestsError(f"host {host.name}: {name}: {plain(hv[name])!r} cannot "
-                                         f"be templated: {e}") from e
+                    raise ManifestsError(f"host {host.name}: {name}: {short(plain(hv[name]))} "
+                                         f"cannot be templated: {one_line(e)}") from e
         play.append((host.name, role_vars(host.name, templated)))
     return play
 

@@ -35,6 +35,7 @@ SUITE_KEY = pytest.StashKey["Any"]()
 CHECK_KEY = pytest.StashKey[Check]()
 RESULTS_KEY = pytest.StashKey[list[Result]]()
 STARTED_KEY = pytest.StashKey[float]()
+NO_TARGETS_KEY = pytest.StashKey[str]()  # why the cluster's GPU nodes cannot be listed
 MARKERS = {
     "discovery": "node capacity/allocatable and kubelet view match the declaration",
     "labels": "GFD and declared node labels and taints",
@@ -228,8 +229,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     suite = get_suite(metafunc.config)
     try:
         nodes = suite.targets()
-    except Exception as exc:
-        raise pytest.UsageError(f"cannot list the cluster's GPU nodes: {exc}") from exc
+    except Exception as exc:  # one line for the run (collection_finish), not one per module
+        why = suite.unreachable() or " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        metafunc.config.stash[NO_TARGETS_KEY] = f"cannot list the cluster's GPU nodes: {why}"
+        nodes = []
     if "resource" in metafunc.fixturenames:
         marker = metafunc.definition.get_closest_marker("per_resource")
         kind = marker.args[0] if marker and marker.args else "all"
@@ -244,6 +247,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """One usage error for an unusable cluster, before any test runs (not one traceback per
     test); --collect-only needs no cluster."""
     config = session.config
+    no_targets = config.stash.get(NO_TARGETS_KEY, "")
+    if no_targets:
+        pytest.exit(f"conformance: {no_targets}", returncode=pytest.ExitCode.USAGE_ERROR)
     if config.option.collectonly or not any(_is_suite_path(i.path) for i in session.items):
         return
     why = get_suite(config).unreachable()

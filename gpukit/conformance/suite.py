@@ -198,10 +198,25 @@ class Suite:
             kube = self.kube
             client.VersionApi(kube.api_client).get_code(_request_timeout=timeout)
         except Exception as exc:  # kubeconfig, TLS, connection: all one usage error
-            where = self.options.kubeconfig or "$KUBECONFIG, ~/.kube/config or in-cluster"
+            where = self.kubeconfig_origin()
+            path = self.options.kubeconfig or (self.inventory.kubeconfig if self.inventory
+                                               else None)
+            if path and not Path(path).expanduser().is_file():
+                return f"cannot reach the cluster: {where} does not exist"
             detail = " ".join(str(exc).split())[:300]
             return f"cannot reach the cluster through {where}: {type(exc).__name__}: {detail}"
         return ""
+
+    def kubeconfig_origin(self) -> str:
+        """Where the run's kubeconfig comes from, as the user wrote it (errors name it)."""
+        if self.options.kubeconfig:
+            return f"--kubeconfig {self.options.kubeconfig}"
+        if self.options.lab:
+            return "the lab's kubeconfig"
+        if self.inventory is not None and self.inventory.kubeconfig:
+            return (f"the inventory's gpukit_kubeconfig ({self.inventory.kubeconfig}, "
+                    f"{self.inventory_path})")
+        return "$KUBECONFIG, ~/.kube/config or in-cluster (no --inventory, no --kubeconfig)"
 
     @property
     def kube(self) -> Kube:

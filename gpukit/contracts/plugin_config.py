@@ -77,7 +77,11 @@ class ConfigError(ValueError):
         self.problems = list(problems)
         self.source = source
         where = f" in {source}" if source else ""
-        super().__init__(f"invalid device plugin config{where}:\n  " + "\n  ".join(self.problems))
+        if len(self.problems) == 1:  # one problem, one line (logs, Events, --check-config)
+            super().__init__(f"invalid device plugin config{where}: {self.problems[0]}")
+        else:
+            super().__init__(f"invalid device plugin config{where}:\n  "
+                             + "\n  ".join(self.problems))
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from gpukit.conformance import expect
 from . import quotas
 from .load import load
 from .model import GpuInventory, NodeDecl
-from .problems import InventoryError, Problem
+from .problems import InventoryError, Problem, merged
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def check(
     if not problems:  # GPU quotas name resources some node serves
         served = {r for counts in resources.values() for r, n in counts.items() if n}
         problems += quotas.served_problems(gpus.tenancy, served)
-    return CheckResult(gpus, resources, tuple(problems), labels)
+    return CheckResult(gpus, resources, tuple(merged(problems)), labels)
 
 
 def expected_resources(decl: NodeDecl) -> dict[str, int]:

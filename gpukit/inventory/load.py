@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import known_variables, metrics, quotas
+from . import files, known_variables, metrics, quotas
 from .model import GPU_GROUP, VARIABLES, GpuInventory, NodeDecl
 from .problems import MISSING, InventoryError, Problem, short
 from .validate import configs_parsed_once, node_from_vars
@@ -29,10 +29,6 @@ def load(
     variables do: a rolling upgrade validates a node against what its play applied, `-e`
     included (`declared_vars` reads those from a play's hostvars)."""
     from ansible.errors import AnsibleError  # type: ignore[import-untyped]
-    from ansible.inventory.manager import InventoryManager  # type: ignore[import-untyped]
-    from ansible.parsing.dataloader import DataLoader  # type: ignore[import-untyped]
-    from ansible.template import Templar  # type: ignore[import-untyped]
-    from ansible.vars.manager import VariableManager  # type: ignore[import-untyped]
 
     paths = [str(p) for p in ([path] if isinstance(path, str | Path) else path)]
     source = ",".join(paths)
@@ -40,13 +36,33 @@ def load(
     if missing or not paths:
         raise InventoryError([Problem(None, "inventory", missing or source, "does not exist")],
                              source)
-    loader = DataLoader()
+    unreadable = files.problems(paths)  # bounds before Ansible's parser has none
+    if unreadable:
+        raise InventoryError(unreadable, source)
     try:
-        inv = InventoryManager(loader=loader, sources=paths)
-        variables = VariableManager(loader=loader, inventory=inv)
-    except AnsibleError as exc:
-        raise InventoryError([Problem(None, "inventory", source, f"cannot be read: {exc}")],
-                             source) from exc
+        return _load(paths, source, hosts, host_vars)
+    except (AnsibleError, RecursionError) as exc:  # anything the bounds let through
+        raise InventoryError([Problem(None, "inventory", MISSING,
+                                      f"cannot be read: {one_line(exc)}")], source) from exc
+
+
+def one_line(exc: BaseException) -> str:
+    """An error (Ansible's span lines, quote the source) as one line of bounded length."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _load(paths: list[str], source: str, hosts: Sequence[str] | None,
+          host_vars: Mapping[str, Mapping[str, Any]] | None) -> GpuInventory:
+    from ansible.errors import AnsibleError
+    from ansible.inventory.manager import InventoryManager  # type: ignore[import-untyped]
+    from ansible.parsing.dataloader import DataLoader  # type: ignore[import-untyped]
+    from ansible.template import Templar  # type: ignore[import-untyped]
+    from ansible.vars.manager import VariableManager  # type: ignore[import-untyped]
+
+    loader = DataLoader()
+    inv = InventoryManager(loader=loader, sources=paths)
+    variables = VariableManager(loader=loader, inventory=inv)
     if GPU_GROUP not in inv.groups:
         raise InventoryError(
             [Problem(None, "groups", sorted(inv.groups), f"has no {GPU_GROUP!r} group "
@@ -61,7 +77,11 @@ def load(
     strays: dict[tuple[str, str], Problem] = {}  # unknown variables, each (name, where) once
     for host in members:
         hv = variables.get_vars(host=host)
-        for name, hint in known_variables.unknown(set(hv), _MODEL_VARIABLES).items():
+        for odd in (k for k in hv if not isinstance(k, str)):  # `? ` or `1: x` in a vars file
+            problems.append(Problem(host.name, "variables", odd,
+                                    "is not a variable name (a vars file's keys are names)"))
+        names = {k for k in hv if isinstance(k, str)}
+        for name, hint in known_variables.unknown(names, _MODEL_VARIABLES).items():
             where = _origin(hv[name])
             strays.setdefault((name, where or host.name), Problem(
                 None if where else host.name, name, MISSING,
@@ -77,7 +97,7 @@ def load(
                 return plain(_t.template(_hv[name]))
             except AnsibleError as exc:
                 problems.append(Problem(_host, name, plain(_hv[name]),
-                                        f"cannot be templated: {exc}"))
+                                        f"cannot be templated: {one_line(exc)}"))
                 return default
 
         raw = {name: value(name) for name in VARIABLES}

@@ -163,9 +163,20 @@ class ConfigSource:
         return "", None
 
     def load(self) -> LoadedConfig:
-        name, path = self.selected()
-        doc = load_document(path) if path is not None else {}
-        return self.resolve(doc, name, path)
+        """The selected config, read now. Whatever goes wrong is a ConfigError, so that the
+        agent takes its last-good path (issue 30: a UnicodeDecodeError was no ConfigError and
+        crash-looped the agent, the node at 0 GPUs)."""
+        path: Path | None = None
+        try:
+            name, path = self.selected()
+            doc = load_document(path) if path is not None else {}
+            return self.resolve(doc, name, path)
+        except ConfigError:
+            raise
+        except Exception as exc:  # a surprise in reading or parsing, not a reason for 0 GPUs
+            detail = " ".join(str(exc).split())[:200]
+            raise ConfigError([f"cannot be loaded: {type(exc).__name__}: {detail}"],
+                              str(path) if path else "") from exc
 
     def resolve(self, doc: Mapping[str, Any], name: str, path: Path | None) -> LoadedConfig:
         """A document (read now, or the last good one kept on the node) with this process's

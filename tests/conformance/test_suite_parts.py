@@ -4,6 +4,7 @@ mock library, pod states, manifests, observations, messages, the HTML report, th
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -120,9 +121,41 @@ def test_an_unusable_cluster_is_one_usage_error_before_any_test(tmp_path: Path,
                 "-q", "--report-html", str(tmp_path / "r.html"))
     out = r.stdout + r.stderr
     assert r.returncode == 4, out
-    assert f"conformance: cannot reach the cluster through {path}" in out
+    if kubeconfig == "missing":
+        assert f"conformance: cannot reach the cluster: --kubeconfig {path} does not exist" in out
+    else:
+        assert f"conformance: cannot reach the cluster through --kubeconfig {path}" in out
     assert "passed" not in out and "failed" not in out and "Traceback" not in out, out
     assert "NotSet" not in (tmp_path / "r.html").read_text()
+
+
+def test_no_inventory_and_no_cluster_is_one_line(tmp_path: Path) -> None:
+    """Without --inventory the suite lists the cluster's GPU nodes while collecting: with no
+    cluster that was a collection error per module, 706 lines (issue 29); now one line."""
+    env = {**os.environ, "KUBECONFIG": str(tmp_path / "none"), "HOME": str(tmp_path)}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                        "gpukit/conformance"], cwd=REPO, capture_output=True, text=True,
+                       timeout=120, env=env)
+    out = r.stdout + r.stderr
+    assert r.returncode == 4, out
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    assert len(lines) <= 2, out  # the reason, and pytest's "no tests ran"
+    assert "conformance: cannot list the cluster's GPU nodes: cannot reach the cluster through " \
+           "$KUBECONFIG, ~/.kube/config or in-cluster (no --inventory, no --kubeconfig)" in out
+
+
+def test_the_inventorys_missing_kubeconfig_is_named(tmp_path: Path) -> None:
+    inv = tmp_path / "inv"
+    shutil.copytree(REPO / "inventories" / "lab", inv)
+    all_vars = inv / "group_vars" / "all.yml"
+    all_vars.write_text(yaml.safe_dump({**yaml.safe_load(all_vars.read_text()),
+                                        "gpukit_kubeconfig": str(tmp_path / "gone")}))
+    r = _pytest("gpukit/conformance", "--inventory", str(inv), "-q")
+    out = r.stdout + r.stderr
+    assert r.returncode == 4, out
+    assert (f"cannot reach the cluster: the inventory's gpukit_kubeconfig ({tmp_path / 'gone'}, "
+            f"{inv}) does not exist") in out, out
 
 
 def test_the_plugin_is_inert_elsewhere(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ is the judge: capacity, admission, Allocate into real containers, health.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import re
@@ -23,6 +24,7 @@ import pytest
 from kubernetes import client
 from labtools import MIG_CREATE, MIG_MODE, agent_http, created_pods, node_pynvml, wait_for
 
+from gpukit.agent_manifests import APP as AGENT_APP
 from gpukit.agent_manifests import AgentDeployment
 from gpukit.k8s import connect, waits
 from gpukit.k8s.nodes import reported_after
@@ -713,27 +715,42 @@ def test_a_hand_edited_label_comes_back_and_other_labels_stay(
         core.patch_node(node, {"metadata": {"labels": {"gpukit-test/keep": None}}})
 
 
+# A ConfigMap binaryData entry (gzip magic and NULs), mounted as its raw bytes (issue 30).
+BINARY_ENTRY = base64.b64encode(b"\x1f\x8b\x08\x00" + bytes(64)).decode()
+
+
+def _refused_events(core: client.CoreV1Api, node: str) -> list[str]:
+    events = core.list_namespaced_event(
+        "default", field_selector=f"involvedObject.name={node},reason=DevicePluginConfigRefused")
+    return [e.message or "" for e in events.items]
+
+
 @pytest.mark.parametrize(("bad", "reason"), [
     ("no-such-config", "'no-such-config' names no config"),
     ("empty", "the config is empty"),
+    ("binary", "the file is binary, not text"),
 ])
 def test_an_agent_restarted_into_bad_input_keeps_the_nodes_gpus(
     core: client.CoreV1Api, deployed: AgentDeployment, bad: str, reason: str
 ) -> None:
     """Issue 14 points 1 and 2: the node label names a config that does not exist, or an empty
     entry; the running agent keeps its config (time-slicing stays at 8) and says so; a
-    restarted one serves the last good config instead of crash-looping with the node at 0."""
+    restarted one serves the last good config instead of crash-looping with the node at 0.
+    Issue 30: a binaryData entry (not UTF-8) once crash-looped the restarted agent."""
     spec, node = load_spec(), "gpu-t4"
+    configs = f"{AGENT_APP}-configs"
     wait_for(f"{node}: 8 GPUs under ts", lambda: resources(core, node).get("nvidia.com/gpu") == 8)
+    if bad == "binary":
+        core.patch_namespaced_config_map(configs, deployed.namespace,
+                                          {"binaryData": {bad: BINARY_ENTRY}})
     set_config(core, node, bad)
     try:
         wait_for(f"{node}: {STATE_LABEL}=failed",
                  lambda: node_labels(core, node).get(STATE_LABEL) == "failed", timeout=60)
         assert resources(core, node).get("nvidia.com/gpu") == 8
-        events = core.list_namespaced_event(
-            "default", field_selector=f"involvedObject.name={node},reason=DevicePluginConfigRefused")
-        assert any(reason in (e.message or "")
-                   for e in events.items), [e.message for e in events.items]
+        if bad != "binary":  # the running agent may see the entry only at the next volume sync
+            assert any(reason in m for m in _refused_events(core, node)), \
+                _refused_events(core, node)
         old = _agent_pod(core, deployed, node)
         core.delete_namespaced_pod(old, deployed.namespace, grace_period_seconds=0)
 
@@ -754,8 +771,13 @@ def test_an_agent_restarted_into_bad_input_keeps_the_nodes_gpus(
         assert pod.status.container_statuses[0].restart_count == 0
         assert node_labels(core, node).get(STATE_LABEL) == "failed"
         assert resources(core, node).get("nvidia.com/gpu") == 8
+        assert any(reason in m and "serving the last good config 'ts'" in m
+                   for m in _refused_events(core, node)), _refused_events(core, node)
     finally:
         set_config(core, node, "ts")
+        if bad == "binary":
+            core.patch_namespaced_config_map(configs, deployed.namespace,
+                                              {"binaryData": {bad: None}})
     wait_for(f"{node}: {STATE_LABEL}=success",
              lambda: node_labels(core, node).get(STATE_LABEL) == "success", timeout=60)
 

@@ -58,9 +58,11 @@ def configs(short_tmp: Path) -> Path:
     return d
 
 
-@pytest.mark.parametrize("bad", ["unknown", "malformed", "empty", "binary", "not-utf8"])
+@pytest.mark.parametrize("bad", ["unknown", "malformed", "empty", "binary", "not-utf8",
+                                 "oversized", "loader-exception"])
 def test_a_restart_into_bad_input_serves_the_last_good_config(
-        kubelet: FakeKubelet, short_tmp: Path, configs: Path, bad: str) -> None:
+        kubelet: FakeKubelet, short_tmp: Path, configs: Path, bad: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     record = short_tmp / "state" / "last-good.json"
     node = FakeNode({ln.DEVICE_PLUGIN_CONFIG: "shared"})
     first = agent(short_tmp, node, record)
@@ -81,6 +83,13 @@ def test_a_restart_into_bad_input_serves_the_last_good_config(
         (configs / "shared").write_text("")
     elif bad == "binary":  # a ConfigMap binaryData entry, mounted as its raw bytes
         (configs / "shared").write_bytes(b"\x1f\x8b\x08\x00" + bytes(64))
+    elif bad == "oversized":
+        (configs / "shared").write_text(SHARED + "#" * (2 << 20) + "\n")
+    elif bad == "loader-exception":  # any surprise while loading takes the last-good path too
+        def broken(path: Path) -> dict[str, object]:
+            raise RecursionError("maximum recursion depth exceeded")
+
+        monkeypatch.setattr("gpukit.plugin.config_source.load_document", broken)
     else:
         (configs / "shared").write_bytes(SHARED.replace("4", "\xe9").encode("latin-1"))
     second = agent(short_tmp, node, record)
@@ -94,11 +103,15 @@ def test_a_restart_into_bad_input_serves_the_last_good_config(
         assert (reason, kind) == ("DevicePluginConfigRefused", "Warning")
         expected = {"unknown": "names no config", "malformed": "malformed YAML",
                     "empty": "the config is empty", "binary": "binary, not text",
-                    "not-utf8": "not UTF-8 text"}[bad]
+                    "not-utf8": "not UTF-8 text", "oversized": "larger than 1048576 bytes",
+                    "loader-exception": "cannot be loaded: RecursionError: maximum"}[bad]
         assert expected in message and "serving the last good config 'shared'" in message
         # Fixing the input brings the state back, and the fixed config is the new record.
         if bad == "unknown":
             node.labels_now[ln.DEVICE_PLUGIN_CONFIG] = "default"
+        elif bad == "loader-exception":
+            monkeypatch.undo()
+            (configs / "shared").write_text("version: v1\n")
         else:
             (configs / "shared").write_text("version: v1\n")
         wait_until("state success", lambda: node.labels_now.get(
