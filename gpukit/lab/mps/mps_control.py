@@ -6,9 +6,12 @@ NVIDIA's ships two binaries. What it keeps of NVIDIA's interfaces:
 - `nvidia-cuda-mps-control -d`: the control daemon, in the background; returns 0 once it
   accepts commands. Pipe directory CUDA_MPS_PIPE_DIRECTORY (default /tmp/nvidia-mps), log
   directory CUDA_MPS_LOG_DIRECTORY (default /var/log/nvidia-mps, control.log and server.log
-  there). A second `-d` on the same pipe directory prints "An instance of this daemon is already
-  running" and exits 1. CUDA_VISIBLE_DEVICES (UUIDs or indices) is what it serves; the lab
-  cannot map UUIDs to device nodes without NVML, so it only logs it (see `served`).
+  there). The pipe directory also gets nvidia-cuda-mps-control.pid (the daemon's pid, as NVIDIA
+  documents). A second `-d` on the same pipe directory prints "An instance of this daemon is
+  already running" and exits 1. CUDA_VISIBLE_DEVICES (GPU UUIDs or NVML indices) is what it
+  serves: resolved to device minors through libnvidia-ml.so.1 (ctypes) when the daemon starts;
+  the server holds a context on each, and a client with none of them is refused (no device).
+  Unset, or without NVML, it serves whatever GPUs its first client uses.
 - `nvidia-cuda-mps-control` (no args): commands on stdin, one a line, each sent to the daemon
   of the pipe directory, its reply printed; exit 1 with "Cannot find MPS control daemon process"
   when none is there.
@@ -24,11 +27,14 @@ NVIDIA's ships two binaries. What it keeps of NVIDIA's interfaces:
 
 Lab-only request (the workload, gpu-work, as an MPS client), one line:
   `gpukit-client PID CLIENTS_DIR MINOR...`  ->  `ok SERVER_PID PCT LIMIT_BYTES...` with one
-  limit per device of the client, by its ordinal (0: none set).
+  limit per device of the client, by its ordinal (0: none set), or `err no-device`.
+The server registers in CLIENTS_DIR of its first client, else $GPUKIT_NVML_STATE_DIR/clients
+(default /var/lib/gpukit-lab/nvml/clients, the mock's state directory on a node).
 """
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import os
 import signal
@@ -44,6 +50,37 @@ ENDPOINT = "control"
 SERVER_MEM_BYTES = 32 << 20  # what an MPS server's own context holds, roughly
 NO_DAEMON = "Cannot find MPS control daemon process"
 ALREADY = "An instance of this daemon is already running"
+PID_FILE = "nvidia-cuda-mps-control.pid"
+DEFAULT_STATE_DIR = "/var/lib/gpukit-lab/nvml"
+
+
+def served_minors(visible: str) -> list[str] | None:
+    """The device minors CUDA_VISIBLE_DEVICES names (GPU UUIDs or indices), from NVML; None:
+    all (unset, or no NVML to ask)."""
+    wanted = [v.strip() for v in visible.split(",") if v.strip()]
+    if not wanted:
+        return None
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return None
+    if nvml.nvmlInit_v2() != 0:
+        return None
+    try:
+        count = ctypes.c_uint()
+        if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
+            return None
+        by_key: dict[str, str] = {}
+        for i in range(count.value):
+            h, minor = ctypes.c_void_p(), ctypes.c_uint()
+            uuid = ctypes.create_string_buffer(96)
+            if (nvml.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(h)) == 0
+                    and nvml.nvmlDeviceGetUUID(h, uuid, 96) == 0
+                    and nvml.nvmlDeviceGetMinorNumber(h, ctypes.byref(minor)) == 0):
+                by_key[str(i)] = by_key[uuid.value.decode()] = str(minor.value)
+        return [by_key[w] for w in wanted if w in by_key]
+    finally:
+        nvml.nvmlShutdown()
 
 
 def pipe_dir() -> Path:
@@ -79,6 +116,9 @@ class Daemon:
     def __init__(self, pipe: Path, logs: Path) -> None:
         self.pipe, self.logs = pipe, logs
         self.served = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        self.minors = served_minors(self.served)
+        state = os.environ.get("GPUKIT_NVML_STATE_DIR") or DEFAULT_STATE_DIR
+        self.clients_dir = str(Path(state) / "clients")
         self.pct = 100.0
         self.limits: dict[int, int] = {}
         self.server: subprocess.Popen[bytes] | None = None
@@ -92,7 +132,9 @@ class Daemon:
     def start_server(self, uid: int, clients_dir: str = "", minors: list[str] | None = None) -> int:
         if self.server is not None and self.server.poll() is None:
             return self.server.pid
-        env = dict(os.environ, GPUKIT_LAB_MPS_CLIENTS=clients_dir,
+        if self.minors is not None:
+            minors = self.minors  # its contexts: the GPUs it serves
+        env = dict(os.environ, GPUKIT_LAB_MPS_CLIENTS=clients_dir or self.clients_dir,
                    GPUKIT_LAB_MPS_MINORS=" ".join(minors or []))
         self.server = subprocess.Popen([sys.executable, "-I", __file__, "server"], env=env,
                                        stdin=subprocess.DEVNULL)
@@ -151,7 +193,13 @@ class Daemon:
     def client(self, words: list[str]) -> str:
         """gpu-work connecting: start the server if needed, answer its share and limits."""
         pid, clients_dir, minors = int(words[1]), words[2], words[3:]
-        self.log(f"Accepting connection... NEW CLIENT {pid} from user {os.getuid()}")
+        self.log("Accepting connection...")
+        if self.minors is not None and not set(minors) & set(self.minors):
+            self.log(f"NEW CLIENT {pid} from user {os.getuid()}: none of its devices is served")
+            return "err no-device"
+        running = self.server is not None and self.server.poll() is None
+        self.log(f"NEW CLIENT {pid} from user {os.getuid()}: "
+                 + ("Server already exists" if running else "Server is not ready, starting one"))
         server = self.start_server(os.getuid(), clients_dir, minors)
         self.clients.setdefault(server, []).append(pid)
         limits = [str(self.limits.get(i, 0)) for i in range(len(minors))]
@@ -218,7 +266,11 @@ def daemon_main() -> int:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(str(endpoint))
     sock.listen(16)
-    d.log(f"Starting control daemon using socket {endpoint} (CUDA_VISIBLE_DEVICES={d.served})")
+    (pipe / PID_FILE).write_text(f"{os.getpid()}\n")
+    d.log(f"Starting control daemon using socket {endpoint}")
+    d.log(f"To connect CUDA applications to this daemon, set env CUDA_MPS_PIPE_DIRECTORY={pipe}")
+    d.log(f"Serving CUDA_VISIBLE_DEVICES={d.served or '(all)'}: device minors "
+          + (" ".join(d.minors) if d.minors is not None else "of its clients"))
 
     def on_term(_sig: int, _frame: object) -> None:
         raise SystemExit(0)
@@ -231,6 +283,7 @@ def daemon_main() -> int:
     finally:
         d.stop_server()
         endpoint.unlink(missing_ok=True)
+        (pipe / PID_FILE).unlink(missing_ok=True)
         d.log("Exit")
     os._exit(0)
 

@@ -31,15 +31,18 @@ class Mps:
 
     def __init__(self, root: Path) -> None:
         self.pipe, self.log = root / "pipe", root / "log"
-        self.env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(self.pipe),
-                        CUDA_MPS_LOG_DIRECTORY=str(self.log))
 
-    def start(self) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-I", str(TOOL), "control", "-d"], env=self.env,
-                              capture_output=True, text=True, timeout=10)
+    def env(self, **extra: str) -> dict[str, str]:
+        """This process's environment (the test's mock NVML included) and the directories."""
+        return dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(self.pipe),
+                    CUDA_MPS_LOG_DIRECTORY=str(self.log), **extra)
+
+    def start(self, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-I", str(TOOL), "control", "-d"],
+                              env=self.env(**extra), capture_output=True, text=True, timeout=10)
 
     def control(self, *commands: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-I", str(TOOL), "control"], env=self.env,
+        return subprocess.run([sys.executable, "-I", str(TOOL), "control"], env=self.env(),
                               input="".join(c + "\n" for c in commands), capture_output=True,
                               text=True, timeout=10)
 
@@ -76,6 +79,7 @@ def test_daemon_starts_once_answers_commands_and_quits(mps: Mps) -> None:
     r = mps.start()
     assert r.returncode == 0, r.stderr
     assert (mps.pipe / "control").exists()
+    assert int((mps.pipe / "nvidia-cuda-mps-control.pid").read_text()) in mps.daemon_pids()
     second = mps.start()
     assert second.returncode == 1
     assert "An instance of this daemon is already running" in second.stderr
@@ -98,8 +102,10 @@ def test_daemon_starts_once_answers_commands_and_quits(mps: Mps) -> None:
         time.sleep(0.05)
     assert not alive(daemon) and not alive(server)
     assert not (mps.pipe / "control").exists()
+    assert not (mps.pipe / "nvidia-cuda-mps-control.pid").exists()
     log = (mps.log / "control.log").read_text()
-    for line in ("Cmd:set_default_active_thread_percentage 25", "Cmd:quit",
+    for line in (f"set env CUDA_MPS_PIPE_DIRECTORY={mps.pipe}",
+                 "Cmd:set_default_active_thread_percentage 25", "Cmd:quit",
                  f"Starting new server {server} for user 0", "Exit"):
         assert line in log
     assert mps.control("get_server_list").returncode == 1
@@ -129,7 +135,7 @@ def started(proc: subprocess.Popen[str]) -> None:
 
 
 def fake_dev(root: Path, gpu: int) -> Path:
-    dev = root / "dev"
+    dev = root / f"dev{gpu}"
     (dev / "nvidia-caps").mkdir(parents=True)
     (dev / f"nvidia{gpu}").touch()
     return dev
@@ -144,10 +150,12 @@ def stop(*procs: subprocess.Popen[str]) -> None:
 
 def test_mps_clients_server_and_limits_in_nvml(nvml: Any, gpu_work: Path, state_dir: Path,
                                                tmp_path: Path, mps: Mps) -> None:
-    """Two clients on GPU 2: one MPS server is the process NVML lists, the clients are its MPS
-    processes with their memory; a client above the daemon's limit, or above its own, is refused
-    as cudaMalloc is."""
-    assert mps.start().returncode == 0
+    """A daemon for GPU 2 (CUDA_VISIBLE_DEVICES=its UUID, as the agent starts one per GPU), two
+    clients there: one MPS server is the process NVML lists, the clients are its MPS processes
+    with their memory; a client above the daemon's limit, or above its own, is refused as
+    cudaMalloc is; one on another GPU finds no device through this daemon."""
+    uuid = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(2))
+    assert mps.start(CUDA_VISIBLE_DEVICES=uuid).returncode == 0
     assert mps.control("set_default_device_pinned_mem_limit 0 1G").returncode == 0
     h = nvml.nvmlDeviceGetHandleByIndex(2)
     nvml.nvmlDeviceSetComputeMode(h, NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)  # as the agent does
@@ -177,6 +185,9 @@ def test_mps_clients_server_and_limits_in_nvml(nvml: Any, gpu_work: Path, state_
                        {**env, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=256M"}, "--mem-mb", "512")
         _, err = own.communicate(timeout=10)
         assert own.returncode == 4 and "out of memory" in err, err
+        elsewhere = run_work(gpu_work, fake_dev(tmp_path, 1), state_dir, env)
+        _, err = elsewhere.communicate(timeout=10)
+        assert elsewhere.returncode == 2 and "no CUDA-capable device" in err, err
         # not through MPS: the server holds the EXCLUSIVE_PROCESS GPU's one context
         alone = run_work(gpu_work, dev, state_dir, {}, "--mem-mb", "64")
         _, err = alone.communicate(timeout=10)

@@ -24,7 +24,9 @@
  * MPS client, as a CUDA program is: it asks the daemon (which starts the server if none runs)
  * for its server and limits, and registers with `mps SERVER_PID` in its client files, so NVML
  * lists it among the MPS clients with its memory and the server as the process on the GPU.
- * Without a daemon there it runs without MPS, as CUDA falls back. Its pinned memory limit per
+ * Without a daemon there it runs without MPS, as CUDA falls back. A daemon that serves none of
+ * its GPUs (its CUDA_VISIBLE_DEVICES) leaves it no device: "no CUDA-capable device is detected"
+ * (cudaErrorNoDevice), exit 2. Its pinned memory limit per
  * device (by ordinal, as CUDA numbers the devices it sees) is CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
  * ("0=1024M,1=2G") where lower than the daemon's default for that device; --mem-mb above it is
  * refused as cudaMalloc is: "out of memory" (cudaErrorMemoryAllocation), exit 4.
@@ -145,8 +147,8 @@ static int find_devices(device *out)
 #define EXIT_BUSY 5
 #define COMPUTEMODE_EXCLUSIVE_PROCESS 3 /* nvmlComputeMode_t */
 
-/* The MPS control daemon's answer: its server's pid and a limit per device (0: none), or 0 when
- * no daemon is there (then no MPS). */
+/* The MPS control daemon's answer: its server's pid and a limit per device (0: none), 0 when
+ * no daemon is there (then no MPS), -1 when it serves none of these devices. */
 static int mps_connect(const char *clients, const device *devs, int n, unsigned long long *limits)
 {
     const char *pipe = getenv("CUDA_MPS_PIPE_DIRECTORY");
@@ -178,6 +180,8 @@ static int mps_connect(const char *clients, const device *devs, int n, unsigned 
     close(fd);
     rep[got] = 0;
     char *ts = NULL, *t = strtok_r(rep, " \n", &ts);
+    if (t && !strcmp(t, "err"))
+        return -1;
     if (!t || strcmp(t, "ok") || !(t = strtok_r(NULL, " \n", &ts)))
         return 0;
     int server = atoi(t);
@@ -330,6 +334,12 @@ int main(int argc, char **argv)
     }
     unsigned long long limits[MAX_DEVICES] = {0};
     int server = mps_connect(dir, devs, n, limits);
+    if (server < 0) {
+        printf("GPU_WORK_DEVICES=\n");
+        fprintf(stderr, "gpu-work: no CUDA-capable device is detected (cudaErrorNoDevice: the "
+                        "MPS daemon serves none of this process's GPUs)\n");
+        return 2;
+    }
     if (server > 0) {
         client_limits(limits, n);
         for (int i = 0; i < n; i++)
