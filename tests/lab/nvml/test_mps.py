@@ -18,6 +18,7 @@ import pytest
 
 from gpukit.lab.mps import mps_control
 from gpukit.lab.nvml import workload
+from gpukit.lab.nvml.control import MockControl
 
 pytestmark = pytest.mark.nvml
 
@@ -226,3 +227,15 @@ def test_exclusive_process_refuses_a_second_context(nvml: Any, gpu_work: Path, s
             stop(again)
     finally:
         stop(first)
+
+
+def test_compute_mode_is_default_again_after_a_boot(nvml: Any, ctl: MockControl) -> None:
+    """As on a real node, where the driver loads with every GPU in DEFAULT: the agent sets
+    EXCLUSIVE_PROCESS again after a reboot."""
+    h = nvml.nvmlDeviceGetHandleByIndex(0)
+    nvml.nvmlDeviceSetComputeMode(h, NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
+    with pytest.raises(nvml.NVMLError):
+        nvml.nvmlDeviceSetComputeMode(h, 1)  # EXCLUSIVE_THREAD: gone from the driver
+    assert nvml.nvmlDeviceGetComputeMode(h) == NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+    ctl.boot()
+    assert nvml.nvmlDeviceGetComputeMode(h) == 0
