@@ -28,8 +28,10 @@ NVIDIA's ships two binaries. What it keeps of NVIDIA's interfaces:
 Lab-only request (the workload, gpu-work, as an MPS client), one line:
   `gpukit-client PID CLIENTS_DIR MINOR...`  ->  `ok SERVER_PID PCT LIMIT_BYTES...` with one
   limit per device of the client, by its ordinal (0: none set), or `err no-device`.
-The server registers in CLIENTS_DIR of its first client, else $GPUKIT_NVML_STATE_DIR/clients
-(default /var/lib/gpukit-lab/nvml/clients, the mock's state directory on a node).
+PID is the client's own view; the daemon takes the peer's pid from the socket (SO_PEERCRED: in
+its own pid namespace, as the real daemon sees a pod's process). The server registers in
+$GPUKIT_NVML_STATE_DIR/clients (default /var/lib/gpukit-lab/nvml/clients, the mock's state
+directory on a node) where that exists, else in the first client's CLIENTS_DIR (its view).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import fcntl
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -134,7 +137,9 @@ class Daemon:
             return self.server.pid
         if self.minors is not None:
             minors = self.minors  # its contexts: the GPUs it serves
-        env = dict(os.environ, GPUKIT_LAB_MPS_CLIENTS=clients_dir or self.clients_dir,
+        if Path(self.clients_dir).is_dir() or not clients_dir:
+            clients_dir = self.clients_dir  # the daemon's view of the node's directory
+        env = dict(os.environ, GPUKIT_LAB_MPS_CLIENTS=clients_dir,
                    GPUKIT_LAB_MPS_MINORS=" ".join(minors or []))
         self.server = subprocess.Popen([sys.executable, "-I", __file__, "server"], env=env,
                                        stdin=subprocess.DEVNULL)
@@ -190,9 +195,9 @@ class Daemon:
             return "", True
         return f"Unrecognized command {cmd}", False  # wording of the real reply unknown
 
-    def client(self, words: list[str]) -> str:
+    def client(self, words: list[str], peer: int) -> str:
         """gpu-work connecting: start the server if needed, answer its share and limits."""
-        pid, clients_dir, minors = int(words[1]), words[2], words[3:]
+        pid, clients_dir, minors = peer or int(words[1]), words[2], words[3:]
         self.log("Accepting connection...")
         if self.minors is not None and not set(minors) & set(self.minors):
             self.log(f"NEW CLIENT {pid} from user {os.getuid()}: none of its devices is served")
@@ -219,7 +224,7 @@ class Daemon:
                 words = line.split()
                 done = False
                 if len(words) >= 3 and words[0] == "gpukit-client" and words[1].isdigit():
-                    reply = self.client(words)
+                    reply = self.client(words, peer_pid(conn))
                 else:
                     reply, done = self.command(line)
                 try:
@@ -228,6 +233,16 @@ class Daemon:
                     pass  # the asker went away: the daemon stays
             if done:
                 return
+
+
+def peer_pid(conn: socket.socket) -> int:
+    """The connected process's pid in this pid namespace (0: unknown)."""
+    try:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return 0
+    pid: int = struct.unpack("3i", creds)[0]
+    return pid
 
 
 def pid_alive(pid: int) -> bool:
