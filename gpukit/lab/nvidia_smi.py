@@ -1,11 +1,13 @@
-"""A read-only ``nvidia-smi`` over pynvml, for lab nodes (where the mock NVML has no nvidia-smi)
-and anywhere else: it only uses public NVML calls, so it works against the real library too.
+"""An ``nvidia-smi`` over pynvml (read-only but for the compute mode), for lab nodes (where the
+mock NVML has no nvidia-smi) and anywhere else: it only uses public NVML calls, so it works
+against the real library too.
 
     python -m gpukit.lab.nvidia_smi                  summary table
     python -m gpukit.lab.nvidia_smi -L               list GPUs and MIG devices, like nvidia-smi -L
     python -m gpukit.lab.nvidia_smi --query-gpu=name,uuid,driver_version,memory.total,\
 mig.mode.current --format=csv,noheader [-i 0,1]
     python -m gpukit.lab.nvidia_smi topo -m         GPU topology matrix, like nvidia-smi topo -m
+    python -m gpukit.lab.nvidia_smi -i GPU-... -c EXCLUSIVE_PROCESS   set the compute mode
 
 Exit status: 0, or the NVML error code of the failure (as nvidia-smi does).
 """
@@ -145,6 +147,13 @@ def _mig_mode(h: Any, which: int) -> str:
 
 
 # field -> (unit or "", getter(handle, index) -> value string)
+# nvmlComputeMode_t: the name -c takes, the one --query-gpu=compute_mode prints
+_COMPUTE_MODES = {
+    0: ("DEFAULT", "Default"),
+    1: ("EXCLUSIVE_THREAD", "Exclusive_Thread"),
+    2: ("PROHIBITED", "Prohibited"),
+    3: ("EXCLUSIVE_PROCESS", "Exclusive_Process"),
+}
 _FIELDS: dict[str, tuple[str, Callable[[Any, int], str]]] = {
     "index": ("", lambda h, i: str(i)),
     "count": ("", lambda h, i: str(pynvml.nvmlDeviceGetCount())),
@@ -170,6 +179,7 @@ _FIELDS: dict[str, tuple[str, Callable[[Any, int], str]]] = {
         ),
     ),
     "pstate": ("", lambda h, i: f"P{int(pynvml.nvmlDeviceGetPerformanceState(h))}"),
+    "compute_mode": ("", lambda h, i: _COMPUTE_MODES[int(pynvml.nvmlDeviceGetComputeMode(h))][1]),
     "temperature.gpu": (
         "",
         lambda h, i: str(pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)),
@@ -189,6 +199,27 @@ _ALIASES = {
     "gpu_bus_id": "pci.bus_id",
     "pstate": "pstate",
 }
+
+
+def set_compute_mode(mode: str, indexes: list[int]) -> tuple[list[str], int]:
+    """``-c/--compute-mode``: as NVIDIA's, by number or name, for each GPU of ``-i`` (all
+    without it); NVIDIA's mps-control-daemon runs ``nvidia-smi -i <uuid> -c EXCLUSIVE_PROCESS``."""
+    value = next((n for n, (name, _) in _COMPUTE_MODES.items()
+                  if mode.upper() in (str(n), name)), None)
+    if value is None:
+        return [f'Invalid compute mode "{mode}".'], 2  # NVIDIA's exact wording not documented
+    out = []
+    for i in indexes:
+        h = _handle(i)
+        bus = str(pynvml.nvmlDeviceGetPciInfo(h).busId)
+        try:
+            pynvml.nvmlDeviceSetComputeMode(h, value)
+        except pynvml.NVMLError as e:
+            out.append(f"Unable to set compute mode for GPU {bus}: {_err_text(e)}")
+            return out, int(e.value)
+        out.append(f"Set compute mode to {_COMPUTE_MODES[value][0]} for GPU {bus}.")
+    out.append("All done.")
+    return out, 0
 
 
 def query_gpu(fields: list[str], fmt: str, indexes: list[int]) -> tuple[list[str], int]:
@@ -450,6 +481,13 @@ def _indexes(arg: str | None) -> list[int]:
         return list(range(count))
     out = []
     for part in arg.split(","):
+        if part.startswith(("GPU-", "MIG-")):  # -i takes UUIDs too
+            try:
+                h = pynvml.nvmlDeviceGetHandleByUUID(part)
+            except pynvml.NVMLError as e:
+                raise ValueError(f"No devices were found with UUID {part}") from e
+            out.append(int(pynvml.nvmlDeviceGetIndex(h)))
+            continue
         i = int(part)
         if not 0 <= i < count:
             raise ValueError(f"No devices were found with index {i}")
@@ -461,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     topo = bool(argv) and argv[0] == "topo"
     ap = argparse.ArgumentParser(prog="nvidia-smi topo" if topo else "nvidia-smi",
-                                 description="read-only nvidia-smi over NVML")
+                                 description="nvidia-smi over NVML")
     if topo:
         ap.add_argument("-m", "--matrix", action="store_true", required=True,
                         help="GPU topology matrix")
@@ -470,6 +508,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.add_argument("-L", "--list-gpus", action="store_true", help="list GPUs and MIG devices")
         ap.add_argument("--query-gpu", help="comma-separated fields")
         ap.add_argument("--format", default="csv", help="csv[,noheader][,nounits]")
+        ap.add_argument("-c", "--compute-mode", help="set the compute mode (with -i: those GPUs)")
     ap.add_argument("-i", "--id", help="comma-separated GPU indexes")
     args = ap.parse_args(argv)
     try:
@@ -492,6 +531,8 @@ def main(argv: list[str] | None = None) -> int:
             return 6
         if topo:
             lines, status = topology_matrix(indexes)
+        elif args.compute_mode:
+            lines, status = set_compute_mode(args.compute_mode, indexes)
         elif args.query_gpu:
             lines, status = query_gpu(args.query_gpu.split(","), args.format, indexes)
         elif args.list_gpus:

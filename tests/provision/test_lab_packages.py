@@ -64,6 +64,13 @@ def test_driver_package_owns_the_nvml_library_and_conflicts(built: Path, mock_li
     files = subprocess.run(["dpkg-deb", "-c", str(pkg)], capture_output=True, text=True).stdout
     assert "./usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1" in files
     assert "./usr/bin/nvidia-smi" in files and "root/root" in files
+    # MPS: both tools launch the stand-in that ships beside them (gpukit.lab.mps)
+    assert "./usr/lib/nvidia/lab/mps_control.py" in files
+    tar = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(pkg)], capture_output=True,
+                         check=True).stdout  # fmt: skip
+    for tool, role in (("nvidia-cuda-mps-control", "control"), ("nvidia-cuda-mps-server", "server")):
+        assert f"./usr/bin/{tool}" in files
+        assert f"mps_control.py {role} ".encode() in tar
     assert control(pkg, "Conflicts") == "nvidia-driver-binary"
     assert control(pkg, "Depends").startswith(
         "nvidia-kernel-open-550 (= 550.90.07-1) | nvidia-kernel-550 (= 550.90.07-1)"

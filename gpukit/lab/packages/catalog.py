@@ -9,8 +9,9 @@ branch pin, install, upgrade across branches, conflicts between flavours):
   driver installs it: `libnvidia-ml.so.<version>` (the mock NVML) and `libcuda.so.<version>`
   (a stand-in built from gpukit/lab/cuda/libcuda.c: cuInit, cuDriverGetVersion, cuDeviceGetCount
   answer from the device nodes the process may open) with their `.so.1` soname links;
-  `nvidia-smi` (the lab's, over a vendored pynvml) and stand-ins of `nvidia-debugdump`,
-  `nvidia-cuda-mps-control` and `nvidia-cuda-mps-server` (they say they are stand-ins).
+  `nvidia-smi` (the lab's, over a vendored pynvml), `nvidia-cuda-mps-control` and
+  `nvidia-cuda-mps-server` (gpukit.lab.mps: NVIDIA's MPS interfaces over the mock NVML) and
+  a stand-in of `nvidia-debugdump` (it says it is one).
 * `nvidia-kernel-open-<branch>`, `nvidia-kernel-<branch>` (`<driver version>-1`): the
   "kernel module", open or proprietary: a unit that "loads" it at boot.
 * `nvidia-persistenced` (one version per branch): a persistence daemon stand-in holding the
@@ -139,7 +140,7 @@ while True:
 """
 
 # The driver's other tools NVIDIA's CDI specs mount into containers; the lab's GPUs have no
-# coredumps and no MPS, so these only say what they are.
+# coredumps, so this one only says what it is.
 STANDIN_TOOL = """\
 #!/bin/sh
 echo "$(basename "$0"): stand-in of the gpukit lab's NVIDIA driver (no {what})" >&2
@@ -147,9 +148,18 @@ exit 1
 """
 STANDIN_TOOLS = {
     "nvidia-debugdump": "GPU coredumps",
-    "nvidia-cuda-mps-control": "multi-process service",
-    "nvidia-cuda-mps-server": "multi-process service",
 }
+
+# MPS: gpukit.lab.mps.mps_control (one stdlib-only file) behind both tools' names, as the
+# container runtime below ships a Python tool with a launcher.
+MPS_SOURCE = Path(__file__).resolve().parent.parent / "mps" / "mps_control.py"
+MPS_TOOL = """\
+#!/bin/sh
+# {tool} (gpukit lab stand-in): NVIDIA's MPS interfaces over the mock NVML.
+# See {lab}/mps_control.py.
+exec /usr/bin/python3 -I {lab}/mps_control.py {role} "$@"
+"""
+MPS_TOOLS = {"nvidia-cuda-mps-control": "control", "nvidia-cuda-mps-server": "server"}
 
 PERSISTENCED_UNIT = """\
 [Unit]
@@ -278,6 +288,9 @@ def driver_packages(branch: Branch, src: Sources) -> list[Package]:
             "/usr/bin/nvidia-smi": text(NVIDIA_SMI.format(lab=LAB_DIR), 0o755),
             **{f"/usr/bin/{tool}": text(STANDIN_TOOL.format(what=what), 0o755)
                for tool, what in STANDIN_TOOLS.items()},
+            **{f"/usr/bin/{tool}": text(MPS_TOOL.format(tool=tool, lab=LAB_DIR, role=role), 0o755)
+               for tool, role in MPS_TOOLS.items()},
+            f"{LAB_DIR}/mps_control.py": File(source=MPS_SOURCE),
             f"{LAB_DIR}/nvidia_smi.py": File(source=src.nvidia_smi),
             f"{LAB_DIR}/pynvml.py": File(source=src.pynvml),
             f"{LAB_DIR}/driver-version": text(branch.driver_version + "\n"),

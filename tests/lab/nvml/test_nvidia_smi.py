@@ -146,3 +146,27 @@ def test_runs_as_a_program_against_libnvidia_ml(nvml_env: dict[str, str]) -> Non
                        env=nvml_env, capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("GPU 2: NVIDIA A100-SXM4-40GB (UUID: GPU-")
+
+
+def test_compute_mode_set_by_uuid_and_read_back_in_another_process(
+        nvml: Any, nvml_env: dict[str, str], capsys: Any) -> None:
+    """`nvidia-smi -i <uuid> -c EXCLUSIVE_PROCESS`, as NVIDIA's mps-control-daemon runs it; the
+    mode is the node's (the state file), so a fresh process reads it back, then DEFAULT again."""
+    uuid = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(1))
+    code, out = smi(capsys, "-i", uuid, "-c", "EXCLUSIVE_PROCESS")
+    assert code == 0, out
+    assert re.match(r"Set compute mode to EXCLUSIVE_PROCESS for GPU [0-9A-F:.]+\.\nAll done\.",
+                    out), out
+
+    def query() -> list[str]:
+        r = subprocess.run([sys.executable, "-m", "gpukit.lab.nvidia_smi",
+                            "--query-gpu=index,compute_mode", "--format=csv,noheader"],
+                           env=nvml_env, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.splitlines()[:3]
+
+    assert query() == ["0, Default", "1, Exclusive_Process", "2, Default"]
+    assert smi(capsys, "-i", "1", "-c", "0")[0] == 0
+    assert query()[1] == "1, Default"
+    code, out = smi(capsys, "-i", "1", "-c", "BOGUS")
+    assert code != 0 and "Invalid compute mode" in out

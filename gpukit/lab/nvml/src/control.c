@@ -240,6 +240,7 @@ static nvmlReturn_t boot(void)
         gs->energy_mj = gs->sbe_vol = gs->dbe_vol = 0; /* energy counts from the driver's load */
         gs->remap_pending = 0;
         gs->events = MOCK_EVENTS_NORMAL;
+        gs->compute_mode = NVML_COMPUTEMODE_DEFAULT; /* not kept across a driver load */
         mock_apply_reset(g);
     }
     events_truncate(); /* nobody from before the boot is waiting */

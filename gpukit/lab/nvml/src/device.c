@@ -305,7 +305,7 @@ static nvmlReturn_t prop_impl(nvmlDevice_t d, enum prop which, unsigned *out)
     case P_POWER_LIMIT: *out = r.p->power_limit_mw; break;
     case P_PERSISTENCE: *out = r.p->persistence ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED; break;
     case P_PSTATE: *out = NVML_PSTATE_0; break;
-    case P_COMPUTE_MODE: *out = NVML_COMPUTEMODE_DEFAULT; break;
+    case P_COMPUTE_MODE: *out = g_state.gpu[r.gpu].compute_mode; break;
     case P_DISPLAY: *out = NVML_FEATURE_DISABLED; break;
     case P_PCIE_GEN: *out = r.p->pcie_gen; break;
     case P_PCIE_WIDTH: *out = r.p->pcie_width; break;
@@ -330,6 +330,34 @@ PROP_API(nvmlDeviceGetEnforcedPowerLimit, P_POWER_LIMIT, unsigned int)
 PROP_API(nvmlDeviceGetPersistenceMode, P_PERSISTENCE, nvmlEnableState_t)
 PROP_API(nvmlDeviceGetPerformanceState, P_PSTATE, nvmlPstates_t)
 PROP_API(nvmlDeviceGetComputeMode, P_COMPUTE_MODE, nvmlComputeMode_t)
+
+/* The compute mode lives in the node's state file, as MIG mode does: the agent that sets it,
+ * nvidia-smi and the workload that is refused by it are separate processes. EXCLUSIVE_THREAD (1)
+ * was removed from the driver long ago; NVML answers it NOT_SUPPORTED. */
+static nvmlReturn_t set_compute_mode(nvmlDevice_t d, nvmlComputeMode_t mode)
+{
+    if ((unsigned)mode > NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (mode == NVML_COMPUTEMODE_EXCLUSIVE_THREAD)
+        return NVML_ERROR_NOT_SUPPORTED;
+    devref r;
+    nvmlReturn_t rc = dev_get(d, &r, 0);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    int fd;
+    if ((rc = state_lock(&fd)) != NVML_SUCCESS)
+        return rc;
+    if (g_state.gpu[r.gpu].lost) {
+        state_unlock(fd);
+        return NVML_ERROR_GPU_IS_LOST;
+    }
+    g_state.gpu[r.gpu].compute_mode = (unsigned)mode;
+    return state_commit(fd);
+}
+EXPORT nvmlReturn_t nvmlDeviceSetComputeMode(nvmlDevice_t device, nvmlComputeMode_t mode)
+{
+    LOCKED(set_compute_mode(device, mode));
+}
 PROP_API(nvmlDeviceGetDisplayMode, P_DISPLAY, nvmlEnableState_t)
 PROP_API(nvmlDeviceGetDisplayActive, P_DISPLAY, nvmlEnableState_t)
 PROP_API(nvmlDeviceGetCurrPcieLinkGeneration, P_PCIE_GEN, unsigned int)
@@ -845,8 +873,11 @@ EXPORT nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_t de
 }
 
 /* ---- processes ---- */
+enum { PROCS_COMPUTE, PROCS_GRAPHICS, PROCS_MPS };
+/* Compute lists the processes holding a context (an MPS server, not its clients); MPS lists
+ * the clients of MPS servers; graphics none (the lab has no display work). */
 static nvmlReturn_t procs_impl(nvmlDevice_t d, unsigned int *count, void *infos, int version,
-                               int graphics)
+                               int kind)
 {
     if (!count)
         return NVML_ERROR_INVALID_ARGUMENT;
@@ -855,9 +886,9 @@ static nvmlReturn_t procs_impl(nvmlDevice_t d, unsigned int *count, void *infos,
     if (rc != NVML_SUCCESS)
         return rc;
     mock_work all[MOCK_MAX_WORK], *match[MOCK_MAX_WORK];
-    unsigned total = graphics ? 0 : mock_work_of(r.gpu, all, MOCK_MAX_WORK), n = 0;
+    unsigned total = kind == PROCS_GRAPHICS ? 0 : mock_work_of(r.gpu, all, MOCK_MAX_WORK), n = 0;
     for (unsigned i = 0; i < total; i++)
-        if (work_on(&r, &all[i]))
+        if (work_on(&r, &all[i]) && all[i].mps == (kind == PROCS_MPS))
             match[n++] = &all[i];
     if (*count < n) {
         *count = n;
@@ -885,37 +916,37 @@ static nvmlReturn_t procs_impl(nvmlDevice_t d, unsigned int *count, void *infos,
 EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
                                                             nvmlProcessInfo_t *infos)
 {
-    LOCKED(procs_impl(device, infoCount, infos, 3, 0));
+    LOCKED(procs_impl(device, infoCount, infos, 3, PROCS_COMPUTE));
 }
 EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount,
                                                             nvmlProcessInfo_v2_t *infos)
 {
-    LOCKED(procs_impl(device, infoCount, infos, 2, 0));
+    LOCKED(procs_impl(device, infoCount, infos, 2, PROCS_COMPUTE));
 }
 EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *infoCount,
                                                          nvmlProcessInfo_v1_t *infos)
 {
-    LOCKED(procs_impl(device, infoCount, infos, 1, 0));
+    LOCKED(procs_impl(device, infoCount, infos, 1, PROCS_COMPUTE));
 }
 EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
                                                              nvmlProcessInfo_t *infos)
 {
-    LOCKED(procs_impl(device, infoCount, infos, 3, 1));
+    LOCKED(procs_impl(device, infoCount, infos, 3, PROCS_GRAPHICS));
 }
 EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount,
                                                              nvmlProcessInfo_v2_t *infos)
 {
-    LOCKED(procs_impl(device, infoCount, infos, 2, 1));
+    LOCKED(procs_impl(device, infoCount, infos, 2, PROCS_GRAPHICS));
 }
 EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t device, unsigned int *infoCount,
                                                           nvmlProcessInfo_v1_t *infos)
 {
-    LOCKED(procs_impl(device, infoCount, infos, 1, 1));
+    LOCKED(procs_impl(device, infoCount, infos, 1, PROCS_GRAPHICS));
 }
 EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
                                                                nvmlProcessInfo_t *infos)
 {
-    LOCKED(procs_impl(device, infoCount, infos, 3, 1));
+    LOCKED(procs_impl(device, infoCount, infos, 3, PROCS_MPS));
 }
 
 /* ---- attributes (MIG device handles only, as on real NVML) ---- */

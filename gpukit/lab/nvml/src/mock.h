@@ -188,6 +188,7 @@ enum {
 
 typedef struct {
     unsigned mig_current, mig_pending;
+    unsigned compute_mode; /* nvmlComputeMode_t: set by nvmlDeviceSetComputeMode, kept per node */
     int lost;
     unsigned events; /* MOCK_EVENTS_* */
     unsigned long long mig_counter; /* bumps per compute instance created: MIG UUID material */
@@ -269,6 +270,7 @@ typedef struct {
     unsigned pid;
     unsigned long long used_bytes;
     unsigned gi, ci, util;
+    int mps; /* an MPS client (listed by nvmlDeviceGetMPSComputeRunningProcesses_v3 only) */
 } mock_work;
 unsigned mock_work_of(unsigned gpu, mock_work *out, unsigned max); /* state + live clients */
 int mock_gpu_busy_index(unsigned gpu);

@@ -15,6 +15,9 @@
  *   boot NS                                   CLOCK_REALTIME of the last boot (energy counts from it)
  *   gpu IDX uuid UUID mig CUR pending PEND lost 0|1 counter N [events timeout|spurious]
  *       [energy MJ] [sbe N dbe N sbe_agg N dbe_agg N] [remap_pending 1]   telemetry counters
+ *       [compute_mode M minor N]              nvmlComputeMode_t when not DEFAULT (0), with the
+ *                                              GPU's minor for readers without the profile (the
+ *                                              lab workload refuses a 2nd EXCLUSIVE_PROCESS client)
  *   gi IDX GI_ID profile P start S size Z      a GPU instance (placement in memory slices; P is
  *                                              the NVML_GPU_INSTANCE_PROFILE_* constant, not the
  *                                              driver's profile id NVML reports)
@@ -212,6 +215,10 @@ static int parse_state(char *text, mock_state *s, char *err, size_t errlen)
             }
             if (kv(tok, n, 2, "remap_pending") && kv_u(tok, n, 2, "remap_pending", &gs->remap_pending))
                 BAD("bad gpu record: remap_pending");
+            if (kv(tok, n, 2, "compute_mode") &&
+                (kv_u(tok, n, 2, "compute_mode", &gs->compute_mode) ||
+                 gs->compute_mode > NVML_COMPUTEMODE_EXCLUSIVE_PROCESS))
+                BAD("bad gpu record: compute_mode");
             gs->lost = lost != 0;
             skip[idx] = 0;
             continue;
@@ -406,6 +413,8 @@ static void serialize(FILE *m)
                     gs->sbe_agg, gs->dbe_agg);
         if (gs->remap_pending)
             fprintf(m, " remap_pending 1");
+        if (gs->compute_mode)
+            fprintf(m, " compute_mode %u minor %u", gs->compute_mode, g_prof.gpu[i].minor);
         fputc('\n', m);
         for (unsigned g = 0; g < MOCK_MAX_GI; g++) {
             const mock_gi_state *gi = &gs->gi[g];

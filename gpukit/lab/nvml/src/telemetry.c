@@ -51,6 +51,7 @@ typedef struct {
     char file[256];
     int alive;
     unsigned gpu, gi, ci, util, pid;
+    int mps; /* a client of an MPS server (`mps SERVER_PID`), not a context of its own */
     unsigned long long bytes, start_ns, last_ns;
 } mock_client;
 
@@ -85,7 +86,10 @@ static int gpu_of_minor(unsigned minor)
     return -1;
 }
 
-/* "gpukit-nvml-client 1 minor M gi G|- ci C|- bytes B util U pid P start NS" */
+/* "gpukit-nvml-client 1 minor M gi G|- ci C|- bytes B util U pid P start NS [mps SERVER_PID]"
+ * `mps`: the process is a client of the MPS server SERVER_PID (gpu-work through the lab's
+ * nvidia-cuda-mps-control); NVML lists it among the MPS clients, its server among the
+ * processes. */
 static int parse_client(const char *text, mock_client *c)
 {
     char buf[512];
@@ -115,6 +119,8 @@ static int parse_client(const char *text, mock_client *c)
             c->pid = (unsigned)x;
         else if (!strcmp(k, "start"))
             c->start_ns = x;
+        else if (!strcmp(k, "mps"))
+            c->mps = 1;
     }
     int gpu = minor == MOCK_NO_ID ? -1 : gpu_of_minor(minor);
     if (gpu < 0)
@@ -189,13 +195,13 @@ unsigned mock_work_of(unsigned gpu, mock_work *out, unsigned max)
     unsigned n = 0;
     for (unsigned i = 0; i < gs->nproc && n < max; i++) {
         const mock_proc *p = &gs->proc[i];
-        out[n++] = (mock_work){p->pid, p->used_bytes, p->gi, p->ci, p->util};
+        out[n++] = (mock_work){p->pid, p->used_bytes, p->gi, p->ci, p->util, 0};
     }
     scan_clients(0);
     for (unsigned i = 0; i < g_nclients && n < max; i++) {
         const mock_client *c = &g_clients[i];
         if (c->alive && c->gpu == gpu && instance_exists(gs, c->gi, c->ci))
-            out[n++] = (mock_work){c->pid, c->bytes, c->gi, c->ci, c->util};
+            out[n++] = (mock_work){c->pid, c->bytes, c->gi, c->ci, c->util, c->mps};
     }
     return n;
 }

@@ -18,6 +18,23 @@
  * a whole device. Prints GPU_WORK_DEVICES=<minor>[:<gi>:<ci>] ... and runs until --seconds
  * pass (0: until SIGTERM). Exit 2: no device; 3: the clients directory cannot be written.
  * GPUKIT_LAB_CUDA_DEV_ROOT replaces /dev (tests), as for the stand-in libcuda. Static, libc only.
+ *
+ * MPS: with CUDA_MPS_PIPE_DIRECTORY set and a control daemon there (the lab's
+ * nvidia-cuda-mps-control, gpukit/lab/mps/mps_control.py: a Unix socket `control`), it is an
+ * MPS client, as a CUDA program is: it asks the daemon (which starts the server if none runs)
+ * for its server and limits, and registers with `mps SERVER_PID` in its client files, so NVML
+ * lists it among the MPS clients with its memory and the server as the process on the GPU.
+ * Without a daemon there it runs without MPS, as CUDA falls back. A daemon that serves none of
+ * its GPUs (its CUDA_VISIBLE_DEVICES) leaves it no device: "no CUDA-capable device is detected"
+ * (cudaErrorNoDevice), exit 2. Its pinned memory limit per
+ * device (by ordinal, as CUDA numbers the devices it sees) is CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
+ * ("0=1024M,1=2G") where lower than the daemon's default for that device; --mem-mb above it is
+ * refused as cudaMalloc is: "out of memory" (cudaErrorMemoryAllocation), exit 4.
+ * EXCLUSIVE_PROCESS: a GPU whose compute mode (the mock's state file beside the clients
+ * directory) is EXCLUSIVE_PROCESS and that another process already holds a context on (a live
+ * client file that is not an MPS client, an MPS server included) refuses it as the driver
+ * refuses a second context: "all CUDA-capable devices are busy or unavailable"
+ * (cudaErrorDevicesUnavailable / CUDA_ERROR_DEVICE_BUSY), exit 5.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -26,7 +43,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -124,8 +143,120 @@ static int find_devices(device *out)
     return n;
 }
 
+#define EXIT_OOM 4
+#define EXIT_BUSY 5
+#define COMPUTEMODE_EXCLUSIVE_PROCESS 3 /* nvmlComputeMode_t */
+
+/* The MPS control daemon's answer: its server's pid and a limit per device (0: none), 0 when
+ * no daemon is there (then no MPS), -1 when it serves none of these devices. */
+static int mps_connect(const char *clients, const device *devs, int n, unsigned long long *limits)
+{
+    const char *pipe = getenv("CUDA_MPS_PIPE_DIRECTORY");
+    if (!pipe || !*pipe)
+        return 0;
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    if (snprintf(addr.sun_path, sizeof addr.sun_path, "%s/control", pipe) >=
+        (int)sizeof addr.sun_path)
+        return 0;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return 0;
+    if (connect(fd, (struct sockaddr *)&addr, sizeof addr) < 0) {
+        close(fd);
+        return 0;
+    }
+    char req[4096], rep[4096];
+    int len = snprintf(req, sizeof req, "gpukit-client %d %s", (int)getpid(), clients);
+    for (int i = 0; i < n && len < (int)sizeof req - 16; i++)
+        len += snprintf(req + len, sizeof req - (size_t)len, " %d", devs[i].minor);
+    len += snprintf(req + len, sizeof req - (size_t)len, "\n");
+    size_t got = 0;
+    if (write(fd, req, (size_t)len) != len) {
+        close(fd);
+        return 0;
+    }
+    for (ssize_t r; got < sizeof rep - 1 && (r = read(fd, rep + got, sizeof rep - 1 - got)) > 0;)
+        got += (size_t)r;
+    close(fd);
+    rep[got] = 0;
+    char *ts = NULL, *t = strtok_r(rep, " \n", &ts);
+    if (t && !strcmp(t, "err"))
+        return -1;
+    if (!t || strcmp(t, "ok") || !(t = strtok_r(NULL, " \n", &ts)))
+        return 0;
+    int server = atoi(t);
+    strtok_r(NULL, " \n", &ts); /* the active thread percentage: gpu-work has no threads to limit */
+    for (int i = 0; i < n && (t = strtok_r(NULL, " \n", &ts)); i++)
+        limits[i] = strtoull(t, NULL, 10);
+    return server;
+}
+
+/* CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=1024M,1=2G": the client's own limit, where lower. */
+static void client_limits(unsigned long long *limits, int n)
+{
+    const char *env = getenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT");
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", env ? env : "");
+    char *ts = NULL;
+    for (char *t = strtok_r(buf, ",", &ts); t; t = strtok_r(NULL, ",", &ts)) {
+        char *eq = strchr(t, '='), *end;
+        if (!eq)
+            continue;
+        long dev = strtol(t, NULL, 10);
+        unsigned long long v = strtoull(eq + 1, &end, 10);
+        v <<= *end == 'G' || *end == 'g' ? 30 : 20;
+        if (dev >= 0 && dev < n && v && (!limits[dev] || v < limits[dev]))
+            limits[dev] = v;
+    }
+}
+
+/* The compute mode the mock's state file (beside the clients directory) gives this minor. */
+static unsigned compute_mode(const char *clients, int minor)
+{
+    char path[4200], line[1024];
+    snprintf(path, sizeof path, "%s/../state", clients);
+    FILE *f = fopen(path, "r");
+    unsigned mode = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        const char *cm = strstr(line, " compute_mode "), *mi = strstr(line, " minor ");
+        if (!strncmp(line, "gpu ", 4) && cm && mi && atoi(mi + 7) == minor)
+            mode = (unsigned)atoi(cm + 14);
+    }
+    if (f)
+        fclose(f);
+    return mode;
+}
+
+/* Another live process holds a context on this whole GPU: a locked client file for its minor
+ * that is not an MPS client's. */
+static int gpu_held(const char *clients, int minor)
+{
+    DIR *d = opendir(clients);
+    int held = 0;
+    char want[32];
+    snprintf(want, sizeof want, " minor %d ", minor);
+    for (struct dirent *e; !held && d && (e = readdir(d));) {
+        if (e->d_name[0] == '.')
+            continue;
+        int fd = openat(dirfd(d), e->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (fd < 0)
+            continue;
+        char text[512];
+        ssize_t len = read(fd, text, sizeof text - 1);
+        struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0};
+        if (len > 0 && fcntl(fd, F_GETLK, &fl) == 0 && fl.l_type != F_UNLCK) {
+            text[len] = 0;
+            held = strstr(text, want) && !strstr(text, " mps ");
+        }
+        close(fd);
+    }
+    if (d)
+        closedir(d);
+    return held;
+}
+
 static int register_device(const char *dir, const device *dv, unsigned long long bytes,
-                           unsigned util)
+                           unsigned util, int mps_server)
 {
     char path[4200], comm[64] = "gpu-work";
     snprintf(path, sizeof path, "%s/work-XXXXXX", dir);
@@ -147,18 +278,20 @@ static int register_device(const char *dir, const device *dv, unsigned long long
     }
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
-    char gi[16] = "-", ci[16] = "-", line[512];
+    char gi[16] = "-", ci[16] = "-", line[512], mps[32] = "";
+    if (mps_server > 0)
+        snprintf(mps, sizeof mps, " mps %d", mps_server);
     if (dv->gi >= 0) {
         snprintf(gi, sizeof gi, "%d", dv->gi);
         snprintf(ci, sizeof ci, "%d", dv->ci);
     }
     int len = snprintf(line, sizeof line,
                        "gpukit-nvml-client 1 minor %d gi %s ci %s bytes %llu util %u pid %d "
-                       "start %llu name %s\n",
+                       "start %llu name %s%s\n",
                        dv->minor, gi, ci, bytes, util, (int)getpid(),
                        (unsigned long long)now.tv_sec * 1000000000ULL +
                            (unsigned long long)now.tv_nsec,
-                       comm);
+                       comm, mps);
     if (write(fd, line, (size_t)len) != len || fchmod(fd, 0644)) {
         close(fd);
         return -1;
@@ -199,9 +332,37 @@ int main(int argc, char **argv)
         fprintf(stderr, "gpu-work: no GPU device node this container may open\n");
         return 2;
     }
+    unsigned long long limits[MAX_DEVICES] = {0};
+    int server = mps_connect(dir, devs, n, limits);
+    if (server < 0) {
+        printf("GPU_WORK_DEVICES=\n");
+        fprintf(stderr, "gpu-work: no CUDA-capable device is detected (cudaErrorNoDevice: the "
+                        "MPS daemon serves none of this process's GPUs)\n");
+        return 2;
+    }
+    if (server > 0) {
+        client_limits(limits, n);
+        for (int i = 0; i < n; i++)
+            if (limits[i] && (mem_mb << 20) > limits[i]) {
+                printf("GPU_WORK_DEVICES=\n");
+                fprintf(stderr, "gpu-work: cudaMalloc of %llu MiB on device %d: out of memory "
+                        "(cudaErrorMemoryAllocation; MPS pinned memory limit %llu MiB)\n",
+                        mem_mb, i, limits[i] >> 20);
+                return EXIT_OOM;
+            }
+    } else
+        for (int i = 0; i < n; i++)
+            if (devs[i].gi < 0 &&
+                compute_mode(dir, devs[i].minor) == COMPUTEMODE_EXCLUSIVE_PROCESS &&
+                gpu_held(dir, devs[i].minor)) {
+                printf("GPU_WORK_DEVICES=\n");
+                fprintf(stderr, "gpu-work: device %d: all CUDA-capable devices are busy or "
+                        "unavailable (cudaErrorDevicesUnavailable)\n", i);
+                return EXIT_BUSY;
+            }
     printf("GPU_WORK_DEVICES=");
     for (int i = 0; i < n; i++) {
-        fds[i] = register_device(dir, &devs[i], mem_mb << 20, util);
+        fds[i] = register_device(dir, &devs[i], mem_mb << 20, util, server);
         if (fds[i] < 0) {
             fprintf(stderr, "gpu-work: cannot register in %s: %s\n", dir, strerror(errno));
             return 3;
