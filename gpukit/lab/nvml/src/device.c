@@ -998,6 +998,14 @@ static nvmlReturn_t fabric_get(nvmlDevice_t d, const void *out, devref *r)
     return r->p->has_fabric ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
 }
 
+/* The fields every version of the fabric struct has (the structs differ, the names do not). */
+#define FABRIC_COMMON(dst, p)                                                         \
+    do {                                                                             \
+        memcpy((dst)->clusterUuid, (p)->fabric_cluster_uuid, sizeof (dst)->clusterUuid); \
+        (dst)->status = (nvmlReturn_t)(p)->fabric_status;                            \
+        (dst)->state = (nvmlGpuFabricState_t)(p)->fabric_state;                      \
+    } while (0)
+
 static nvmlReturn_t fabric_v1_impl(nvmlDevice_t d, nvmlGpuFabricInfo_t *info)
 {
     devref r;
@@ -1005,10 +1013,8 @@ static nvmlReturn_t fabric_v1_impl(nvmlDevice_t d, nvmlGpuFabricInfo_t *info)
     if (rc != NVML_SUCCESS)
         return rc;
     memset(info, 0, sizeof *info);
-    memcpy(info->clusterUuid, r.p->fabric_cluster_uuid, sizeof info->clusterUuid);
-    info->status = (nvmlReturn_t)r.p->fabric_status;
+    FABRIC_COMMON(info, r.p);
     info->cliqueId = r.p->fabric_clique_id;
-    info->state = (nvmlGpuFabricState_t)r.p->fabric_state;
     return NVML_SUCCESS;
 }
 EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device,
@@ -1031,19 +1037,15 @@ static nvmlReturn_t fabric_v_impl(nvmlDevice_t d, nvmlGpuFabricInfoV_t *info)
         nvmlGpuFabricInfo_v2_t *v2 = (nvmlGpuFabricInfo_v2_t *)info;
         memset(v2, 0, sizeof *v2);
         v2->version = nvmlGpuFabricInfo_v2;
-        memcpy(v2->clusterUuid, r.p->fabric_cluster_uuid, sizeof v2->clusterUuid);
-        v2->status = (nvmlReturn_t)r.p->fabric_status;
+        FABRIC_COMMON(v2, r.p);
         v2->cliqueId = r.p->fabric_clique_id;
-        v2->state = (nvmlGpuFabricState_t)r.p->fabric_state;
         v2->healthMask = r.p->fabric_health_mask;
         return NVML_SUCCESS;
     }
     memset(info, 0, sizeof *info);
     info->version = nvmlGpuFabricInfo_v3;
-    memcpy(info->clusterUuid, r.p->fabric_cluster_uuid, sizeof info->clusterUuid);
-    info->status = (nvmlReturn_t)r.p->fabric_status;
+    FABRIC_COMMON(info, r.p);
     info->cliqueId = r.p->fabric_clique_id;
-    info->state = (nvmlGpuFabricState_t)r.p->fabric_state;
     info->healthMask = r.p->fabric_health_mask;
     info->healthSummary = (unsigned char)r.p->fabric_health_summary;
     return NVML_SUCCESS;
@@ -1065,14 +1067,12 @@ static nvmlReturn_t fabric_v4_impl(nvmlDevice_t d, nvmlGpuFabricInfo_v4_t *info)
     if (rc != NVML_SUCCESS)
         return rc;
     memset(info, 0, sizeof *info);
-    memcpy(info->clusterUuid, r.p->fabric_cluster_uuid, sizeof info->clusterUuid);
-    info->status = (nvmlReturn_t)r.p->fabric_status;
+    FABRIC_COMMON(info, r.p);
     if (r.p->fabric_state == NVML_GPU_FABRIC_STATE_COMPLETED) {
         info->cliques[0].type = NVML_GPU_FABRIC_CLIQUE_TYPE_UNICAST_POINTER;
         info->cliques[0].id = r.p->fabric_clique_id;
         info->numCliques = 1;
     }
-    info->state = (nvmlGpuFabricState_t)r.p->fabric_state;
     info->healthMask = r.p->fabric_health_mask;
     info->healthSummary = (unsigned char)r.p->fabric_health_summary;
     return NVML_SUCCESS;
