@@ -101,8 +101,10 @@ def from_dict(doc: object, source: str = "declaration") -> NodeDeclaration:
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise DeclarationError(f"{source}.resources.{name}: {_short(count)} is not a "
                                    "count >= 0")
-        resources[name] = count
-    return NodeDeclaration(node, resources, config)
+        resources[str(name)] = int(count)
+    # Plain str and int: values may come tagged from an Ansible inventory (str subclasses),
+    # which the YAML renderer refuses.
+    return NodeDeclaration(str(node), resources, str(config))
 
 
 def _short(value: object) -> str:

@@ -36,3 +36,13 @@ def test_bad_entries_are_one_line_naming_field_and_value(text: str, message: str
         nd.parse(text, "gpu-decl")
     assert str(err.value).startswith(message)
     assert "\n" not in str(err.value)
+
+
+def test_values_of_str_subclasses_render_as_plain_strings() -> None:
+    class Tagged(str):  # as an Ansible inventory's strings are
+        pass
+
+    decl = nd.from_dict({"version": "v1", "node": Tagged("n"), "devicePluginConfig": Tagged("c"),
+                         "resources": {Tagged("nvidia.com/gpu"): 2}})
+    assert nd.render(decl) == ("version: v1\nnode: n\ndevicePluginConfig: c\nresources:\n"
+                               "  nvidia.com/gpu: 2\n")
