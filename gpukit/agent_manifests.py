@@ -442,6 +442,23 @@ def _node_daemonset(d: AgentDeployment, app: str, service_account: str,
     if probe is not None:
         container["readinessProbe"] = probe
         container["ports"] = [metrics_port(d)]
+    return _daemonset_object(d, app, {
+        "serviceAccountName": service_account,
+        "priorityClassName": "system-node-critical",
+        # The agents talk to the API; host networking keeps that working on clusters (like
+        # the lab) whose pod network is not the way out.
+        "hostNetwork": True,
+        "dnsPolicy": "ClusterFirstWithHostNet",
+        "nodeSelector": dict(node_selector),
+        "tolerations": [{"operator": "Exists"}],
+        "containers": [container],
+        "volumes": volumes,
+    })
+
+
+def _daemonset_object(d: AgentDeployment, app: str, pod_spec: dict[str, Any]
+                      ) -> dict[str, Any]:
+    """One of gpukit's DaemonSets: `pod_spec` on every node it selects, rolled by update."""
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
@@ -449,21 +466,7 @@ def _node_daemonset(d: AgentDeployment, app: str, service_account: str,
         "spec": {
             "selector": {"matchLabels": {"app.kubernetes.io/name": app}},
             "updateStrategy": {"type": "RollingUpdate"},
-            "template": {
-                "metadata": {"labels": _labels(app)},
-                "spec": {
-                    "serviceAccountName": service_account,
-                    "priorityClassName": "system-node-critical",
-                    # The agents talk to the API; host networking keeps that working on
-                    # clusters (like the lab) whose pod network is not the way out.
-                    "hostNetwork": True,
-                    "dnsPolicy": "ClusterFirstWithHostNet",
-                    "nodeSelector": dict(node_selector),
-                    "tolerations": [{"operator": "Exists"}],
-                    "containers": [container],
-                    "volumes": volumes,
-                },
-            },
+            "template": {"metadata": {"labels": _labels(app)}, "spec": pod_spec},
         },
     }
 
@@ -687,27 +690,15 @@ def mps_daemonset(d: AgentDeployment) -> dict[str, Any]:
         "resources": {"requests": {"cpu": "10m", "memory": "32Mi"},
                       "limits": {"memory": "256Mi"}},
     }
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": {"name": MPS_APP, "namespace": d.namespace, "labels": _labels(MPS_APP)},
-        "spec": {
-            "selector": {"matchLabels": {"app.kubernetes.io/name": MPS_APP}},
-            "updateStrategy": {"type": "RollingUpdate"},
-            "template": {
-                "metadata": {"labels": _labels(MPS_APP)},
-                "spec": {
-                    "automountServiceAccountToken": False,
-                    "priorityClassName": "system-node-critical",
-                    "hostPID": True,
-                    "affinity": mps_node_affinity(d),
-                    "tolerations": [{"operator": "Exists"}],
-                    "containers": [container],
-                    "volumes": volumes + host_volumes,
-                },
-            },
-        },
-    }
+    return _daemonset_object(d, MPS_APP, {
+        "automountServiceAccountToken": False,
+        "priorityClassName": "system-node-critical",
+        "hostPID": True,
+        "affinity": mps_node_affinity(d),
+        "tolerations": [{"operator": "Exists"}],
+        "containers": [container],
+        "volumes": volumes + host_volumes,
+    })
 
 
 def serves_mps(d: AgentDeployment) -> bool:
