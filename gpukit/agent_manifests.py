@@ -37,11 +37,17 @@ import yaml
 from gpukit.contracts import dra as dra_names
 from gpukit.contracts import label_names
 from gpukit.contracts import node_declaration as nd
-from gpukit.contracts.plugin_config import DEFAULT_CDI_DIR, DEFAULT_KUBELET_DIR, parse_host_port
+from gpukit.contracts.plugin_config import (
+    DEFAULT_CDI_DIR,
+    DEFAULT_KUBELET_DIR,
+    DEFAULT_MPS_ROOT,
+    parse_host_port,
+)
 from gpukit.plugin.metrics import READY_PATH
 
 APP = "gpukit-node-agent"
 DRA_APP = "gpukit-dra-plugin"
+MPS_APP = "gpukit-mps-control"
 
 # Where the container sees the driver root (GPUKIT_DEVICE_ROOT_IN_PLUGIN).
 DRIVER_ROOT_IN_CONTAINER = "/driver-root"
@@ -93,6 +99,9 @@ class AgentDeployment:
     dra: bool = False
     dra_node_selector: dict[str, str] = field(default_factory=dict)
     dra_extended_resource: bool = True  # DeviceClass gpu.nvidia.com maps nvidia.com/gpu
+    # Claims sharing with MPS served on the DRA nodes (gpukit_dra_mps): the MPS control
+    # DaemonSet runs there too; without it the DRA plugin refuses such claims.
+    dra_mps: bool = False
 
     @property
     def service_account(self) -> str:
@@ -402,6 +411,9 @@ def agent_mounts(d: AgentDeployment) -> tuple[list[dict[str, Any]], list[dict[st
         {"name": "agent-state", "mountPath": STATE_DIR},
         {"name": "host-sys", "mountPath": SYSFS_IN_CONTAINER, **ro},
         {"name": "pod-resources", "mountPath": POD_RESOURCES_DIR, "readOnly": True},
+        # MPS: the agent asks gpukit's MPS control container for its daemons here and hands
+        # their pipe directories to containers (gpukit.plugin.mps_requests).
+        _mps_root_mount(),
     ]  # fmt: skip
     volumes += [
         {"name": "configs", "configMap": {"name": f"{APP}-configs"}},
@@ -411,9 +423,18 @@ def agent_mounts(d: AgentDeployment) -> tuple[list[dict[str, Any]], list[dict[st
         _host_path("agent-state", STATE_DIR, "DirectoryOrCreate"),
         _host_path("host-sys", "/sys", "Directory"),
         _host_path("pod-resources", POD_RESOURCES_DIR, "DirectoryOrCreate"),
+        _mps_root_volume(),
     ]
     host_mounts, host_volumes = _deployment_host_mounts(d)
     return mounts + host_mounts, volumes + host_volumes
+
+
+def _mps_root_mount() -> dict[str, Any]:
+    return {"name": "mps-root", "mountPath": DEFAULT_MPS_ROOT}
+
+
+def _mps_root_volume() -> dict[str, Any]:
+    return _host_path("mps-root", DEFAULT_MPS_ROOT, "DirectoryOrCreate")
 
 
 def _deployment_host_mounts(d: AgentDeployment
@@ -477,6 +498,8 @@ def daemonset(d: AgentDeployment) -> dict[str, Any]:
         {"name": "GPUKIT_DECLARATION_DIR", "value": DECLARATION_DIR},
         {"name": "GPUKIT_SYSFS_ROOT", "value": SYSFS_IN_CONTAINER},
         {"name": "GPUKIT_NVML_LIB", "value": nvml_library_path(d)},
+        # This hardened container cannot open the GPUs an MPS daemon needs.
+        {"name": "GPUKIT_MPS_DAEMONS", "value": "delegate"},
     ]
     if d.default_config:
         env.append({"name": "DEFAULT_CONFIG", "value": d.default_config})
@@ -506,6 +529,23 @@ def _node_daemonset(d: AgentDeployment, app: str, service_account: str,
     if probe is not None:
         container["readinessProbe"] = probe
         container["ports"] = [metrics_port(d)]
+    return _daemonset_object(d, app, {
+        "serviceAccountName": service_account,
+        "priorityClassName": "system-node-critical",
+        # The agents talk to the API; host networking keeps that working on clusters (like
+        # the lab) whose pod network is not the way out.
+        "hostNetwork": True,
+        "dnsPolicy": "ClusterFirstWithHostNet",
+        "nodeSelector": dict(node_selector),
+        "tolerations": [{"operator": "Exists"}],
+        "containers": [container],
+        "volumes": volumes,
+    })
+
+
+def _daemonset_object(d: AgentDeployment, app: str, pod_spec: dict[str, Any]
+                      ) -> dict[str, Any]:
+    """One of gpukit's DaemonSets: `pod_spec` on every node it selects, rolled by update."""
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
@@ -513,21 +553,7 @@ def _node_daemonset(d: AgentDeployment, app: str, service_account: str,
         "spec": {
             "selector": {"matchLabels": {"app.kubernetes.io/name": app}},
             "updateStrategy": {"type": "RollingUpdate"},
-            "template": {
-                "metadata": {"labels": _labels(app)},
-                "spec": {
-                    "serviceAccountName": service_account,
-                    "priorityClassName": "system-node-critical",
-                    # The agents talk to the API; host networking keeps that working on
-                    # clusters (like the lab) whose pod network is not the way out.
-                    "hostNetwork": True,
-                    "dnsPolicy": "ClusterFirstWithHostNet",
-                    "nodeSelector": dict(node_selector),
-                    "tolerations": [{"operator": "Exists"}],
-                    "containers": [container],
-                    "volumes": volumes,
-                },
-            },
+            "template": {"metadata": {"labels": _labels(app)}, "spec": pod_spec},
         },
     }
 
@@ -647,6 +673,7 @@ def dra_daemonset(d: AgentDeployment) -> dict[str, Any]:
         # wins, as readiness_probe reads it).
         {"name": "GPUKIT_METRICS_ADDRESS",
          "value": d.env.get("GPUKIT_METRICS_ADDRESS", d.metrics_address)},
+        {"name": "GPUKIT_MPS_DAEMONS", "value": "delegate" if d.dra_mps else "none"},
     ]
     env += [{"name": k, "value": v} for k, v in sorted(d.env.items())
             if k not in {e["name"] for e in env}]
@@ -665,6 +692,9 @@ def dra_daemonset(d: AgentDeployment) -> dict[str, Any]:
         _host_path("run-gpukit", "/run/gpukit", "DirectoryOrCreate"),
         _host_path("pod-resources", POD_RESOURCES_DIR, "DirectoryOrCreate"),
     ]
+    if d.dra_mps:
+        mounts.append(_mps_root_mount())
+        volumes.append(_mps_root_volume())
     for part in (_driver_mounts(d), _deployment_host_mounts(d)):
         mounts += part[0]
         volumes += part[1]
@@ -685,8 +715,91 @@ def dra_manifests(d: AgentDeployment) -> list[dict[str, Any]]:
     return [*dra_rbac(d), *own_slices_policy(d), *device_classes(d), dra_daemonset(d)]
 
 
+# -- the MPS control daemons ------------------------------------------------------------------
+
+MPS_CONTROL_BINARY = f"{DRIVER_ROOT_IN_CONTAINER}/usr/bin/nvidia-cuda-mps-control"
+
+
+def mps_node_affinity(d: AgentDeployment) -> dict[str, Any]:
+    """Where MPS daemons may be asked for: nodes whose agent serves a config sharing with MPS
+    (it labels them nvidia.com/mps.capable=true, as GFD does; NVIDIA's mps-control-daemon
+    selects the same label) and, with dra_mps, the DRA nodes."""
+    terms = [{"matchExpressions": [
+        {"key": label_names.MPS_CAPABLE, "operator": "In", "values": ["true"]}]}]
+    if d.dra and d.dra_mps:
+        # An empty term matches no node; the DRA DaemonSet without a selector runs on all.
+        terms.append({"matchExpressions": [
+            {"key": k, "operator": "In", "values": [v]}
+            for k, v in sorted(d.dra_node_selector.items())]
+            or [{"key": "kubernetes.io/hostname", "operator": "Exists"}]})
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": terms}}}
+
+
+def mps_daemonset(d: AgentDeployment) -> dict[str, Any]:
+    """gpukit's MPS control container (gpukit.plugin.mps_control): runs the MPS daemons the
+    agent and the DRA plugin ask for. It is the one privileged container of gpukit, and only
+    on nodes that share GPUs through MPS: an MPS daemon holds a context on its GPUs and sets
+    their compute mode, which needs the devices and root in the host's sense, as NVIDIA's
+    mps-control-daemon has. Host PIDs: the daemon sees its clients' processes as NVML lists
+    them. The driver (its nvidia-cuda-mps-control and libraries) comes from the driver root,
+    read-only; the MPS root's shm is its /dev/shm, as each client's. No Kubernetes API."""
+    lib = nvml_library_path(d)
+    env: list[dict[str, Any]] = [
+        {"name": "GPUKIT_MPS_ROOT", "value": DEFAULT_MPS_ROOT},
+        {"name": "GPUKIT_MPS_CONTROL_BINARY", "value": MPS_CONTROL_BINARY},
+        {"name": "GPUKIT_NVML_LIB", "value": lib},
+        {"name": "LD_LIBRARY_PATH", "value": posixpath.dirname(lib)},
+    ]
+    env += [{"name": k, "value": v} for k, v in sorted(d.env.items())
+            if k not in {e["name"] for e in env}]
+    mounts: list[dict[str, Any]] = [
+        _mps_root_mount(),
+        {"name": "mps-shm", "mountPath": "/dev/shm"},
+        {"name": "driver-root", "mountPath": DRIVER_ROOT_IN_CONTAINER, "readOnly": True,
+         "mountPropagation": "HostToContainer"},
+    ]
+    volumes = [
+        _mps_root_volume(),
+        _host_path("mps-shm", posixpath.join(DEFAULT_MPS_ROOT, "shm"), "DirectoryOrCreate"),
+        _host_path("driver-root", d.driver_root, "Directory"),
+    ]
+    host_mounts, host_volumes = _deployment_host_mounts(d)
+    container = {
+        "name": "mps-control",
+        "image": d.image,
+        "imagePullPolicy": d.image_pull_policy,
+        "command": ["python3", "-m", "gpukit.plugin.mps_control"],
+        "args": ["--log-level=INFO"],
+        "env": env,
+        "volumeMounts": mounts + host_mounts,
+        "securityContext": {"privileged": True},
+        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"},
+                      "limits": {"memory": "256Mi"}},
+    }
+    return _daemonset_object(d, MPS_APP, {
+        "automountServiceAccountToken": False,
+        "priorityClassName": "system-node-critical",
+        "hostPID": True,
+        "affinity": mps_node_affinity(d),
+        "tolerations": [{"operator": "Exists"}],
+        "containers": [container],
+        "volumes": volumes + host_volumes,
+    })
+
+
+def serves_mps(d: AgentDeployment) -> bool:
+    """Whether any node may ask for MPS daemons: a named config shares with MPS, or the DRA
+    nodes serve MPS claims. Only then is the privileged MPS control DaemonSet deployed."""
+    return (d.dra and d.dra_mps) or any(
+        isinstance(c.get("sharing"), Mapping) and "mps" in c["sharing"]
+        for c in d.configs.values())
+
+
 def manifests(d: AgentDeployment) -> list[dict[str, Any]]:
     """Every object, in apply order."""
     out = [namespace(d), *rbac(d), *own_node_policy(d), *own_node_condition_policy(d),
            config_map(d), declarations_map(d), daemonset(d)]
+    if serves_mps(d):
+        out.append(mps_daemonset(d))
     return out + dra_manifests(d) if d.dra else out

@@ -47,6 +47,7 @@ FROM_INVENTORY: dict[str, tuple[str, Any]] = {
     "device_plugin_nvml_library": ("gpukit_device_plugin_nvml_library", ""),
     "device_plugin_env": ("gpukit_device_plugin_env", {}),
     "device_plugin_host_mounts": ("gpukit_device_plugin_host_mounts", []),
+    "device_plugin_dra_mps": ("gpukit_dra_mps", False),
 }
 # The role's other variables that shape the objects, with their defaults.
 ROLE_DEFAULTS: dict[str, Any] = {
@@ -76,6 +77,7 @@ RENDER_ARGS = {
     "dra_node_selector": "device_plugin_dra_node_selector",
     "dra_extended_resource": "device_plugin_dra_extended_resource",
     "kubernetes_version": "device_plugin_kubernetes_version",
+    "dra_mps": "device_plugin_dra_mps",
 }
 
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
@@ -268,6 +269,62 @@ def node_pynvml(node: str, code: str, *args: str) -> None:
     root = nodes.root(load_spec().node(node))
     env = nvml.env(root / "etc/gpukit-lab/nvml/profile.yaml", root / "var/lib/gpukit-lab/nvml")
     subprocess.run([sys.executable, "-c", code, *args], env=env, check=True)
+
+
+@contextmanager
+def driver_userspace(node: str) -> Iterator[None]:
+    """The stand-in driver package's user space on `node` (nvidia-smi, the MPS tools,
+    libcuda), as site.yml installs it, for the tests that need it on a bare lab node; then
+    purged and the lab's mock NVML (which the package replaces) restored. A node that had the
+    package (an earlier site.yml) keeps it as it was."""
+    from gpukit.lab.packages.catalog import BRANCHES
+
+    package = f"nvidia-driver-{BRANCHES[0].name}"
+    spec = load_spec().node(node)
+
+    def sh(command: str) -> subprocess.CompletedProcess[str]:
+        return cluster.node_exec(spec, ["sh", "-c", command], timeout=120)
+
+    if sh(f"dpkg -s {package} 2>/dev/null | grep -q '^Status: install ok installed'"
+          ).returncode == 0:
+        yield
+        return
+    nvml = nodes.root(spec) / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+    saved = nvml.read_bytes()
+    r = sh(f"dpkg -i --force-depends /opt/gpukit-lab/apt/{package}_*.deb")
+    assert r.returncode == 0, f"{node}: installing {package}: {r.stdout}{r.stderr}"
+    try:
+        yield
+    finally:
+        sh(f"dpkg --purge --force-depends {package}")
+        nvml.write_bytes(saved)
+
+
+MPS_VIEW = r"""
+import json, pynvml as n
+n.nvmlInit()
+out = {}
+for i in range(n.nvmlDeviceGetCount()):
+    h = n.nvmlDeviceGetHandleByIndex(i)
+    out[n.nvmlDeviceGetUUID(h)] = {
+        "mode": n.nvmlDeviceGetComputeMode(h),
+        "procs": [p.pid for p in n.nvmlDeviceGetComputeRunningProcesses(h)],
+        "clients": [p.pid for p in n.nvmlDeviceGetMPSComputeRunningProcesses(h)]}
+print(json.dumps(out))
+"""
+
+
+def mps_view(node: str) -> dict[str, dict[str, Any]]:
+    """NVML on `node` per GPU UUID: compute mode (3: EXCLUSIVE_PROCESS, 0: DEFAULT), the processes on the
+    GPU (an MPS server) and its MPS clients' pids."""
+    from gpukit.lab import nvml
+
+    root = nodes.root(load_spec().node(node))
+    env = nvml.env(root / "etc/gpukit-lab/nvml/profile.yaml", root / "var/lib/gpukit-lab/nvml")
+    r = subprocess.run([sys.executable, "-c", MPS_VIEW], env=env, capture_output=True,
+                       text=True, check=True, timeout=60)
+    got: dict[str, dict[str, Any]] = json.loads(r.stdout)
+    return got
 
 
 @dataclass

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 AREAS = (
-    "discovery", "labels", "host", "isolation", "mig", "timeslicing", "workload",
+    "discovery", "labels", "host", "isolation", "mig", "timeslicing", "mps", "workload",
     "dra", "metrics", "tenancy",
 )
 
@@ -30,6 +30,7 @@ CNCF_BY_AREA = {
     "workload": SECURE_ACCELERATOR_ACCESS,
     "mig": GPU_SHARING,
     "timeslicing": GPU_SHARING,
+    "mps": GPU_SHARING,
     "host": DRIVER_RUNTIME_MANAGEMENT,
     "dra": DRA_SUPPORT,
     "metrics": ACCELERATOR_METRICS,

@@ -209,6 +209,41 @@ def replicas_per_gpu(decl: NodeDecl, resource: str) -> dict[int, int]:
     return dict(sorted(out.items()))
 
 
+def mps_gpu_indexes(decl: NodeDecl) -> list[int]:
+    """The GPUs a node shares through MPS (each has its MPS daemon, in EXCLUSIVE_PROCESS
+    compute mode while it serves); none unless the node's config shares with MPS."""
+    if decl.dra or decl.plugin_config.sharing_strategy != "mps":
+        return []
+    return sorted({u.gpu_index for u in expected_units(decl)
+                   if u.replicas > 1 and u.gpu_index is not None})
+
+
+@dataclass(frozen=True)
+class MpsShare:
+    """What a container holding one MPS replica of `resource` is given, as NVIDIA's device
+    plugin sets it: its GPU's memory and threads divided by the replicas."""
+
+    replicas: int
+
+    def memory_limit(self, gpu_memory_mib: int) -> str:
+        """CUDA_MPS_PINNED_DEVICE_MEM_LIMIT for a GPU of `gpu_memory_mib` (the client's
+        device 0)."""
+        return f"0={gpu_memory_mib // self.replicas}M"
+
+    @property
+    def thread_percentage(self) -> str:
+        """CUDA_MPS_ACTIVE_THREAD_PERCENTAGE."""
+        return str(max(1, 100 // self.replicas))
+
+
+def mps_share(decl: NodeDecl, resource: str) -> MpsShare | None:
+    """None: a container of `resource` on this node is no MPS client."""
+    if decl.dra or decl.plugin_config.sharing_strategy != "mps":
+        return None
+    replicas, _ = _sharing_of(decl, resource)
+    return MpsShare(replicas) if replicas > 1 else None
+
+
 def label_value(value: object) -> str:
     """A label value as GFD writes it: invalid characters as '-', <= 63 chars."""
     return _INVALID_LABEL_CHARS.sub("-", str(value))[:63].strip("-_.")

@@ -25,7 +25,13 @@ OBSERVE = (
     'for f in /dev/nvidia*; do [ -e "$f" ] && echo "DEV ${f#/dev/}"; done; '
     'for f in /dev/nvidia-caps/*; do [ -e "$f" ] && echo "CAP ${f##*/}"; done; '
     'echo "ENV ${NVIDIA_VISIBLE_DEVICES-<unset>}"; '
-    f'for f in {VOLUME_MOUNTS_ROOT}/*; do [ -e "$f" ] && echo "VOL ${{f##*/}}"; done; true'
+    f'for f in {VOLUME_MOUNTS_ROOT}/*; do [ -e "$f" ] && echo "VOL ${{f##*/}}"; done; '
+    # MPS: the pipe directory, whether its daemon's control endpoint is there, the limits.
+    'if [ -n "${CUDA_MPS_PIPE_DIRECTORY-}" ]; then '
+    'echo "MPSPIPE $CUDA_MPS_PIPE_DIRECTORY $([ -e "$CUDA_MPS_PIPE_DIRECTORY/control" ] '
+    '&& echo control || echo none)"; '
+    'echo "MPSMEM ${CUDA_MPS_PINNED_DEVICE_MEM_LIMIT-<unset>}"; '
+    'echo "MPSPCT ${CUDA_MPS_ACTIVE_THREAD_PERCENTAGE-<unset>}"; fi; true'
 )
 # Holds its devices until deleted; exits at once on SIGTERM (a shell as PID 1 would not).
 HOLD = 'trap "exit 0" TERM; sleep 1000000 & wait'
@@ -45,6 +51,9 @@ class Seen:
     volume_ids: tuple[str, ...] = ()
     kubelet_ids: tuple[str, ...] | None = None  # PodResources device IDs (None: not read)
     error: str = ""
+    # MPS client settings it was given: pipe directory, "control" if its daemon's control
+    # endpoint is there ("none" if not), pinned memory limit, thread percentage.
+    mps: dict[str, str] = field(default_factory=dict)
 
     @property
     def gpu_nodes(self) -> set[str]:
@@ -75,6 +84,12 @@ class Seen:
                 self.env = None if value == "<unset>" else value
             elif kind == "VOL":
                 vols.append(value)
+            elif kind == "MPSPIPE":
+                self.mps["pipe"], _, self.mps["endpoint"] = value.partition(" ")
+            elif kind == "MPSMEM":
+                self.mps["memory_limit"] = value
+            elif kind == "MPSPCT":
+                self.mps["thread_percentage"] = value
         self.dev_entries = tuple(sorted(devs))
         self.cap_entries = tuple(sorted(caps))
         self.volume_ids = tuple(sorted(vols))

@@ -62,6 +62,7 @@ class GpuSeen:
     migs: tuple[MigSeen, ...] = ()
     error: str = ""  # NVML could not query this GPU (then only `index` is known)
     lost: bool = False  # ... because it is lost (NVML_ERROR_GPU_IS_LOST)
+    compute_mode: str = ""  # DEFAULT, EXCLUSIVE_PROCESS, ... ("" when NVML has none)
 
     @property
     def state(self) -> str:
@@ -132,7 +133,7 @@ def parse_probe(doc: dict[str, Any]) -> NvmlSeen:
                                 tuple(int(c) for c in m.get("caps", ()))))
         gpu = GpuSeen(int(g["index"]), g["uuid"], g["name"], int(g["minor"]),
                       int(g["memory_mib"]), g.get("mig_current"), g.get("mig_pending"),
-                      tuple(migs))
+                      tuple(migs), compute_mode=str(g.get("compute_mode", "")))
         gpus.append(gpu)
         by_uuid[gpu.uuid] = (gpu, None)
         for mig in migs:

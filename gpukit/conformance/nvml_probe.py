@@ -34,6 +34,10 @@ GPU_IS_LOST = 15
 BUFFER = 96
 
 
+# nvmlComputeMode_t
+COMPUTE_MODES = {0: "DEFAULT", 1: "EXCLUSIVE_THREAD", 2: "PROHIBITED", 3: "EXCLUSIVE_PROCESS"}
+
+
 class _Memory(ctypes.Structure):
     _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong),
                 ("used", ctypes.c_ulonglong)]
@@ -154,6 +158,9 @@ def _gpu(nvml: Nvml, index: int) -> dict[str, Any]:
         "memory_mib": nvml.memory_mib(handle),
         "mig_current": None, "mig_pending": None, "migs": [],
     }
+    mode = ctypes.c_uint()  # MPS: EXCLUSIVE_PROCESS while a daemon serves the GPU
+    if nvml.try_call("nvmlDeviceGetComputeMode", handle, ctypes.byref(mode)) == SUCCESS:
+        gpu["compute_mode"] = COMPUTE_MODES.get(mode.value, str(mode.value))
     cur, pend = ctypes.c_uint(), ctypes.c_uint()
     rc = nvml.try_call("nvmlDeviceGetMigMode", handle, ctypes.byref(cur), ctypes.byref(pend))
     if rc == SUCCESS:

@@ -43,6 +43,7 @@ MARKERS = {
     "isolation": "allocation isolation: disjoint devices, visibility, PodResources, Pending",
     "mig": "MIG partitioning matches the declared layout",
     "timeslicing": "time-slicing replicas, rename, >1 rejection, spread",
+    "mps": "MPS daemons on exactly the MPS GPUs; each client's pipe and limits",
     "workload": "workloads see exactly their devices (pynvml; CUDA on real GPUs)",
     "dra": "DRA: ResourceSlices, claims and their isolation match the declaration",
     "metrics": "GPU metrics per device, attributed to pods, agreeing with NVML",

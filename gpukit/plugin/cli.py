@@ -107,6 +107,10 @@ def build_parser(prog: str = "gpukit-device-plugin") -> argparse.ArgumentParser:
                     help="where the driver's /proc/driver/nvidia is found, as <root>/proc/..."
                          " (MIG capability files; default: the container's own /proc) "
                          "[GPUKIT_PROC_ROOT]")
+    rt.add_argument("--mps-daemons", default=env("GPUKIT_MPS_DAEMONS", "own"),
+                    help="who runs the MPS daemons of a config sharing with MPS: this process "
+                         "(own: a host service) or gpukit's MPS control container (delegate: "
+                         "the DaemonSet) [GPUKIT_MPS_DAEMONS]")
     rt.add_argument("--check-config", action="store_true",
                     help="print the resolved config as JSON and exit (2 if invalid)")
     rt.add_argument("--log-level", default=env("GPUKIT_LOG_LEVEL", "INFO"))
@@ -133,6 +137,10 @@ def _main(argv: list[str] | None, prog: str) -> int:
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if args.mps_daemons not in ("own", "delegate"):
+        print(f"error: --mps-daemons (GPUKIT_MPS_DAEMONS): {args.mps_daemons!r} is not one of "
+              "own, delegate", file=sys.stderr)
+        return 2
     source = ConfigSource(
         config_file=args.config_file, config_dir=args.config_dir,
         default_config=args.default_config, node_name=args.node_name,
@@ -163,7 +171,8 @@ def _main(argv: list[str] | None, prog: str) -> int:
         ManagerOptions(proc_root=args.proc_root, labels_file=args.labels_file,
                        node_labels=args.node_labels, pause_file=args.pause_file or None,
                        last_good_file=args.last_good_config or None,
-                       declaration_dir=args.declaration_dir),
+                       declaration_dir=args.declaration_dir,
+                       mps_daemons=args.mps_daemons),
         node_client=node_client,
     )
     try:

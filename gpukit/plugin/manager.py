@@ -44,7 +44,8 @@ from .labels import compute_labels
 from .metrics import PluginMetrics
 from .mig.pause import PauseWatcher
 from .mps import MpsLayout, mps_layout
-from .mps_daemons import MpsDaemons
+from .mps_daemons import MpsControl
+from .mps_requests import mps_control
 from .node_api import NodeClient
 from .nvml_backend import InitError as InitError
 from .nvml_backend import NvmlBackend as NvmlBackend
@@ -77,6 +78,10 @@ class ManagerOptions:
     stream_grace_seconds: float = 15.0
     # How long the GPU metrics reuse the kubelet's PodResources answer (pod attribution).
     pod_resources_ttl: float = podresources.DEFAULT_TTL
+    # Who runs the MPS daemons: "own" (this process: a host service) or "delegate" (gpukit's
+    # MPS control container: the hardened DaemonSet container cannot open the GPUs);
+    # gpukit.plugin.mps_requests.mps_control.
+    mps_daemons: str = "own"
 
 
 class PluginManager:
@@ -125,7 +130,12 @@ class PluginManager:
         self.declaration = DeclarationWatch(self.options.declaration_dir,
                                             source.node_name or "", self.metrics, node_client)
         self._last_cdi: dict[str, object] | None = None
-        self.mps = MpsDaemons(getattr(backend, "set_compute_mode", no_compute_mode))
+        mps = mps_control(self.options.mps_daemons,
+                          getattr(backend, "set_compute_mode", no_compute_mode))
+        if mps is None:
+            raise ValueError("the node agent needs someone to run its MPS daemons "
+                             "(--mps-daemons own or delegate)")
+        self.mps: MpsControl = mps
         self.mps_layout: MpsLayout | None = None  # None: no GPU shared through MPS
         self.pause = PauseWatcher(self.options.pause_file) if self.options.pause_file else None
         self.metrics.readiness = self.readiness
@@ -334,8 +344,11 @@ class PluginManager:
 
     def _views(self, resource: Resource) -> list[DeviceView]:
         pause = self.pause
+        # A replica shared through MPS is offered healthy only while its GPU's daemon serves.
+        no_mps = self.mps.problems.keys() if self.mps_layout is not None else set()
         return [DeviceView(d.id, self.tracker.unit_healthy(d.unit)
-                           and not (pause is not None and pause.covers(d.unit.gpu.uuid)),
+                           and not (pause is not None and pause.covers(d.unit.gpu.uuid))
+                           and not (d.is_replica and d.unit.gpu.uuid in no_mps),
                            d.unit.numa_node)
                 for d in resource.devices]
 

@@ -14,6 +14,11 @@ finish), restores DEFAULT compute mode and removes the directory, so no daemon i
 Each daemon's directory holds `spec.json`, what it was started for: a restarted plugin adopts a
 daemon that still answers (limits set again, no restart under its clients) and stops the ones
 nothing asks for any more with the GPUs to restore.
+
+Who runs the daemons: a plugin running as a host service runs them itself (this module); the
+hardened containers of the DaemonSets cannot open the GPUs, so there the plugins ask gpukit's
+MPS control container for them (gpukit.plugin.mps_requests, served by
+gpukit.plugin.mps_control). Both answer as `MpsControl`.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import shutil
 import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +44,26 @@ ComputeModeSetter = Callable[[str, bool], None]
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 
 
+# The keys daemons may have: the device plugin's (GPU or MIG device UUIDs) and the DRA
+# plugin's (claim-<uid>); nothing else under the MPS root is a daemon (shm, requests).
+KEY_PREFIXES = ("GPU-", "MIG-", "claim-")
+
+
 class MpsError(RuntimeError):
     """A daemon could not be started, configured or reached; the message says which."""
+
+
+class MpsControl(Protocol):
+    """What the plugins ask of whoever runs their MPS daemons."""
+
+    problems: dict[str, str]
+
+    def start(self, root: str, spec: DaemonSpec) -> None: ...
+
+    def stop(self, root: str, key: str) -> None: ...
+
+    def reconcile(self, root: str, specs: Mapping[str, DaemonSpec],
+                  prefix: str | tuple[str, ...]) -> Mapping[str, str]: ...
 
 
 @dataclass(frozen=True)
@@ -182,8 +205,8 @@ class MpsDaemons:
                         "starting or configuring it again", spec.key)
         self.start(root, spec)
 
-    def reconcile(self, root: str, specs: Mapping[str, DaemonSpec], prefix: str
-                  ) -> Mapping[str, str]:
+    def reconcile(self, root: str, specs: Mapping[str, DaemonSpec],
+                  prefix: str | tuple[str, ...]) -> Mapping[str, str]:
         """Make the daemons whose key starts with `prefix` exactly `specs`: those nothing asks
         for (also a previous plugin's, found by their directories) stopped, the others
         running; key -> problem for each that is not serving."""

@@ -121,6 +121,7 @@ def deployment(
     dra_extended_resource: bool | None = None,
     kubernetes_version: str | None = None,
     declarations: Mapping[str, Mapping[str, Any]] | None = None,
+    dra_mps: bool = False,
 ) -> AgentDeployment:
     """The deployment the role's variables describe. With `dra`, the DRA plugin's objects too,
     on `dra_node_selector` (default DRA_NODE_SELECTOR); `dra_extended_resource` None: the
@@ -154,6 +155,7 @@ def deployment(
             DRA_NODE_SELECTOR if dra_node_selector is None else dra_node_selector).items()},
         dra_extended_resource=(extended_resource_supported(kubernetes_version)
                                if dra_extended_resource is None else bool(dra_extended_resource)),
+        dra_mps=bool(dra_mps),
     )
 
 

@@ -165,6 +165,22 @@ def test_per_gpu_replicas_spread_and_labels() -> None:
     assert expect.shared_resources(dataclasses.replace(decl, gpu_allocation="dra")) == {}
 
 
+def test_mps_gpus_and_each_clients_share() -> None:
+    """The mps area's oracle: which GPUs run a daemon, what a client of a replica gets."""
+    mps = {"resources": [{"name": "nvidia.com/gpu", "devices": [1], "replicas": 4}]}
+    decl = _decl(gpukit_gpu={"product": "Tesla T4", "count": 2, "memory_mib": 15360},
+                 gpukit_device_plugin_configs=_configs(m={"sharing": {"mps": mps}}),
+                 gpukit_device_plugin_config="m")
+    assert expect.mps_gpu_indexes(decl) == [1]
+    share = expect.mps_share(decl, "nvidia.com/gpu")
+    assert share is not None and share.memory_limit(15360) == "0=3840M"
+    assert share.thread_percentage == "25"
+    assert expect.mps_share(decl, "nvidia.com/mig-1g.5gb") is None
+    ts = _decl(gpukit_device_plugin_configs=_configs(t={"sharing": {"timeSlicing": mps}}),
+               gpukit_device_plugin_config="t")
+    assert expect.mps_gpu_indexes(ts) == [] and expect.mps_share(ts, "nvidia.com/gpu") is None
+
+
 def test_renamed_sharing_keeps_the_product_label() -> None:
     ts = {"renameByDefault": True, "resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}
     decl = _decl(gpukit_device_plugin_configs=_configs(t={"sharing": {"timeSlicing": ts}}),

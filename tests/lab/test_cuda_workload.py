@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import labtools
 import pytest
 import test_runtime_strategies as rs
 from kubernetes import client
@@ -61,15 +62,9 @@ def probe_image(toolkit: None) -> None:
 def driver(toolkit: None) -> Iterator[None]:
     """The stand-in driver's user space installed (its kernel module is the lab's boot);
     afterwards removed, and the mock NVML the lab put there restored."""
-    nvml = root() / NVML_LIB.lstrip("/")
-    saved = nvml.read_bytes()
     assert nvml_status()["driver_version"] == BRANCH.driver_version
-    sh(f"dpkg -i --force-depends /opt/gpukit-lab/apt/nvidia-driver-{BRANCH.name}_*.deb")
-    try:
+    with labtools.driver_userspace(NODE):
         yield
-    finally:
-        sh(f"dpkg --purge --force-depends nvidia-driver-{BRANCH.name}")
-        nvml.write_bytes(saved)
 
 
 def run_probe(core: client.CoreV1Api, pods: list[str], resource: str | None,

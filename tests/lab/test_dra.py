@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import labtools
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -38,13 +39,14 @@ from labtools import MIG_MODE, agent_http, node_pynvml, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpukit import agent_manifests
-from gpukit.agent_manifests import DRA_APP, AgentDeployment
+from gpukit.agent_manifests import DRA_APP, MPS_APP, AgentDeployment
 from gpukit.k8s import connect, objects, waits
 from gpukit.k8s.nodes import reported_after
 from gpukit.k8s.objects import delete_if_there
 from gpukit.lab import agent, cluster, images, nodes
-from gpukit.lab.config import load_spec
+from gpukit.lab.config import load_spec, state_dir
 from gpukit.lab.controlplane import paths
+from gpukit.lab.nvml import workload
 from gpukit.provision import dra_switch
 
 pytestmark = pytest.mark.lab
@@ -80,7 +82,8 @@ def resource(api: Any) -> client.ResourceV1Api:
 
 
 def dra_objects(d: AgentDeployment) -> list[dict[str, Any]]:
-    return [agent_manifests.namespace(d), *agent_manifests.dra_manifests(d)]
+    mps = [agent_manifests.mps_daemonset(d)] if d.dra_mps else []
+    return [agent_manifests.namespace(d), *agent_manifests.dra_manifests(d), *mps]
 
 
 KUBELET_DP_CHECKPOINT = dra_switch.KUBELET_DEVICE_PLUGIN_CHECKPOINT
@@ -122,7 +125,8 @@ def deployed(api: Any, core: client.CoreV1Api, resource: client.ResourceV1Api
     for node in (A100, T4):
         leave_the_device_plugin(core, node)
     d = replace(agent.lab_deployment({}, GPUKIT_RECOVERY_SECONDS=str(RECOVERY_S),
-                                     GPUKIT_HEALTH_PROBE_INTERVAL_SECONDS="1"), dra=True)
+                                     GPUKIT_HEALTH_PROBE_INTERVAL_SECONDS="1"), dra=True,
+                dra_mps=True)
     docs = dra_objects(d)
     try:
         objects.apply(api, docs, field_manager="gpukit-lab")
@@ -562,6 +566,64 @@ def test_nvidias_time_slicing_config_reaches_the_container_and_a_bad_one_names_t
         message and bad in message, f"node {T4}, claim {bad}: expected the field and value " \
         f"named, observed {message!r}"
     assert core.read_namespaced_pod(pod, NS).status.phase == "Pending"
+
+
+def test_nvidias_mps_config_serves_a_claim_through_its_own_daemon_within_its_limit(
+        deployed: AgentDeployment, core: client.CoreV1Api, resource: client.ResourceV1Api,
+        cleanup: list[str]) -> None:
+    """A GpuConfig sharing with MPS (as NVIDIA's DRA driver documents it): gpukit's MPS control
+    container runs the claim's daemon with the GPU in EXCLUSIVE_PROCESS, the claim's
+    containers are its clients, one asking for more than the pinned memory limit fails as on
+    MPS (out of memory); the claim gone, so are the daemon and the compute mode."""
+    with labtools.driver_userspace(T4):  # the MPS tools
+        _mps_claim(deployed, core, resource, cleanup)
+
+
+def _mps_claim(deployed: AgentDeployment, core: client.CoreV1Api,
+               resource: client.ResourceV1Api, cleanup: list[str]) -> None:
+    archive = workload.build_image(state_dir() / "shared" / "images")
+    node_sh(T4, f"ctr -n k8s.io images import /opt/gpukit-lab/images/{archive.name}")
+    wait_for("gpukit's MPS control pod on both DRA nodes",
+             lambda: labtools.phases_by_node(core, deployed.namespace, MPS_APP)
+             == {A100: "Running", T4: "Running"}, timeout=120)
+    config = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+              "sharing": {"strategy": "MPS", "mpsConfig": {
+                  "defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "4Gi"}}}
+    claim = create_claim(resource, cleanup, claim_doc(unique("mps"), config=config))
+    pod = unique("mps")
+    volume = workload.pod_volume("/var/lib/gpukit-lab/nvml")
+    doc = pod_doc(pod, T4, {"gpu": claim})
+    doc["spec"]["volumes"] = [volume]
+    doc["spec"]["containers"] = [
+        {"name": name, "image": workload.IMAGE, "imagePullPolicy": "Never",
+         "args": workload.args(mem, 20), "volumeMounts": [workload.pod_mount()],
+         "resources": {"claims": [{"name": "gpu"}]}}
+        for name, mem in (("within", 2000), ("over", 5000))]
+    run_pod(core, cleanup, doc)
+    (result,) = allocated(resource, claim)
+    gpu = slice_devices(resource, T4)[result["device"]]["attributes"]["uuid"]["string"]
+    uid = resource.read_namespaced_resource_claim(claim, NS).metadata.uid
+
+    def over_failed() -> Any:
+        statuses = core.read_namespaced_pod(pod, NS).status.container_statuses or []
+        return next((c.state.terminated for c in statuses
+                     if c.name == "over" and c.state.terminated), None)
+
+    done = wait_for(f"node {T4}, claim {claim}: container 'over' ended", over_failed,
+                    timeout=60, explain=lambda: diagnose(T4))
+    assert done.exit_code == 4, f"node {T4}, claim {claim}: expected the container asking " \
+        f"5000 MiB over a 4Gi limit to fail with exit 4 (out of memory), observed {done}"
+    view = labtools.mps_view(T4)[gpu]
+    assert view["mode"] == 3 and len(view["procs"]) == 1 and len(view["clients"]) == 1, \
+        f"node {T4}, claim {claim}, GPU {gpu}: expected EXCLUSIVE_PROCESS, the MPS server and " \
+        f"one client, observed {view}"
+    assert f"claim-{uid}" in node_sh(T4, "ls /run/nvidia/mps")
+    core.delete_namespaced_pod(pod, NS, grace_period_seconds=1)
+    resource.delete_namespaced_resource_claim(claim, NS)
+    wait_for(f"node {T4}: the daemon of claim {claim} gone",
+             lambda: f"claim-{uid}" not in node_sh(T4, "ls /run/nvidia/mps"), timeout=90,
+             explain=lambda: diagnose(T4))
+    assert labtools.mps_view(T4)[gpu]["mode"] == 0
 
 
 def test_a_critical_xid_withdraws_the_gpu_until_it_recovers(

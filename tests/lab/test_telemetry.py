@@ -15,7 +15,14 @@ through the clients directory (a hostPath) for as long as it runs.
   series per sharing container, each GPU's series name exactly the pods given its replicas;
 - a pod on a 3g.20gb MIG device: the device's FB_USED series (GPU_I_PROFILE, GPU_I_ID of its GPU
   instance) carries the pod; the MIG-enabled GPU has no utilisation series (NVML: not
-  supported), as dcgm-exporter shows it.
+  supported), as dcgm-exporter shows it;
+- MPS (NVIDIA's sharing.mps config, 2 replicas per T4): gpukit's MPS control DaemonSet runs on
+  gpu-t4 alone (nvidia.com/mps.capable), one daemon per GPU with both GPUs in
+  EXCLUSIVE_PROCESS; three pods run at once, the two on one GPU as MPS clients of its server
+  (NVML: the server is the GPU's one process, the pods its MPS clients), each pod's series name
+  it; a pod asking for more than its replica's memory limit fails as on MPS (out of memory);
+  back to whole GPUs, the daemons and the DaemonSet's pod are gone and the compute mode is
+  DEFAULT again.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 import labtools
@@ -33,7 +42,7 @@ from kubernetes import client
 from labtools import created_pods, wait_for, work_pod
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpukit.agent_manifests import AgentDeployment
+from gpukit.agent_manifests import MPS_APP, AgentDeployment
 from gpukit.k8s import connect, waits
 from gpukit.lab import agent, cluster, nodes
 from gpukit.lab import nvml as mock
@@ -43,6 +52,7 @@ from gpukit.lab.nvml import workload
 
 pytestmark = pytest.mark.lab
 
+REPO = Path(__file__).resolve().parents[2]
 A100, T4 = "gpu-a100", "gpu-t4"
 NS = "telemetry-test"
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
@@ -59,7 +69,9 @@ def _config(mig: str = "none", replicas: int = 0) -> dict[str, Any]:
     return doc
 
 
-CONFIGS = {"whole": _config(), "ts": _config(replicas=2), "mig": _config("mixed")}
+MPS = {**_config(), "sharing": {"mps": {"resources": [
+    {"name": "nvidia.com/gpu", "replicas": 2}]}}}
+CONFIGS = {"whole": _config(), "ts": _config(replicas=2), "mig": _config("mixed"), "mps": MPS}
 
 
 def sh(node: str, command: str, timeout: float = 120) -> str:
@@ -145,12 +157,14 @@ def core(lab_cluster: object) -> Iterator[client.CoreV1Api]:
 @pytest.fixture(scope="module")
 def deployed(core: client.CoreV1Api) -> Iterator[AgentDeployment]:
     spec = load_spec()
+    userspace = ExitStack()
     archive = workload.build_image(state_dir() / "shared" / "images")
     for node in (A100, T4):
         sh(node, f"ctr -n k8s.io images import /opt/gpukit-lab/images/{archive.name}")
     # The agent's manifest mounts the kubelet's pod-resources directory itself.
     d = agent.lab_deployment(CONFIGS, default_config="whole")
     try:
+        userspace.enter_context(labtools.driver_userspace(T4))  # the MPS tools
         agent.apply(spec, d)
         agent.wait_rolled_out(spec, d, timeout=180)
         wait_for(f"{A100}: 8 nvidia.com/gpu",
@@ -161,6 +175,7 @@ def deployed(core: client.CoreV1Api) -> Iterator[AgentDeployment]:
         agent.remove(spec, d)
         for node in (A100, T4):
             core.patch_node(node, {"metadata": {"labels": {CONFIG_LABEL: None}}})
+        userspace.close()
 
 
 def select(core: client.CoreV1Api, node: str, config: str, want: dict[str, int]) -> None:
@@ -242,6 +257,86 @@ def test_a_time_sliced_gpu_has_one_series_per_sharing_container(
         assert {s[1]["pod"] for s in util} == names
         assert {s[2] for s in util} == {float(nvml[g]["util"])} == {30.0 * len(names)}
         assert len(nvml[g]["procs"]) == len(names)
+
+
+def mps_pods(core: client.CoreV1Api, namespace: str) -> dict[str, str]:
+    return labtools.phases_by_node(core, namespace, MPS_APP)
+
+
+def suite_mps(tmp_path: Path, replicas: int) -> tuple[int, str]:
+    """The conformance suite's mps area on gpu-t4, declared with this module's configs and
+    its "mps" config at `replicas` per GPU: (exit status, output)."""
+    configs = json.loads(json.dumps(CONFIGS))
+    configs["mps"]["sharing"]["mps"]["resources"][0]["replicas"] = replicas
+    # The configs' envvar strategy with runc and DeviceSpecs: no NVIDIA runtime to harden.
+    host_vars = {T4: {"gpukit_device_plugin_configs": configs,
+                      "gpukit_device_plugin_config": "mps",
+                      "gpukit_runtime_accept_envvar_unprivileged": True}}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
+                        str(REPO / "gpukit" / "conformance"), "--lab", "-m", "mps",
+                        "--nodes", T4, "--host-vars", json.dumps(host_vars), "-q",
+                        f"--junitxml={tmp_path / f'mps-{replicas}.xml'}"],
+                       capture_output=True, text=True, timeout=600, cwd=REPO)
+    return r.returncode, r.stdout[-6000:] + r.stderr[-2000:]
+
+
+def test_mps_pods_share_a_gpu_through_its_daemon_within_their_limits(
+        core: client.CoreV1Api, deployed: AgentDeployment, pods: list[str],
+        tmp_path: Path) -> None:
+    select(core, T4, "mps", {"nvidia.com/gpu": 4})  # ready: every replica's daemon serves
+    ns = deployed.namespace
+    wait_for("the MPS control pod running on gpu-t4 only",
+             lambda: mps_pods(core, ns) == {T4: "Running"}, timeout=120)
+    try:
+        view = labtools.mps_view(T4)
+        # NVML_COMPUTEMODE_EXCLUSIVE_PROCESS (3) on both GPUs
+        assert {g: v["mode"] for g, v in view.items()} == dict.fromkeys(view, 3), view
+        daemons = sh(T4, "ls /run/nvidia/mps").split()
+        assert sorted(d for d in daemons if d.startswith("GPU-")) == sorted(view), daemons
+        started = [run_work(core, pods, T4, "nvidia.com/gpu", mem_mb=2000, util=30)
+                   for _ in range(3)]
+        by_gpu: dict[str, set[str]] = {}
+        for pod in started:
+            (replica,) = allocated(T4, pod)
+            by_gpu.setdefault(replica.split("::")[0], set()).add(pod.metadata.name)
+        (shared,) = [g for g, names in by_gpu.items() if len(names) == 2]
+
+        def clients() -> dict[str, Any]:
+            v = labtools.mps_view(T4)[shared]
+            return v if len(v["clients"]) == 2 else {}
+
+        seen = wait_for(f"two MPS clients on {shared}", clients, timeout=60, every=1)
+        assert len(seen["procs"]) == 1 and seen["procs"][0] not in seen["clients"], seen
+
+        def attributed() -> bool:
+            got = series(scrape(T4), "DCGM_FI_DEV_FB_USED", UUID=shared)
+            return {s[1].get("pod") for s in got} == by_gpu[shared]
+
+        wait_for(f"FB_USED series of {shared} per MPS client pod", attributed, timeout=60,
+                 every=1)
+        # A replica's limit is its share of the T4's 15360 MiB: 7680 MiB.
+        name = f"work-{uuid.uuid4().hex[:6]}"
+        core.create_namespaced_pod(NS, work_pod(name, T4, "nvidia.com/gpu", 9000, 10))
+        pods.append(name)
+        done = waits.pod_phase(core, NS, name, {"Failed", "Succeeded"}, 120)
+        (state,) = done.status.container_statuses
+        assert done.status.phase == "Failed" and state.state.terminated.exit_code == 4, state
+        labtools.delete_pods(core, NS, pods)
+        pods.clear()
+        # The suite's mps area, gpu-t4 declared as it is served: passes; declared with 4
+        # replicas per GPU: fails, naming each pod's limits (expected and observed).
+        rc, out = suite_mps(tmp_path, replicas=2)
+        assert rc == 0 and "2 passed" in out, out
+        rc, out = suite_mps(tmp_path, replicas=4)
+        assert rc == 1 and "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" in out and \
+            "expected 0=3840M" in out and "observed 0=7680M" in out, out
+    finally:
+        labtools.delete_pods(core, NS, pods)
+        pods.clear()
+        select(core, T4, "whole", {"nvidia.com/gpu": 2})
+        wait_for("no MPS control pod left", lambda: mps_pods(core, ns) == {}, timeout=120)
+    assert "GPU-" not in sh(T4, "ls /run/nvidia/mps")
+    assert {v["mode"] for v in labtools.mps_view(T4).values()} == {0}
 
 
 @pytest.fixture

@@ -65,8 +65,11 @@ def test_a_host_installed_driver_mounts_dev_and_the_library_dir_not_the_root() -
         "/host/sys": ("/sys", True, None),
         # The kubelet's PodResources socket: which pod holds which device (GPU metrics).
         "/var/lib/kubelet/pod-resources": ("/var/lib/kubelet/pod-resources", True, None),
+        # MPS daemons asked of gpukit's MPS control container, their pipes handed out.
+        "/run/nvidia/mps": ("/run/nvidia/mps", False, None),
     }
     env = env_of(d)
+    assert env["GPUKIT_MPS_DAEMONS"] == "delegate"
     assert env["GPUKIT_LAST_GOOD_CONFIG"] == "/var/lib/gpukit/agent/last-good-config.json"
     assert env["GPUKIT_SYSFS_ROOT"] == "/host/sys"
     # The agent sees the host's /dev/nvidia* at /driver-root/dev and hands out host paths.
@@ -206,3 +209,54 @@ def test_the_status_policy_admits_only_the_agent_s_condition_on_its_own_node() -
     assert "request.userInfo.extra['authentication.kubernetes.io/node-name'][0]" in rules
     for field in ("capacity", "allocatable", "nodeInfo", "labels", "annotations"):
         assert f".{field} == oldObject." in rules, field
+
+
+MPS_CONFIG = {"version": "v1", "sharing": {"mps": {"resources": [
+    {"name": "nvidia.com/gpu", "replicas": 2}]}}}
+
+
+def kinds_of(d: AgentDeployment) -> list[tuple[str, str]]:
+    return [(o["kind"], o["metadata"]["name"]) for o in deploy.manifests(d)]
+
+
+def test_the_privileged_mps_container_exists_only_where_mps_is_served() -> None:
+    assert ("DaemonSet", deploy.MPS_APP) not in kinds_of(AgentDeployment(image="x", dra=True))
+    d = AgentDeployment(image="x", configs={"mps": MPS_CONFIG}, host_mounts=(
+        HostMount("state", "/var/lib/state", "/var/lib/state", read_only=False),))
+    assert ("DaemonSet", deploy.MPS_APP) in kinds_of(d)
+    pod = deploy.mps_daemonset(d)["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["securityContext"] == {"privileged": True} and pod["hostPID"] is True
+    assert pod["automountServiceAccountToken"] is False and "serviceAccountName" not in pod
+    # Only the nodes whose agent serves an MPS config (its GFD label), as NVIDIA's daemon.
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+    assert terms == [{"matchExpressions": [
+        {"key": "nvidia.com/mps.capable", "operator": "In", "values": ["true"]}]}]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["GPUKIT_MPS_CONTROL_BINARY"] == "/driver-root/usr/bin/nvidia-cuda-mps-control"
+    assert env["LD_LIBRARY_PATH"] == "/driver-root/usr/lib/x86_64-linux-gnu"
+    volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    mounts = {m["mountPath"]: (volumes[m["name"]], bool(m.get("readOnly")))
+              for m in container["volumeMounts"]}
+    assert mounts == {"/run/nvidia/mps": ("/run/nvidia/mps", False),
+                      "/dev/shm": ("/run/nvidia/mps/shm", False),
+                      "/driver-root": ("/", True),
+                      "/var/lib/state": ("/var/lib/state", False)}
+
+
+def test_mps_claims_under_dra_are_opt_in() -> None:
+    def dra_env(d: AgentDeployment) -> dict[str, str]:
+        (c,) = deploy.dra_daemonset(d)["spec"]["template"]["spec"]["containers"]
+        return {e["name"]: e.get("value", "") for e in c["env"]}
+
+    off = AgentDeployment(image="x", dra=True)
+    assert dra_env(off)["GPUKIT_MPS_DAEMONS"] == "none"
+    on = AgentDeployment(image="x", dra=True, dra_mps=True,
+                         dra_node_selector={"gpukit.io/gpu.allocation": "dra"})
+    assert dra_env(on)["GPUKIT_MPS_DAEMONS"] == "delegate"
+    assert ("DaemonSet", deploy.MPS_APP) in kinds_of(on)
+    terms = deploy.mps_node_affinity(on)["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms[1] == {"matchExpressions": [
+        {"key": "gpukit.io/gpu.allocation", "operator": "In", "values": ["dra"]}]}

@@ -70,7 +70,9 @@ def test_driver_package_owns_the_nvml_library_and_conflicts(built: Path, mock_li
                          check=True).stdout  # fmt: skip
     for tool, role in (("nvidia-cuda-mps-control", "control"), ("nvidia-cuda-mps-server", "server")):
         assert f"./usr/bin/{tool}" in files
-        assert f"mps_control.py {role} ".encode() in tar
+        assert f'sys.argv[1:1] = ["{role}"]'.encode() in tar
+    # No shell: the launchers also run from a driver root mounted into a shell-less image.
+    assert b"#!/bin/sh\n# nvidia-cuda-mps" not in tar and b"#!/usr/bin/python3 -I\n" in tar
     assert control(pkg, "Conflicts") == "nvidia-driver-binary"
     assert control(pkg, "Depends").startswith(
         "nvidia-kernel-open-550 (= 550.90.07-1) | nvidia-kernel-550 (= 550.90.07-1)"

@@ -128,6 +128,14 @@ class Daemon:
         self.server_minors: list[str] = []
         self.clients: dict[int, list[int]] = {}  # server pid -> client pids
 
+    def ordinal(self, device: str) -> int | None:
+        """A device as the commands name it, its index as CUDA numbers the clients' devices,
+        or its UUID (as NVIDIA's DRA driver sends it): the position among the served ones."""
+        if device.isdigit():
+            return int(device)
+        served = [v.strip() for v in self.served.split(",") if v.strip()]
+        return served.index(device) if device in served else None
+
     def log(self, line: str) -> None:
         with open(self.logs / "control.log", "a", encoding="utf-8") as f:
             f.write(f"{stamp('Control')} {line}\n")
@@ -182,14 +190,19 @@ class Daemon:
                 return "Invalid percentage", False  # wording of the real error unknown
             self.pct = pct
             return f"{pct:.1f}", False  # the real one echoes the value it set
-        if cmd == "get_default_device_pinned_mem_limit" and len(args) == 1 and args[0].isdigit():
-            value = self.limits.get(int(args[0]))
+        if cmd == "get_default_device_pinned_mem_limit" and len(args) == 1:
+            ordinal = self.ordinal(args[0])
+            if ordinal is None:
+                return "Invalid device", False  # wording of the real error unknown
+            value = self.limits.get(ordinal)
             return (fmt_limit(value) if value else "No limit"), False  # unset: wording unknown
-        if cmd == "set_default_device_pinned_mem_limit" and len(args) == 2 and args[0].isdigit():
-            value = parse_limit(args[1])
+        if cmd == "set_default_device_pinned_mem_limit" and len(args) == 2:
+            ordinal, value = self.ordinal(args[0]), parse_limit(args[1])
+            if ordinal is None:
+                return "Invalid device", False  # wording of the real error unknown
             if value is None:
                 return "Invalid memory limit", False  # wording of the real error unknown
-            self.limits[int(args[0])] = value
+            self.limits[ordinal] = value
             return "", False
         if cmd == "quit":
             return "", True

@@ -151,13 +151,20 @@ STANDIN_TOOLS = {
 }
 
 # MPS: gpukit.lab.mps.mps_control (one stdlib-only file) behind both tools' names, as the
-# container runtime below ships a Python tool with a launcher.
+# container runtime below ships a Python tool with a launcher. The launcher finds the file
+# next to itself, so the tools also run from a mounted driver root (gpukit's MPS control
+# container runs <driver root>/usr/bin/nvidia-cuda-mps-control, as it would NVIDIA's binary)
+# and needs no shell (that container's image has none).
 MPS_SOURCE = Path(__file__).resolve().parent.parent / "mps" / "mps_control.py"
 MPS_TOOL = """\
-#!/bin/sh
+#!/usr/bin/python3 -I
 # {tool} (gpukit lab stand-in): NVIDIA's MPS interfaces over the mock NVML.
 # See {lab}/mps_control.py.
-exec /usr/bin/python3 -I {lab}/mps_control.py {role} "$@"
+import os, runpy, sys
+here = os.path.dirname(os.path.realpath(__file__))
+sys.argv[1:1] = ["{role}"]
+runpy.run_path(os.path.join(here, os.path.relpath("{lab}", "/usr/bin"), "mps_control.py"),
+               run_name="__main__")
 """
 MPS_TOOLS = {"nvidia-cuda-mps-control": "control", "nvidia-cuda-mps-server": "server"}
 

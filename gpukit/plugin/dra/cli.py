@@ -27,6 +27,7 @@ from gpukit.contracts.plugin_config import (
     parse_host_port,
 )
 
+from ..mps_requests import MPS_DAEMON_MODES
 from ..signals import INBOX, StopRequested, run_main
 
 log = logging.getLogger("gpukit.plugin.dra")
@@ -78,6 +79,10 @@ def build_parser(prog: str = "gpukit-dra-plugin") -> argparse.ArgumentParser:
                    help="the kubelet's PodResources socket (the metrics' pod labels; default "
                         "/var/lib/kubelet/pod-resources/kubelet.sock) "
                         "[GPUKIT_POD_RESOURCES_SOCKET]")
+    p.add_argument("--mps-daemons", default=env("GPUKIT_MPS_DAEMONS", "own"),
+                   help="who runs the MPS daemons of claims sharing with MPS: this process "
+                        "(own), gpukit's MPS control container (delegate: the DaemonSet) or "
+                        "nobody (none: such claims are refused) [GPUKIT_MPS_DAEMONS]")
     p.add_argument("--log-level", default=env("GPUKIT_LOG_LEVEL", "INFO"))
     return p
 
@@ -99,6 +104,10 @@ def _main(argv: list[str] | None, prog: str) -> int:
             print(f"error: --{flag.replace('_', '-')}: {value} is not a positive number of "
                   "seconds", file=sys.stderr)
             return 1
+    if args.mps_daemons not in MPS_DAEMON_MODES:
+        print(f"error: --mps-daemons (GPUKIT_MPS_DAEMONS): {args.mps_daemons!r} is not one of "
+              f"{', '.join(MPS_DAEMON_MODES)}", file=sys.stderr)
+        return 1
     if args.metrics_address:
         try:
             parse_host_port(args.metrics_address)
@@ -116,7 +125,8 @@ def _main(argv: list[str] | None, prog: str) -> int:
         proc_root=args.proc_root, plugin_dir=args.plugin_dir, registry_dir=args.registry_dir,
         cdi_dir=args.cdi_spec_dir, rescan_interval=args.rescan_interval,
         health=HealthSettings(recovery_seconds=args.health_recovery_seconds,
-                              probe_interval_seconds=args.health_probe_interval))
+                              probe_interval_seconds=args.health_probe_interval),
+        mps_daemons=args.mps_daemons)
     if args.pod_resources_socket:
         options.pod_resources_socket = args.pod_resources_socket
     try:

@@ -44,7 +44,7 @@ from ..devices import NodeDevices
 from ..gpu_metrics import GpuMetricsCollector, GpuMetricsSources
 from ..health import HealthMonitor, HealthTracker, effective_ignored_xids
 from ..metrics import PluginMetrics
-from ..mps_daemons import MpsDaemons
+from ..mps_requests import mps_control
 from ..nvml import compute_mode
 from ..nvml.mig import PynvmlBackend as MigReader
 from ..resources import Unit
@@ -76,6 +76,7 @@ class KubeletPluginOptions:
     pod_resources_ttl: float = podresources.DEFAULT_TTL
     health_stream: bool = True  # serve the kubelet's DRA health stream (health_stream.py)
     mps_root: str = DEFAULT_MPS_ROOT  # the claims' MPS daemons (claim_mps.py)
+    mps_daemons: str = "own"  # who runs them (gpukit.plugin.mps_requests.mps_control)
 
 
 def placements(devices: NodeDevices, reader: MigReader) -> dict[tuple[str, int], Placement]:
@@ -122,7 +123,8 @@ class DraKubeletPlugin:
             node=options.node, read_claim=self._read_claim, devices=self.devices,
             common_edits=self._common_edits, checkpoint=self.checkpoint,
             cdi_dir=options.cdi_dir, device_root=options.device_root,
-            mps=MpsDaemons(compute_mode.set_exclusive), mps_root=options.mps_root)
+            mps=mps_control(options.mps_daemons, compute_mode.set_exclusive),
+            mps_root=options.mps_root)
         self.health_board = HealthBoard()
         self.health_service = (HealthService(self.health_board, options.node)
                                if options.health_stream else None)

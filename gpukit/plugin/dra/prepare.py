@@ -29,7 +29,7 @@ from gpukit.contracts import dra_claim_config as opaque
 from gpukit.contracts.dra import DRIVER
 
 from .. import cdi
-from ..mps_daemons import DaemonDirs, MpsDaemons, MpsError, read_spec
+from ..mps_daemons import DaemonDirs, MpsControl, MpsError, read_spec
 from . import claim_cdi, claim_mps
 from .checkpoint import Checkpoint, PreparedClaim, PreparedDevice
 from .slice_devices import SliceDevice
@@ -62,7 +62,7 @@ class Preparer:
     checkpoint: Checkpoint
     cdi_dir: str
     device_root: str  # host paths of device nodes
-    mps: MpsDaemons | None = None  # None: claims asking for MPS are refused
+    mps: MpsControl | None = None  # None: claims asking for MPS are refused
     mps_root: str = ""
 
     def __post_init__(self) -> None:
@@ -159,8 +159,9 @@ class Preparer:
 
     def _start_mps(self, ref: ClaimRef, devices: list[claim_mps.MpsDevice]) -> None:
         if self.mps is None:
-            raise PrepareError(f"{ref}: asks for MPS sharing, which this plugin was started "
-                               "without")
+            raise PrepareError(f"{ref}: asks for MPS sharing, which this node's DRA plugin "
+                               "does not serve (--mps-daemons none; the inventory's "
+                               "gpukit_dra_mps enables it)")
         try:
             spec = claim_mps.daemon_spec(ref.uid, devices)
             self.mps.start(self.mps_root, spec)

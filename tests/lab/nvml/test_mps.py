@@ -157,7 +157,11 @@ def test_mps_clients_server_and_limits_in_nvml(nvml: Any, gpu_work: Path, state_
     cudaMalloc is; one on another GPU finds no device through this daemon."""
     uuid = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(2))
     assert mps.start(CUDA_VISIBLE_DEVICES=uuid).returncode == 0
-    assert mps.control("set_default_device_pinned_mem_limit 0 1G").returncode == 0
+    # By UUID, as gpukit and NVIDIA's DRA driver set it (the daemon's device 0 here).
+    r = mps.control(f"set_default_device_pinned_mem_limit {uuid} 1G",
+                    "get_default_device_pinned_mem_limit 0",
+                    "set_default_device_pinned_mem_limit GPU-not-served 1G")
+    assert r.returncode == 0 and r.stdout.splitlines() == ["1024M", "Invalid device"], r
     h = nvml.nvmlDeviceGetHandleByIndex(2)
     nvml.nvmlDeviceSetComputeMode(h, NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)  # as the agent does
     dev = fake_dev(tmp_path, 2)

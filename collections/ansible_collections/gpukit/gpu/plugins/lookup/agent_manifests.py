@@ -83,6 +83,11 @@ options:
   kubernetes_version:
     description: The cluster's version (its C(gitVersion), e.g. C(v1.35.4)).
     type: str
+  dra_mps:
+    description: Serve claims sharing with MPS on the DRA nodes (gpukit's MPS control
+      DaemonSet runs there too); without it the DRA plugin refuses such claims.
+    type: bool
+    default: false
 """
 
 EXAMPLES = r"""
