@@ -16,11 +16,14 @@ import importlib.util
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
 from gpukit import __version__
+
+if TYPE_CHECKING:
+    from gpukit.inventory.model import NodeDecl
 
 app = typer.Typer(help="gpukit: GPU nodes for Kubernetes, declared once, proven live.")
 lab_app = typer.Typer(help="The hardware-free lab: a real cluster with simulated GPU nodes.")
@@ -211,7 +214,27 @@ def inventory_check(
             kinds = Counter(d["profile"] or "gpu" for d in inv.expected_dra_devices(decl))
             served = "DRA gpu.nvidia.com: " + (", ".join(
                 f"{k}={n}" for k, n in sorted(kinds.items())) or "no GPUs")
-        print(f"  {decl.node_name:24} {served}")
+        print(f"  {decl.node_name:24} {served}{_sharing_summary(decl)}")
+
+
+def _sharing_summary(decl: NodeDecl) -> str:
+    """' (MPS: ...)' or ' (time-slicing: ...)' for a node whose config shares its GPUs."""
+    from gpukit.conformance import expect
+
+    if decl.dra or not decl.plugin_config.sharing.resources:
+        return ""
+    parts = []
+    for resource, replicas in sorted(expect.shared_resources(decl).items()):
+        counts = "/".join(str(n) for n in sorted(set(replicas), reverse=True))
+        part = f"{resource} {counts} replicas per device"
+        share = expect.mps_share(decl, resource)
+        if share is not None:
+            memory = decl.gpu.memory_mib
+            limit = f"{memory // share.replicas} MiB pinned memory, " if memory else ""
+            part += f", each {limit}{share.thread_percentage} % of the threads"
+        parts.append(part)
+    strategy = "MPS" if decl.plugin_config.sharing_strategy == "mps" else "time-slicing"
+    return f" ({strategy}: {'; '.join(parts)})"
 
 
 @lab_app.command("up")

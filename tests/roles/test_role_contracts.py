@@ -1,18 +1,20 @@
 """The roles' YAML held to the library: choices in the argument specs equal the constants the
 library validates the same variables with, every `nvidia.com/` and `gpukit.io/` name the role
 YAML spells is one of gpukit.contracts.label_names, the upgrade states and the skip value are
-gpukit.provision.upgrade's, and every Kubernetes API task gets its delegation, Python and
-kubeconfig from an enclosing block that sets them once (roles/README.md)."""
+gpukit.provision.upgrade's, and each role spells its Kubernetes API access (delegation, Python,
+kubeconfig) once, in tasks/k8s_api.yml, through which every API task runs (roles/README.md)."""
 
 from __future__ import annotations
 
 import importlib
 import re
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from gpukit.contracts import label_names
@@ -150,7 +152,13 @@ def test_upgrade_states_and_skip_value_are_the_librarys() -> None:
     assert values and set(values) == {upgrade.SKIP_VALUE}, f"skip values compared: {values}"
 
 
-# --- Kubernetes access: one block per run of API tasks sets delegation, Python, kubeconfig.
+# --- Kubernetes access: spelled once per role, in tasks/k8s_api.yml; every API task runs
+# through it. The API steps are the role's tasks/api_*.yml files: k8s_api.yml imports the one
+# an import of it names in <role>_api_tasks, and they include only each other.
+
+API_WRAPPER = "k8s_api.yml"
+IMPORTS = ("ansible.builtin.import_tasks", "ansible.builtin.include_tasks")
+ROLE_INCLUDES = ("ansible.builtin.include_role", "ansible.builtin.import_role")
 
 
 def k8s_action_group() -> set[str]:
@@ -163,68 +171,172 @@ def k8s_action_group() -> set[str]:
     raise AssertionError(f"kubernetes.core is not installed under any of {roots}")
 
 
-def api_block(role: str) -> dict[str, Any]:
-    """What the block around a role's API tasks sets: its own role variables."""
-    kubeconfig = f"{{{{ {role}_kubeconfig | default(omit, true) }}}}"
-    return {
-        "module_defaults": {K8S_GROUP: {"kubeconfig": kubeconfig}},
+def api_wrapper(role: str) -> list[dict[str, Any]]:
+    """What tasks/k8s_api.yml holds, task names left out: the role's own variables."""
+    return [{
+        "module_defaults": {K8S_GROUP: {"kubeconfig": f"{{{{ {role}_kubeconfig | default(omit, true) }}}}"}},
         "delegate_to": f"{{{{ {role}_k8s_host }}}}",
-        "interpreter": f"{{{{ {role}_k8s_python }}}}",
-    }
+        "vars": {"ansible_python_interpreter": f"{{{{ {role}_k8s_python }}}}"},
+        "block": [{"ansible.builtin.import_tasks": f"{{{{ {role}_api_tasks }}}}"}],
+    }]  # fmt: skip
 
 
-def tasks_with_context(
-    tasks: list[dict[str, Any]], inside: dict[str, Any] | None = None
-) -> Iterator[tuple[dict[str, Any], dict[str, Any] | None]]:
-    """Every task, with the innermost enclosing block that sets up API access (or None)."""
+def without_names(tasks: Any) -> Any:
+    if isinstance(tasks, list):
+        return [without_names(t) for t in tasks]
+    if isinstance(tasks, dict):
+        return {k: without_names(v) for k, v in tasks.items() if k != "name"}
+    return tasks
+
+
+def all_tasks(tasks: list[dict[str, Any]] | None) -> Iterator[dict[str, Any]]:
+    """Every task and block, blocks' contents included."""
     for task in tasks or []:
-        if any(k in task for k in ("block", "rescue", "always")):
-            here = inside
-            if K8S_GROUP in (task.get("module_defaults") or {}):
-                here = {
-                    "module_defaults": task["module_defaults"],
-                    "delegate_to": task.get("delegate_to"),
-                    "interpreter": (task.get("vars") or {}).get("ansible_python_interpreter"),
-                }
-            for key in ("block", "rescue", "always"):
-                yield from tasks_with_context(task.get(key) or [], here)
-        else:
-            yield task, inside
+        yield task
+        for key in ("block", "rescue", "always"):
+            yield from all_tasks(task.get(key))
 
 
-def role_task_files() -> Iterator[tuple[str, Path]]:
-    for path in sorted(ROLES.glob("*/tasks/*.yml")) + sorted(ROLES.glob("*/handlers/*.yml")):
-        yield path.parent.parent.name, path
+def header_keys(task: dict[str, Any]) -> list[str]:
+    """The parts of the API access header a task or block spells."""
+    found = [k for k in ("module_defaults",) if K8S_GROUP in (task.get(k) or {})]
+    found += [k for k in ("delegate_to",) if "_k8s_host" in str(task.get(k, ""))]
+    python = str((task.get("vars") or {}).get("ansible_python_interpreter", ""))
+    found += ["ansible_python_interpreter"] if "_k8s_python" in python else []
+    return found
 
 
-def test_kubernetes_api_tasks_get_their_access_from_their_block() -> None:
+def imported(task: dict[str, Any]) -> tuple[str, str] | None:
+    """(action, file) of a task that imports or includes a tasks file of its role."""
+    for action in IMPORTS:
+        if action in task:
+            arg = task[action]
+            return action, arg["file"] if isinstance(arg, dict) else arg
+    return None
+
+
+def api_access_problems(roles: Path) -> tuple[list[str], int]:
+    """What breaks the rule above in the roles under `roles`, and how many kubernetes.core
+    tasks were seen."""
     group = k8s_action_group()
-    problems, api_tasks = [], 0
-    for role, path in role_task_files():
-        where = path.relative_to(ROLES)
-        for task, block in tasks_with_context(yaml.safe_load(path.read_text()) or []):
-            module = next((k for k in task if k.startswith("kubernetes.core.")), None)
-            name = task.get("name", "?")
-            if module is None:
-                if block is not None and any(k in task for k in (
-                        "ansible.builtin.include_role", "ansible.builtin.import_role")):
-                    problems.append(f"{where} '{name}': a role included inside an API block would"
-                                    " run on the API host")  # fmt: skip
-                continue
-            api_tasks += 1
-            own = [k for k in ("delegate_to",) if k in task]
-            own += [k for k in ("kubeconfig",) if k in (task[module] or {})]
-            own += [k for k in ("ansible_python_interpreter",) if k in (task.get("vars") or {})]
-            if own:
-                problems.append(f"{where} '{name}': sets {', '.join(own)} itself")
-            if module.removeprefix("kubernetes.core.") not in group:
-                problems.append(f"{where} '{name}': {module} is not in kubernetes.core's"
-                                f" action group k8s {sorted(group)}: module_defaults miss it")
-            if block is None:
-                problems.append(f"{where} '{name}': outside a block that sets up API access")
-            elif block != api_block(role):
-                problems.append(
-                    f"{where} '{name}': its block sets {block}, expected {api_block(role)}"
-                )
+    problems: list[str] = []
+    api_tasks = 0
+    for role_dir in sorted(p for p in roles.iterdir() if (p / "tasks").is_dir()):
+        role = role_dir.name
+        files = {p.name: yaml.safe_load(p.read_text()) or []
+                 for p in sorted((role_dir / "tasks").glob("*.yml"))}  # fmt: skip
+        handlers = {f"../handlers/{p.name}": yaml.safe_load(p.read_text()) or []
+                    for p in sorted((role_dir / "handlers").glob("*.yml"))}  # fmt: skip
+        steps: set[str] = set()  # the api_*.yml files k8s_api.yml is told to import
+        edges: list[tuple[str, str]] = []  # (file, file it imports or includes)
+        for name, tasks in {**files, **handlers}.items():
+            where = f"{role}/tasks/{name}"
+            for task in all_tasks(tasks):
+                label = f"{where} '{task.get('name', '?')}'"
+                if name != API_WRAPPER and (keys := header_keys(task)):
+                    problems.append(f"{label}: sets {', '.join(keys)} itself; the role's API"
+                                    f" access is spelled once, in tasks/{API_WRAPPER}")  # fmt: skip
+                target = imported(task)
+                if target is None or "{{" in target[1]:
+                    continue
+                edges.append((name, target[1]))
+                if target[1] == API_WRAPPER:
+                    step = (task.get("vars") or {}).get(f"{role}_api_tasks")
+                    named = step in files and str(step).startswith("api_")
+                    if target[0] != "ansible.builtin.import_tasks" or not named:
+                        problems.append(f"{label}: imports {API_WRAPPER} with {role}_api_tasks"
+                                        f" {step!r}: import_tasks naming a tasks/api_*.yml")  # fmt: skip
+                    else:
+                        steps.add(step)
+        if API_WRAPPER in files and without_names(files[API_WRAPPER]) != api_wrapper(role):
+            problems.append(f"{role}/tasks/{API_WRAPPER}: expected {api_wrapper(role)}")
+        # The API files: the steps and what they include, never reached from anywhere else.
+        api_files, grow = set(steps), True
+        while grow:
+            more = {b for a, b in edges if a in api_files} - api_files
+            api_files |= more
+            grow = bool(more)
+        for a, b in edges:
+            if b in api_files and a not in api_files:
+                problems.append(f"{role}/tasks/{a}: reaches {b} without {API_WRAPPER}")
+        for name in sorted(set(files) | api_files):
+            if (name in api_files) != name.startswith("api_"):
+                state = "runs through" if name in api_files else "is not reached through"
+                problems.append(f"{role}/tasks/{name}: {state} {API_WRAPPER}: name it"
+                                f" {'api_*.yml' if name in api_files else 'otherwise'}")  # fmt: skip
+        if API_WRAPPER not in files and api_files:
+            problems.append(f"{role}: imports {API_WRAPPER}, which it lacks")
+        for name, tasks in {**files, **handlers}.items():
+            for task in all_tasks(tasks):
+                label = f"{role}/tasks/{name} '{task.get('name', '?')}'"
+                if name in api_files and any(k in task for k in ROLE_INCLUDES):
+                    problems.append(f"{label}: a role included in an API step would run on the"
+                                    " API host")  # fmt: skip
+                module = next((k for k in task if k.startswith("kubernetes.core.")), None)
+                if module is None:
+                    continue
+                api_tasks += 1
+                own = [k for k in ("delegate_to",) if k in task]
+                own += [k for k in ("kubeconfig",) if k in (task[module] or {})]
+                own += [k for k in ("ansible_python_interpreter",) if k in (task.get("vars") or {})]
+                if own:
+                    problems.append(f"{label}: sets {', '.join(own)} itself")
+                if module.removeprefix("kubernetes.core.") not in group:
+                    problems.append(f"{label}: {module} is not in kubernetes.core's action"
+                                    f" group k8s {sorted(group)}: module_defaults miss it")  # fmt: skip
+                if name not in api_files:
+                    problems.append(f"{label}: outside the API steps ({API_WRAPPER} imports"
+                                    " tasks/api_*.yml)")  # fmt: skip
+    return problems, api_tasks
+
+
+def test_kubernetes_api_access_is_spelled_once_per_role() -> None:
+    problems, api_tasks = api_access_problems(ROLES)
     assert not problems, "\n".join(problems)
     assert api_tasks >= 20, f"only {api_tasks} kubernetes.core tasks found: the walk is broken"
+    wrappers = sorted(p.parent.parent.name for p in ROLES.glob(f"*/tasks/{API_WRAPPER}"))
+    assert wrappers == ["device_plugin", "gpu_quotas", "gpu_telemetry", "node_labels",
+                        "rolling_upgrade"], wrappers  # fmt: skip
+
+
+COPIED_HEADER = """
+- name: Read the node again through the Kubernetes API
+  module_defaults:
+    group/kubernetes.core.k8s:
+      kubeconfig: "{{ node_labels_kubeconfig | default(omit, true) }}"
+  delegate_to: "{{ node_labels_k8s_host }}"
+  vars:
+    ansible_python_interpreter: "{{ node_labels_k8s_python }}"
+  block:
+    - name: Read the node again
+      kubernetes.core.k8s_info:
+        kind: Node
+"""
+
+
+@pytest.mark.parametrize(("file", "added", "needle"), [
+    ("node_labels/tasks/main.yml", COPIED_HEADER,
+     "node_labels/tasks/main.yml 'Read the node again through the Kubernetes API': sets"
+     " module_defaults, delegate_to, ansible_python_interpreter itself"),
+    ("node_labels/tasks/main.yml",
+     "\n- name: Read the node\n  delegate_to: '{{ node_labels_k8s_host }}'\n"
+     "  kubernetes.core.k8s_info:\n    kind: Node\n",
+     "node_labels/tasks/main.yml 'Read the node': outside the API steps"),
+    ("rolling_upgrade/tasks/main.yml",
+     "\n- name: Mark the node done\n  ansible.builtin.include_tasks: api_state.yml\n",
+     "rolling_upgrade/tasks/main.yml: reaches api_state.yml without k8s_api.yml"),
+    ("device_plugin/tasks/main.yml",
+     "\n- name: Watch\n  ansible.builtin.import_tasks: k8s_api.yml\n"
+     "  vars:\n    device_plugin_api_tasks: host.yml\n",
+     "device_plugin/tasks/main.yml 'Watch': imports k8s_api.yml with device_plugin_api_tasks"
+     " 'host.yml'"),
+])  # fmt: skip
+def test_a_copied_or_bypassed_api_header_is_found(
+    tmp_path: Path, file: str, added: str, needle: str
+) -> None:
+    roles = tmp_path / "roles"
+    shutil.copytree(ROLES, roles)
+    path = roles / file
+    path.write_text(path.read_text() + added)
+    problems, _ = api_access_problems(roles)
+    assert any(p.startswith(needle) for p in problems), "\n".join(problems)

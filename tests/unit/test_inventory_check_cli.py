@@ -99,3 +99,21 @@ def _one_line_exit_2(tmp_path: Path, content: bytes, command: list[str], needle:
     assert r.returncode == 2, r.stdout + r.stderr
     assert needle in r.stderr, r.stderr
     assert len(r.stderr.splitlines()) == 1 and len(r.stderr) < 1000, r.stderr[:2000]
+
+
+def test_a_shared_config_prints_its_replicas_and_mps_limits(tmp_path: Path) -> None:
+    """Issue 26: what each MPS client of a replica gets, before any host is touched."""
+    inventory = tmp_path / "lab"
+    shutil.copytree(REPO / "inventories" / "lab", inventory)
+    t4 = inventory / "group_vars" / "t4_nodes.yml"
+    t4.write_text(t4.read_text().replace(
+        "gpukit_device_plugin_config: time-sliced", "gpukit_device_plugin_config: mps2")
+        + "gpukit_device_plugin_configs:\n  mps2:\n    version: v1\n"
+          "    flags: {plugin: {deviceListStrategy: cdi-annotations}}\n"
+          "    sharing: {mps: {resources: [{name: nvidia.com/gpu, replicas: 2}]}}\n")
+    r = check(inventory)
+    assert r.returncode == 0, r.stderr
+    assert ("gpu-t4                   nvidia.com/gpu=4 (MPS: nvidia.com/gpu 2 replicas per "
+            "device, each 7680 MiB pinned memory, 50 % of the threads)") in r.stdout, r.stdout
+    r = check(REPO / "inventories" / "lab")
+    assert "nvidia.com/gpu=8 (time-slicing: nvidia.com/gpu 4 replicas per device)" in r.stdout

@@ -274,7 +274,7 @@ def test_the_role_s_defaults_are_the_library_s() -> None:
 
 
 def test_the_role_renders_through_the_same_arguments() -> None:
-    tasks = (ROLE / "tasks" / "daemonset.yml").read_text()
+    tasks = (ROLE / "tasks" / "api_apply.yml").read_text()
     call = re.search(r"query\('gpukit\.gpu\.agent_manifests',(.*?)\)", tasks, re.S)
     assert call, "the role no longer renders through the agent_manifests lookup"
     args = dict(re.findall(r"(\w+)=(\w+)", call.group(1)))
