@@ -3,7 +3,8 @@
 One place for the manifests: the device_plugin role renders them, the lab and the
 tests apply them. The agent runs unprivileged with a read-only root filesystem; its
 ServiceAccount may patch nodes, and an admission policy narrows that to the
-`nvidia.com/` labels of the node its own pod runs on.
+`nvidia.com/` labels of the node its own pod runs on; it may patch nodes/status, narrowed by a
+second policy to its own node's `GpuDeclarationMismatch` condition (served vs declared).
 
 The pod mounts only what the agent reads or writes (see `agent_mounts`): with the driver
 installed on the host (driver root `/`) that is the host's /dev and the NVML library's
@@ -35,6 +36,7 @@ import yaml
 
 from gpukit.contracts import dra as dra_names
 from gpukit.contracts import label_names
+from gpukit.contracts import node_declaration as nd
 from gpukit.contracts.plugin_config import (
     DEFAULT_CDI_DIR,
     DEFAULT_KUBELET_DIR,
@@ -56,6 +58,9 @@ DEFAULT_NVML_LIBRARY = f"{DRIVER_ROOT_IN_CONTAINER}/usr/lib/x86_64-linux-gnu/lib
 STATE_DIR = "/var/lib/gpukit/agent"  # on the host and in the container
 LAST_GOOD_CONFIG = f"{STATE_DIR}/last-good-config.json"
 SYSFS_IN_CONTAINER = "/host/sys"
+# Each node's declaration (gpukit.contracts.node_declaration), one ConfigMap entry per node.
+DECLARATIONS = f"{APP}-declarations"
+DECLARATION_DIR = "/etc/gpukit/declarations"
 # The kubelet's PodResources socket's directory (beside device-plugins), host and container.
 POD_RESOURCES_DIR = posixpath.join(posixpath.dirname(DEFAULT_KUBELET_DIR.rstrip("/")),
                                    "pod-resources")
@@ -76,6 +81,9 @@ class AgentDeployment:
     image: str
     namespace: str = "gpukit-system"
     configs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Node name -> what it must serve (NodeDeclaration.as_dict()): the agents' served-vs-
+    # declared watchdog (gpukit/plugin/served.py); a node without an entry is not compared.
+    declarations: dict[str, dict[str, Any]] = field(default_factory=dict)
     default_config: str | None = None
     driver_root: str = "/"
     nvml_library: str | None = None  # path in the container; None: DEFAULT_NVML_LIBRARY
@@ -120,6 +128,8 @@ def rbac(d: AgentDeployment) -> list[dict[str, Any]]:
         "metadata": {"name": APP, "labels": _labels()},
         "rules": [
             {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
+            # Its served-vs-declared condition (own_node_condition_policy narrows it).
+            {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
             # Events about its node (e.g. an invalid selected config); a Node's events live in
             # the "default" namespace, so a Role in the agent's namespace would not do.
             {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
@@ -212,6 +222,79 @@ def own_node_policy(d: AgentDeployment) -> list[dict[str, Any]]:
     return [policy, binding]
 
 
+# Node status fields the agent may not change (every field of NodeStatus in Kubernetes 1.35 to
+# 1.37 but conditions): CEL cannot compare "all but one field" of a typed object, so they are
+# named; a field a later release adds is guarded by RBAC alone (status patch only).
+_STATUS_FIELDS = ("capacity", "allocatable", "phase", "addresses", "daemonEndpoints",
+                  "nodeInfo", "images", "volumesInUse", "volumesAttached", "config",
+                  "runtimeHandlers", "features")
+
+
+def own_node_condition_policy(d: AgentDeployment) -> list[dict[str, Any]]:
+    """The agent's status patches (nodes/status, which own_node_policy does not match): only
+    its own node, and only the condition `GpuDeclarationMismatch` (served vs declared):
+    every other condition, every other status field and the node's metadata stay as they
+    were."""
+    user = f"system:serviceaccount:{d.namespace}:{d.service_account}"
+    node_key = "authentication.kubernetes.io/node-name"
+    ours = nd.CONDITION_TYPE
+    name = f"{APP}-own-node-condition"
+
+    def others(obj: str) -> str:
+        return (f"(has({obj}.status.conditions) ? {obj}.status.conditions : [])"
+                f".filter(c, c.type != '{ours}')")
+
+    def same(path: str) -> str:
+        return (f"has(object.{path}) == has(oldObject.{path}) && "
+                f"(!has(object.{path}) || object.{path} == oldObject.{path})")
+
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name, "labels": _labels()},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+                "resources": ["nodes/status"],
+            }]},
+            "matchConditions": [
+                {"name": "is-node-agent", "expression": f"request.userInfo.username == '{user}'"}
+            ],
+            "validations": [
+                {"expression": f"'{node_key}' in request.userInfo.extra && "
+                               f"request.userInfo.extra['{node_key}'][0] == object.metadata.name",
+                 "message": "the gpukit node agent may change only the node its pod runs on"},
+                {"expression": f"{others('object')} == {others('oldObject')}",
+                 "message": f"the gpukit node agent may change only the {ours} condition"},
+                {"expression": " && ".join(same(f"status.{f}") for f in _STATUS_FIELDS)
+                               + " && " + " && ".join(same(f"metadata.{f}") for f in (
+                                   "labels", "annotations", "finalizers", "ownerReferences")),
+                 "message": "the gpukit node agent may change nothing of a node's status "
+                            f"but its {ours} condition"},
+            ],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name, "labels": _labels()},
+        "spec": {"policyName": name, "validationActions": ["Deny"]},
+    }
+    return [policy, binding]
+
+
+def declarations_map(d: AgentDeployment) -> dict[str, Any]:
+    """Each node's declaration, key = node name (the agent reads its own entry)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": DECLARATIONS, "namespace": d.namespace, "labels": _labels()},
+        "data": {node: nd.render(nd.from_dict(decl, f"declarations[{node!r}]"))
+                 for node, decl in sorted(d.declarations.items())},
+    }
+
+
 def config_text(cfg: Any) -> str:
     """A named config as the ConfigMap carries it."""
     return yaml.safe_dump(cfg, sort_keys=False)
@@ -294,7 +377,8 @@ def agent_mounts(d: AgentDeployment) -> tuple[list[dict[str, Any]], list[dict[st
       /driver-root; any other driver root (a driver container's, e.g. /run/nvidia/driver)
       holds only the driver and is mounted whole, following the mounts the driver container
       makes after the agent started;
-    - its named configs (the ConfigMap), its state on the host's /run/gpukit (the MIG
+    - its named configs (the ConfigMap) and the nodes' declarations (another ConfigMap, one
+      entry per node: served vs declared), its state on the host's /run/gpukit (the MIG
       manager's pause file; /tmp), and the CDI spec directory it writes;
     - its record of the last good config on the host's /var/lib/gpukit/agent (kept across
       reboots: a restart into an invalid config serves it, see gpukit/plugin/last_good.py);
@@ -315,6 +399,7 @@ def agent_mounts(d: AgentDeployment) -> tuple[list[dict[str, Any]], list[dict[st
     volumes += driver_volumes
     mounts += [
         {"name": "configs", "mountPath": "/etc/gpukit/configs", "readOnly": True},
+        {"name": "declarations", "mountPath": DECLARATION_DIR, "readOnly": True},
         # The MIG manager pauses the plugin through a file here (see gpukit/plugin/mig/pause.py).
         {"name": "run-gpukit", "mountPath": "/run/gpukit"},
         # A writable /tmp on the host's /run, not an emptyDir: kubernetes.core's k8s_drain
@@ -332,6 +417,7 @@ def agent_mounts(d: AgentDeployment) -> tuple[list[dict[str, Any]], list[dict[st
     ]  # fmt: skip
     volumes += [
         {"name": "configs", "configMap": {"name": f"{APP}-configs"}},
+        {"name": "declarations", "configMap": {"name": DECLARATIONS}},
         _host_path("run-gpukit", "/run/gpukit", "DirectoryOrCreate"),
         _host_path("cdi-specs", cdi_dir, "DirectoryOrCreate"),
         _host_path("agent-state", STATE_DIR, "DirectoryOrCreate"),
@@ -409,6 +495,7 @@ def daemonset(d: AgentDeployment) -> dict[str, Any]:
         {"name": "GPUKIT_METRICS_ADDRESS", "value": d.metrics_address},
         {"name": "GPUKIT_NODE_LABELS", "value": "true" if d.node_labels else "false"},
         {"name": "GPUKIT_LAST_GOOD_CONFIG", "value": LAST_GOOD_CONFIG},
+        {"name": "GPUKIT_DECLARATION_DIR", "value": DECLARATION_DIR},
         {"name": "GPUKIT_SYSFS_ROOT", "value": SYSFS_IN_CONTAINER},
         {"name": "GPUKIT_NVML_LIB", "value": nvml_library_path(d)},
         # This hardened container cannot open the GPUs an MPS daemon needs.
@@ -711,7 +798,8 @@ def serves_mps(d: AgentDeployment) -> bool:
 
 def manifests(d: AgentDeployment) -> list[dict[str, Any]]:
     """Every object, in apply order."""
-    out = [namespace(d), *rbac(d), *own_node_policy(d), config_map(d), daemonset(d)]
+    out = [namespace(d), *rbac(d), *own_node_policy(d), *own_node_condition_policy(d),
+           config_map(d), declarations_map(d), daemonset(d)]
     if serves_mps(d):
         out.append(mps_daemonset(d))
     return out + dra_manifests(d) if d.dra else out

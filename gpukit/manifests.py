@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from gpukit.contracts import label_names
-from gpukit.inventory import GPU_GROUP, InventoryError, plain
+from gpukit.inventory import GPU_GROUP, InventoryError, check, plain
 from gpukit.inventory import files as inventory_files
 from gpukit.inventory.load import one_line
 from gpukit.inventory.problems import short
@@ -102,8 +102,11 @@ def role_vars(host: str, hostvars: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def render(play: Sequence[tuple[str, Mapping[str, Any]]]) -> list[dict[str, Any]]:
-    """The objects for a play's hosts, in play order, each with its role variables."""
+def render(play: Sequence[tuple[str, Mapping[str, Any]]],
+           declarations: Mapping[str, Mapping[str, Any] | None] | None = None
+           ) -> list[dict[str, Any]]:
+    """The objects for a play's hosts, in play order, each with its role variables;
+    `declarations`: host -> its agent's declaration entry (agent.node_declaration)."""
     if not play:
         raise ManifestsError("no hosts in the play")
     first, first_vars = play[0]
@@ -115,7 +118,8 @@ def render(play: Sequence[tuple[str, Mapping[str, Any]]]) -> list[dict[str, Any]
                 if v["device_plugin_mode"] == "daemonset"}  # fmt: skip
     try:
         merged = agent.merge_configs(per_host)
-        return agent.render(configs=merged,
+        decls = agent.merge_declarations({h: (declarations or {}).get(h) for h in per_host})
+        return agent.render(configs=merged, declarations=decls,
                             **{arg: first_vars[var] for arg, var in RENDER_ARGS.items()})
     except agent.AgentSpecError as e:
         raise ManifestsError(f"host {first}: {e}") from e
@@ -128,7 +132,18 @@ def for_inventory(
 ) -> list[dict[str, Any]]:
     """The objects site.yml's device_plugin role applies for the inventory (see the module's
     docstring); needs ansible-core, as reading any inventory does."""
-    return render(play_vars(inventory, limit, extra_vars))
+    play = play_vars(inventory, limit, extra_vars)
+    return render(play, declarations_of(inventory))
+
+
+def declarations_of(inventory: str | Path) -> dict[str, dict[str, Any] | None]:
+    """Host -> what its agent must serve, from the declaration check (as the preflight's
+    gpukit_declaration hands it to the role); none when the inventory has problems (the
+    preflight refuses such a play; `gpukit inventory check` names them)."""
+    from gpukit.provision import declaration
+
+    facts = declaration.facts(check(str(inventory)))
+    return {host: agent.declaration_entry(fact) for host, fact in facts.items()}
 
 
 def play_vars(

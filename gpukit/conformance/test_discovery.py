@@ -1,4 +1,5 @@
-"""Discovery: each node is Ready and advertises exactly the declared resources."""
+"""Discovery: each node is Ready and advertises exactly the declared resources, and its node
+agent's served-vs-declared condition says so."""
 
 from __future__ import annotations
 
@@ -6,9 +7,10 @@ from typing import Any
 
 import pytest
 
-from gpukit.conformance.checks import Check
-from gpukit.conformance.common import need_expected
+from gpukit.conformance.checks import Check, fmt
+from gpukit.conformance.common import need_decl, need_expected
 from gpukit.contracts import label_names as ln
+from gpukit.contracts import node_declaration as nd
 from gpukit.k8s.nodes import allocatable, capacity
 from gpukit.k8s.nodes import ready as node_ready
 
@@ -68,4 +70,30 @@ def test_kubelet_sees_the_same_devices(gpukit_suite: Any, node: str, check: Chec
                     alloc.get(resource, 0), kubelet.get(resource, 0), resource)
         ids = view.allocatable.get(resource, [])
         check.equal("device IDs are unique", len(ids), len(set(ids)), resource)
+    check.verify()
+
+
+def test_the_agent_s_declaration_condition_agrees(gpukit_suite: Any, node: str,
+                                                  check: Check) -> None:
+    """The node agent's condition GpuDeclarationMismatch says what the suite finds: True
+    exactly while the node's allocatable differs from the declaration or its selected config is
+    refused (nvidia.com/device-plugin.config.state=failed), False otherwise."""
+    if need_decl(gpukit_suite, node).dra:
+        check.skip("gpukit_gpu_allocation dra: no node agent, no GpuDeclarationMismatch condition")
+    expected = need_expected(gpukit_suite, node)
+    obj = gpukit_suite.kube.node(node)
+    served = {r: n for r, n in allocatable(obj).items() if n > 0}
+    declared = {r: n for r, n in expected.items() if n > 0}
+    refused = (obj.metadata.labels or {}).get(ln.DEVICE_PLUGIN_CONFIG_STATE) == (
+        ln.CONFIG_STATE_FAILED)
+    want = "True" if served != declared or refused else "False"
+    found = f"allocatable {fmt(served)}, declared {fmt(declared)}" + (
+        ", config refused" if refused else "")
+    what = f"condition {nd.CONDITION_TYPE}"
+    cond = next((c for c in (obj.status.conditions or []) if c.type == nd.CONDITION_TYPE), None)
+    if cond is None:
+        check.record(what, f"{want} ({found})", "absent: the node agent reports none", False)
+    else:
+        check.true(what, cond.status == want, f"{want} ({found})",
+                   f"{cond.status} ({cond.reason}: {cond.message})")
     check.verify()

@@ -99,6 +99,10 @@ def build_parser(prog: str = "gpukit-device-plugin") -> argparse.ArgumentParser:
                                 "/var/lib/gpukit/agent/last-good-config.json"),
                     help="record of the last config served, used when a restart meets an "
                          "invalid one ('' disables) [GPUKIT_LAST_GOOD_CONFIG]")
+    rt.add_argument("--declaration-dir", default=env("GPUKIT_DECLARATION_DIR") or None,
+                    help="directory of the nodes' declarations (a mounted ConfigMap, one "
+                         "entry per node name): the agent compares what it serves with its "
+                         "own node's and reports a mismatch [GPUKIT_DECLARATION_DIR]")
     rt.add_argument("--proc-root", default=env("GPUKIT_PROC_ROOT", "/"),
                     help="where the driver's /proc/driver/nvidia is found, as <root>/proc/..."
                          " (MIG capability files; default: the container's own /proc) "
@@ -151,7 +155,7 @@ def _main(argv: list[str] | None, prog: str) -> int:
         print(json.dumps(asdict(loaded.config), indent=2, default=str))
         return 0
     node_client = None
-    if args.node_name and (args.config_dir or args.node_labels):
+    if args.node_name and (args.config_dir or args.node_labels or args.declaration_dir):
         from .node_api import NodeClient
 
         try:
@@ -167,6 +171,7 @@ def _main(argv: list[str] | None, prog: str) -> int:
         ManagerOptions(proc_root=args.proc_root, labels_file=args.labels_file,
                        node_labels=args.node_labels, pause_file=args.pause_file or None,
                        last_good_file=args.last_good_config or None,
+                       declaration_dir=args.declaration_dir,
                        mps_daemons=args.mps_daemons),
         node_client=node_client,
     )

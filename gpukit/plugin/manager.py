@@ -34,6 +34,7 @@ from .allocate import Allocator
 from .api import KUBELET_SOCKET_NAME
 from .config_keeper import ConfigKeeper
 from .config_source import ConfigSource, LoadedConfig
+from .declaration_watch import DeclarationWatch
 from .devices import NodeDevices
 from .gpu_metrics import GpuMetricsCollector, GpuMetricsSources
 from .health import HealthMonitor, HealthTracker, effective_ignored_xids
@@ -51,6 +52,7 @@ from .nvml_backend import NvmlBackend as NvmlBackend
 from .nvml_backend import PynvmlBackend as PynvmlBackend
 from .nvml_backend import no_compute_mode, no_reading
 from .resources import Resource, ResourceError, ResourceSet, Unit, build_resources
+from .served import Served
 from .server import DeviceView, PluginServer, ResourceState, inode, register
 
 log = logging.getLogger(__name__)
@@ -69,6 +71,7 @@ class ManagerOptions:
     health: bool = True
     pause_file: str | None = None  # the MIG manager's pause file (gpukit.plugin.mig.hooks)
     last_good_file: str | None = None  # the last good config record (last_good.py)
+    declaration_dir: str | None = None  # the nodes' declarations (declaration_watch.py)
     label_reassert_seconds: float = 60.0
     # A registered resource with no ListAndWatch stream for this long was dropped by the
     # kubelet: registered again (see `_dropped_by_kubelet`).
@@ -124,6 +127,8 @@ class PluginManager:
                                     self.options.last_good_file)
         self.labels = LabelPublisher(self.metrics, node_client, source.node_name or "",
                                      self.options)
+        self.declaration = DeclarationWatch(self.options.declaration_dir,
+                                            source.node_name or "", self.metrics, node_client)
         self._last_cdi: dict[str, object] | None = None
         mps = mps_control(self.options.mps_daemons,
                           getattr(backend, "set_compute_mode", no_compute_mode))
@@ -257,6 +262,9 @@ class PluginManager:
             loaded = self.source.load()
         except ConfigError as exc:
             self.metrics.config_reloads.labels(result="rejected").inc()
+            # Noted as seen: the same bad input is not retried every poll, and a selection
+            # back to the running config is a change that reloads (and clears the failure).
+            self._config_fingerprint = self.source.fingerprint()
             self.configs.refused(exc, "keeping the current config")
             self.labels.publish(self._wanted_labels)
             return False
@@ -433,6 +441,14 @@ class PluginManager:
             (uuid, self.tracker.unit_healthy(u)) for uuid, u in self.resources.units().items()
         )
 
+    def served(self) -> Served:
+        """What the node serves for the served-vs-declared watchdog: per resource the devices
+        the kubelet may allocate (healthy, not paused), and a config fallback."""
+        with self._lock:
+            counts = {name: sum(v.healthy for v in self._views(res))
+                      for name, res in self.resources.resources.items()}
+        return Served(counts, self.config_failure)
+
     def units(self) -> dict[str, Unit]:
         with self._lock:
             return self.resources.units()
@@ -550,6 +566,7 @@ class PluginManager:
         while not self._stop.wait(self.options.tick):
             try:
                 self.check_kubelet()
+                self.declaration.check(self.served)  # also while paused for a MIG change
                 if self.pause is not None:
                     if self.pause.poll():
                         if self.pause.paused:  # MIG change starting: its GPUs Unhealthy now

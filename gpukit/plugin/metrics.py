@@ -92,6 +92,17 @@ class PluginMetrics:
             "gpukit_plugin_labels_restored", "Owned node labels found drifted and restored",
             registry=r,
         )
+        # Served vs declared (served.py): per resource, what the node's declaration says and
+        # what the agent serves healthy; equal while the node serves its declaration.
+        self.gpus_declared = Gauge(
+            "gpukit_node_gpus_declared",
+            "Devices the node's declaration (the inventory) says it serves, by resource",
+            ["resource"], registry=r,
+        )
+        self.gpus_served = Gauge(
+            "gpukit_node_gpus_served", "Healthy devices the agent serves, by resource",
+            ["resource"], registry=r,
+        )
         # The last XID per device (GPU or MIG UUID), whatever its class: DCGM_FI_DEV_XID_ERRORS.
         self.last_xid: dict[str, int] = {}
         self.readiness: Readiness | None = None
@@ -116,6 +127,17 @@ class PluginMetrics:
         for resource, by_health in counts.items():
             for health, n in by_health.items():
                 self.devices.labels(resource=resource, health=health).set(n)
+
+    def set_declared_served(self, declared: Mapping[str, int], served: Mapping[str, int]
+                            ) -> None:
+        """Both gauges for every resource named (empty mappings: the node has no declaration,
+        both series go)."""
+        self.gpus_declared.clear()
+        self.gpus_served.clear()
+        for resource, n in declared.items():
+            self.gpus_declared.labels(resource=resource).set(n)
+        for resource, n in served.items():
+            self.gpus_served.labels(resource=resource).set(n)
 
     def set_unit_health(self, health: Iterable[tuple[str, bool]]) -> None:
         self.device_healthy.clear()

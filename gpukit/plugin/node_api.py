@@ -1,5 +1,5 @@
 """The little the node agent asks of the Kubernetes API: read, watch and patch its own node's
-labels, and record Events on it.
+labels, set its served-vs-declared condition, and record Events on it.
 
 Uses the in-cluster ServiceAccount when running in a pod, else a kubeconfig (--kubeconfig or
 $KUBECONFIG), through gpukit.k8s like every gpukit program. The kubernetes client is imported
@@ -39,6 +39,14 @@ class NodeClient:
             return
         self._api.patch_node(node_name, {"metadata": {"labels": dict(changes)}})
         log.info("patched %d label(s) on node %s", len(changes), node_name)
+
+    def set_condition(self, node_name: str, condition: dict[str, Any]) -> None:
+        """Set one condition of the node's status (node-problem-detector's way): a strategic
+        merge patch keyed by the condition's type leaves the kubelet's conditions as they are;
+        the agent's admission policy admits nothing else on nodes/status."""
+        self._api.patch_node_status(
+            node_name, {"status": {"conditions": [condition]}},
+            _content_type="application/strategic-merge-patch+json")
 
     def event(self, node_name: str, reason: str, message: str, type_: str = "Warning") -> None:
         """Record an Event on the node, where `kubectl describe node` shows it."""

@@ -9,6 +9,7 @@ from typing import Any
 
 from gpukit.agent_manifests import AgentDeployment, HostMount, manifests
 from gpukit.contracts import label_names
+from gpukit.contracts import node_declaration as nd
 from gpukit.contracts.plugin_config import ConfigError, parse_config, require_content
 from gpukit.provision.upgrade import node_serves
 
@@ -119,12 +120,14 @@ def deployment(
     dra_node_selector: Mapping[str, str] | None = None,
     dra_extended_resource: bool | None = None,
     kubernetes_version: str | None = None,
+    declarations: Mapping[str, Mapping[str, Any]] | None = None,
     dra_mps: bool = False,
 ) -> AgentDeployment:
     """The deployment the role's variables describe. With `dra`, the DRA plugin's objects too,
     on `dra_node_selector` (default DRA_NODE_SELECTOR); `dra_extended_resource` None: the
     DeviceClass maps nvidia.com/gpu where `kubernetes_version` supports it."""
     check_configs(configs)
+    checked = check_declarations(declarations or {})
     check_selection(configs, default_config, "gpukit_device_plugin_default_config")
     if not image:
         raise AgentSpecError("gpukit_device_plugin_image: an image reference is required")
@@ -137,6 +140,7 @@ def deployment(
         image=image,
         namespace=namespace,
         configs={str(k): dict(v) for k, v in configs.items()},
+        declarations=checked,
         default_config=default_config,
         driver_root=driver_root,
         nvml_library=nvml_library or None,
@@ -153,6 +157,62 @@ def deployment(
                                if dra_extended_resource is None else bool(dra_extended_resource)),
         dra_mps=bool(dra_mps),
     )
+
+
+def check_declarations(declarations: Mapping[str, Mapping[str, Any]],
+                       where: str = "declarations") -> dict[str, dict[str, Any]]:
+    """Node name -> its declaration entry (NodeDeclaration.as_dict()), each checked."""
+    out: dict[str, dict[str, Any]] = {}
+    for node, raw in declarations.items():
+        try:
+            decl = nd.from_dict(raw, f"{where}[{node!r}]")
+        except nd.DeclarationError as exc:
+            raise AgentSpecError(str(exc)) from exc
+        if decl.node != node:
+            raise AgentSpecError(f"{where}[{node!r}].node: {decl.node!r} is not {node!r}")
+        out[str(node)] = decl.as_dict()
+    return out
+
+
+def node_declaration(known: Any, host_vars: Mapping[str, Any], host: str
+                     ) -> dict[str, Any] | None:
+    """What the node's agent must serve (a NodeDeclaration's entry) for its served-vs-declared
+    watchdog: the declaration check's answer (the preflight's `known`, the host's
+    gpukit_declaration, when it validated these very variables, else validated now). None
+    for a DRA node: no device plugin agent runs there. InventoryError: invalid."""
+    from gpukit import inventory
+    from gpukit.provision import declaration
+
+    given = {k: host_vars[k] for k in inventory.DECLARED_VARIABLES if k in host_vars}
+    fact = known if declaration.matches(
+        known, **{k: given.get(k) for k in inventory.DECLARED_VARIABLES}
+    ) else declaration.for_vars(host, host_vars)
+    return declaration_entry(fact)
+
+
+def declaration_entry(fact: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The agent's declaration entry from a host's gpukit_declaration (None on a DRA node)."""
+    if fact.get("gpu_allocation") == "dra":
+        return None
+    return nd.NodeDeclaration(str(fact["node_name"]), dict(fact["expected_resources"]),
+                              str(fact.get("device_plugin_config") or "")).as_dict()
+
+
+def merge_declarations(per_host: Mapping[str, Mapping[str, Any] | None]
+                       ) -> dict[str, dict[str, Any]]:
+    """Node name -> declaration from each host's (None: a DRA node, left out). Two hosts
+    declaring one node differently is an error naming both."""
+    out: dict[str, dict[str, Any]] = {}
+    owner: dict[str, str] = {}
+    for host, decl in per_host.items():
+        if not decl:
+            continue
+        node = str(decl["node"])
+        if node in out and out[node] != dict(decl):
+            raise AgentSpecError(f"hosts {owner[node]} and {host} both declare node {node} "
+                                 "(gpukit_node_name), differently")
+        out[node], owner[node] = dict(decl), host
+    return out
 
 
 def render(**kwargs: Any) -> list[dict[str, Any]]:

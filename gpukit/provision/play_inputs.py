@@ -41,6 +41,21 @@ def merged_plugin_configs(
     return agent.merge_configs(per_host)
 
 
+def merged_declarations(
+    hosts: Sequence[str], hostvars: Mapping[str, Any], fact: str
+) -> dict[str, Any]:
+    """Every host's node declaration (its `fact`, agent.node_declaration) by node name, for
+    the agents' declarations ConfigMap; hosts without it contribute nothing."""
+    per_host = {h: inventory.plain(hostvars[h][fact]) for h in hosts if fact in hostvars[h]}
+    return agent.merge_declarations(per_host)
+
+
+def node_declaration(host_vars: Mapping[str, Any], host: str,
+                     known: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    """What `host`'s node agent must serve (agent.node_declaration)."""
+    return agent.node_declaration(known, host_vars, host)
+
+
 def failed_hosts(hostvars: Mapping[str, Any], hosts: Sequence[str],
                  fact: str = UPGRADE_RESULT) -> list[str]:
     """Hosts of `hosts` whose rollout result (`fact`) says it failed or was interrupted."""

@@ -14,6 +14,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from kubernetes import watch
 from gpukit import inventory as inv
 from gpukit.agent_manifests import AgentDeployment
 from gpukit.conformance import expect
+from gpukit.contracts.node_declaration import NodeDeclaration
 from gpukit.k8s import connect, objects, waits
 from gpukit.k8s.nodes import reported_after
 from gpukit.lab import agent, nodes
@@ -148,8 +150,13 @@ def deployment(fleet: inv.GpuInventory) -> AgentDeployment:
     for decl in fleet.nodes:
         configs.update({k: dict(v) for k, v in decl.plugin_configs.items()})
     configs.update(EXTRA_CONFIGS)
-    return agent.lab_deployment(configs, "default" if "default" in configs else None,
-                                **AGENT_ENV)
+    d = agent.lab_deployment(configs, "default" if "default" in configs else None, **AGENT_ENV)
+    # What each node must serve, as the device_plugin role renders it: the suite checks the
+    # agent's served-vs-declared condition agrees with what it finds.
+    declarations = {decl.node_name: NodeDeclaration(
+        decl.node_name, expect.expected_resources(decl), decl.plugin_config_name or "").as_dict()
+        for decl in fleet.nodes if not decl.dra}
+    return replace(d, declarations=declarations)
 
 
 def provision(lab: LabSpec, fleet: inv.GpuInventory, timeout: float = 120) -> None:

@@ -100,6 +100,8 @@ def lab(lab_cluster: object, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 def test_suite_passes_on_the_provisioned_lab(lab: Lab, tmp_path: Path) -> None:
     run = run_suite(tmp_path)
+    for node in lab.fleet.node_names():  # the agent says it serves its declaration (issue 30)
+        assert f"test_the_agent_s_declaration_condition_agrees[{node}]" in run.passed, node
     print(f"conformance suite on the {len(lab.fleet.nodes)}-node lab: {run.seconds:.1f}s, "
           f"{len(run.passed)} passed, {len(run.skipped)} skipped")
     assert run.rc == 0, run.output
@@ -167,6 +169,8 @@ def relabelled(lab: Lab) -> Run:
 
 
 def test_wrong_replica_count_fails(relabelled: Run) -> None:
+    # The agent says so too: its condition True agrees with what the suite finds (issue 30).
+    assert "test_the_agent_s_declaration_condition_agrees[gpu-t4]" in relabelled.passed
     _expect_failures(
         relabelled,
         "node gpu-t4: nvidia.com/gpu: capacity: expected 8, observed 4",
@@ -234,6 +238,18 @@ def test_an_xid_that_takes_a_gpu_out_fails(lab: Lab, tmp_path: Path) -> None:
         _expect_failures(run, "node gpu-t4: nvidia.com/gpu: allocatable: expected 8, observed 4")
         # The kubelet's GetAllocatableResources lists healthy devices only: it agrees.
         assert "test_kubelet_sees_the_same_devices[gpu-t4]" in run.passed
+        # The agent's served-vs-declared condition says True: it agrees too (issue 30).
+        assert "test_the_agent_s_declaration_condition_agrees[gpu-t4]" in run.passed
+        # A condition that does not say what the suite finds fails, naming node, expected and
+        # observed (the agent writes it only when its verdict changes: this one stays).
+        lp.core().patch_node_status(node, {"status": {"conditions": [{
+            "type": "GpuDeclarationMismatch", "status": "False", "reason": "ServesDeclaration",
+            "message": "stale"}]}})
+        stale = run_suite(tmp_path / "stale", "--nodes", node, "-m", "discovery",
+                          "-k", "declaration_condition")
+        _expect_failures(stale, "node gpu-t4: condition GpuDeclarationMismatch: expected True "
+                                "(allocatable {nvidia.com/gpu=4}, declared {nvidia.com/gpu=8}), "
+                                "observed False (ServesDeclaration: stale)")
     finally:
         lp.restart_agent_on(node)  # the lab agent keeps XID'd devices out until it restarts
         lp.wait_resources(node, expect.expected_resources(lab.decl(node)))

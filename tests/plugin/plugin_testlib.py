@@ -144,6 +144,7 @@ class FakeNode:
         self.labels_now = labels
         self.patches: list[dict[str, str | None]] = []
         self.events: list[tuple[str, str, str]] = []  # (reason, message, type)
+        self.conditions: list[dict[str, Any]] = []  # every condition set, in order
         self._seen: Callable[[dict[str, str]], None] | None = None
 
     def labels(self, node: str) -> dict[str, str]:
@@ -159,6 +160,9 @@ class FakeNode:
 
     def event(self, node: str, reason: str, message: str, type_: str = "Warning") -> None:
         self.events.append((reason, message, type_))
+
+    def set_condition(self, node: str, condition: dict[str, Any]) -> None:
+        self.conditions.append(dict(condition))
 
     def watch_labels(self, node: str, seen: Callable[[dict[str, str]], None],
                      stop: threading.Event) -> None:

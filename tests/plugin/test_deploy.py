@@ -7,6 +7,7 @@ import posixpath
 from typing import Any
 
 import pytest
+import yaml
 
 from gpukit import agent_manifests as deploy
 from gpukit.agent_manifests import AgentDeployment, HostMount
@@ -53,6 +54,8 @@ def test_a_host_installed_driver_mounts_dev_and_the_library_dir_not_the_root() -
         "/driver-root/dev": ("/dev", True, None),
         "/driver-root/usr/lib/x86_64-linux-gnu": ("/usr/lib/x86_64-linux-gnu", True, None),
         "/etc/gpukit/configs": ("configMap:gpukit-node-agent-configs", True, None),
+        # Each node's declaration, for served vs declared (issue 30).
+        "/etc/gpukit/declarations": ("configMap:gpukit-node-agent-declarations", True, None),
         "/run/gpukit": ("/run/gpukit", False, None),
         "/tmp": ("/run/gpukit/tmp", False, None),
         "/var/run/cdi": ("/var/run/cdi", False, None),
@@ -166,13 +169,46 @@ def test_the_agent_may_record_events_cluster_wide() -> None:
     nodes = [r for r in role["rules"] if r["resources"] == ["nodes"]]
     assert nodes == [{"apiGroups": [""], "resources": ["nodes"],
                       "verbs": ["get", "list", "watch", "patch"]}]  # fmt: skip
+    # Its served-vs-declared condition: a status patch (own_node_condition_policy narrows it).
+    assert {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]} in role[
+        "rules"]
     binding = objs["ClusterRoleBinding"]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "gpukit-node-agent", "namespace": "gpu"}
     ]
     # Nothing else: no secrets, pods, or verbs beyond these.
-    assert len(role["rules"]) == 2
+    assert len(role["rules"]) == 3
+
+
+def test_each_node_s_declaration_is_its_own_entry_and_a_bad_one_is_refused() -> None:
+    d = AgentDeployment(image="x", declarations={
+        "gpu-t4": {"version": "v1", "node": "gpu-t4", "devicePluginConfig": "ts",
+                   "resources": {"nvidia.com/gpu": 8}}})
+    cm = deploy.declarations_map(d)
+    assert cm["metadata"]["name"] == "gpukit-node-agent-declarations"
+    assert list(cm["data"]) == ["gpu-t4"]
+    assert yaml.safe_load(cm["data"]["gpu-t4"])["resources"] == {"nvidia.com/gpu": 8}
+    env = {e["name"]: e.get("value") for e in container_of(d)["env"]}
+    assert env["GPUKIT_DECLARATION_DIR"] == "/etc/gpukit/declarations"
+    bad = AgentDeployment(image="x", declarations={"n": {"version": "v1", "node": "n",
+                                                         "resources": {"gpu": 1}}})
+    with pytest.raises(ValueError, match=r"declarations\['n'\].resources: 'gpu' is not an "):
+        deploy.declarations_map(bad)
+
+
+def test_the_status_policy_admits_only_the_agent_s_condition_on_its_own_node() -> None:
+    policy, binding = deploy.own_node_condition_policy(AgentDeployment(image="x", namespace="g"))
+    spec = policy["spec"]
+    assert spec["matchConstraints"]["resourceRules"][0]["resources"] == ["nodes/status"]
+    assert spec["failurePolicy"] == "Fail"
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"],
+                               "validationActions": ["Deny"]}
+    rules = " ".join(v["expression"] for v in spec["validations"])
+    assert "c.type != 'GpuDeclarationMismatch'" in rules
+    assert "request.userInfo.extra['authentication.kubernetes.io/node-name'][0]" in rules
+    for field in ("capacity", "allocatable", "nodeInfo", "labels", "annotations"):
+        assert f".{field} == oldObject." in rules, field
 
 
 MPS_CONFIG = {"version": "v1", "sharing": {"mps": {"resources": [

@@ -15,7 +15,7 @@ import pytest
 from gpukit import inventory
 from gpukit.contracts import plugin_config
 from gpukit.inventory import validate
-from gpukit.provision import declaration, nodes, sharing, toolkit_config
+from gpukit.provision import agent, declaration, nodes, sharing, toolkit_config
 
 REPO = Path(__file__).resolve().parents[2]
 OPT_OUT = toolkit_config.OPT_OUT_VARIABLE
@@ -149,3 +149,23 @@ def test_the_hardening_opt_out_is_a_declaration_variable(tmp_path: Path) -> None
     checked = inventory.check(inv)
     assert checked.problems == ()
     assert declaration.facts(checked)["n1"]["inputs"][OPT_OUT] is True
+
+
+def test_each_agent_s_declaration_is_the_check_s_answer_and_nodes_merge_by_name(
+        example: dict[str, dict[str, Any]], parses: Counter[str]) -> None:
+    """Served vs declared (issue 30): what the agent compares with is what the preflight's
+    check (the suite's oracle) says the node must serve; no validation again."""
+    fact = example["gpu-t4-01"]
+    entry = agent.node_declaration(fact, inputs(fact), "gpu-t4-01")
+    assert entry == {"version": "v1", "node": fact["node_name"],
+                     "devicePluginConfig": "time-sliced",
+                     "resources": fact["expected_resources"]}
+    assert parses == Counter()
+    # Without the fact: validated now, the same answer.
+    assert agent.node_declaration(None, inputs(fact), "gpu-t4-01") == entry
+    merged = agent.merge_declarations({h: agent.declaration_entry(f)
+                                       for h, f in example.items()})
+    assert len(merged) == len([f for f in example.values() if f["gpu_allocation"] != "dra"])
+    other = {**entry, "resources": {"nvidia.com/gpu": 1}}
+    with pytest.raises(agent.AgentSpecError, match="hosts a and b both declare node"):
+        agent.merge_declarations({"a": entry, "b": other})

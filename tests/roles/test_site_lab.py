@@ -209,11 +209,22 @@ def test_site_converges_both_nodes(lab: Lab, tmp_path: Path) -> None:
         want = expected_allocatable(hv)
         wait_for(f"{name} allocatable {want}",
                  lambda n=name, w=want: gpu_allocatable(lab.core, n) == w, every=1, timeout=90)  # fmt: skip
+        # The agent got its node's declaration from the role and says it serves it (issue 30).
+        wait_for(f"{name} condition GpuDeclarationMismatch False",
+                 lambda n=name: declaration_condition(lab.core, n) == (
+                     "False", "ServesDeclaration"), every=1, timeout=30)  # fmt: skip
         labels = lab.core.read_node(name).metadata.labels
         assert labels["nvidia.com/device-plugin.config"] == hv["gpukit_device_plugin_config"]
         if hv.get("gpukit_mig_config"):
             assert labels["nvidia.com/mig.config"] == hv["gpukit_mig_config"]
     assert expected_allocatable(lab.hostvars["gpu-t4"]) == {"nvidia.com/gpu": 8}
+
+
+def declaration_condition(core: client.CoreV1Api, node: str) -> tuple[str, str] | None:
+    for c in core.read_node(node).status.conditions or []:
+        if c.type == "GpuDeclarationMismatch":
+            return c.status, c.reason
+    return None
 
 
 def assert_validated_once(lab: Lab, calls: Path) -> None:
@@ -270,7 +281,9 @@ def test_gpukit_manifests_prints_what_the_role_applied(lab: Lab) -> None:
     printed = list(yaml.safe_load_all(out.stdout))
     assert [o["kind"] for o in printed] == [
         "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
-        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ConfigMap",
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+        # served vs declared: the condition's policy and each node's declaration (issue 30)
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ConfigMap", "ConfigMap",
         "DaemonSet",  # then the DRA plugin's, applied always (no pod: no node declares DRA)
         "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding", "DeviceClass", "DeviceClass", "DaemonSet"]  # fmt: skip
@@ -292,10 +305,11 @@ def test_gpukit_manifests_prints_what_the_role_applied(lab: Lab) -> None:
         problems += [f"{name}: {d}" for d in _missing_or_different(want, live)]
     assert not problems, "\n".join(problems)
     # The lab's own settings reached the DaemonSet (not only defaults on both sides).
-    pod = printed[7]["spec"]["template"]["spec"]
+    pod = printed[10]["spec"]["template"]["spec"]
     assert pod["containers"][0]["image"] == "localhost/gpukit-lab/node-agent:dev"
-    assert sorted(printed[6]["data"]) == sorted(
+    assert sorted(printed[8]["data"]) == sorted(
         lab.hostvars["gpu-t4"]["gpukit_device_plugin_configs"])
+    assert sorted(printed[9]["data"]) == sorted(lab.hostvars)  # one declaration per node
 
 
 def test_second_run_changes_nothing(lab: Lab) -> None:

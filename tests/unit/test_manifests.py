@@ -25,7 +25,10 @@ ROLE = REPO / "roles" / "device_plugin"
 LOOKUP = REPO / "collections/ansible_collections/gpukit/gpu/plugins/lookup/agent_manifests.py"
 DEVICE_PLUGIN_KINDS = ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
                        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
-                       "ConfigMap", "DaemonSet"]  # fmt: skip
+                       "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+                       "ConfigMap", "ConfigMap", "DaemonSet"]  # fmt: skip
+# Served vs declared's own objects: the condition policy and the declarations (issue 30).
+SERVED_VS_DECLARED = {deploy.DECLARATIONS, f"{deploy.APP}-own-node-condition"}
 DRA_KINDS = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
              "ValidatingAdmissionPolicyBinding", "DeviceClass", "DeviceClass", "DaemonSet"]
 KINDS = DEVICE_PLUGIN_KINDS + DRA_KINDS
@@ -39,7 +42,7 @@ def gpukit(*args: str) -> subprocess.CompletedProcess[str]:
 def by_kind(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The device plugin's objects by kind (the DRA plugin's left out: kinds repeat)."""
     return {o["kind"]: o for o in objects if "gpukit-dra-plugin" not in o["metadata"]["name"]
-            and o["kind"] != "DeviceClass"}
+            and o["kind"] != "DeviceClass" and o["metadata"]["name"] not in SERVED_VS_DECLARED}
 
 
 def by_name(objects: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
@@ -72,6 +75,13 @@ def test_the_lab_inventory_gives_the_objects_its_variables_declare() -> None:
         image_pull_policy=v["gpukit_device_plugin_image_pull_policy"],
         dra=True,
         dra_node_selector={"gpukit.io/gpu.allocation": "dra"},
+        # What each node must serve: the declaration check's (the suite's oracle's) answer.
+        declarations={"gpu-a100": {
+            "version": "v1", "node": "gpu-a100", "devicePluginConfig": "mig-mixed",
+            "resources": {"nvidia.com/gpu": 6, "nvidia.com/mig-1g.5gb": 4,
+                          "nvidia.com/mig-2g.10gb": 2, "nvidia.com/mig-3g.20gb": 2}},
+            "gpu-t4": {"version": "v1", "node": "gpu-t4", "devicePluginConfig": "time-sliced",
+                       "resources": {"nvidia.com/gpu": 8}}},
     ))  # fmt: skip
     got = manifests.for_inventory(LAB)
     assert [o["kind"] for o in got] == KINDS
@@ -268,10 +278,11 @@ def test_the_role_renders_through_the_same_arguments() -> None:
     call = re.search(r"query\('gpukit\.gpu\.agent_manifests',(.*?)\)", tasks, re.S)
     assert call, "the role no longer renders through the agent_manifests lookup"
     args = dict(re.findall(r"(\w+)=(\w+)", call.group(1)))
-    assert args == {"configs": "device_plugin_merged_configs", **manifests.RENDER_ARGS}
+    assert args == {"configs": "device_plugin_merged_configs",
+                    "declarations": "device_plugin_declarations", **manifests.RENDER_ARGS}
     doc = yaml.safe_load(re.search(r'DOCUMENTATION = r"""(.*?)"""', LOOKUP.read_text(),
                                    re.S).group(1))  # type: ignore[union-attr]
-    assert set(doc["options"]) == {"configs", *manifests.RENDER_ARGS}
+    assert set(doc["options"]) == {"configs", "declarations", *manifests.RENDER_ARGS}
     # The lookup's arguments are agent.render's.
     import inspect
 

@@ -39,6 +39,10 @@ def _node(name: str, resources: dict[str, int], ready: bool) -> dict[str, Any]:
         "status": {"capacity": counts, "allocatable": counts, "conditions": [
             {"type": "Ready", "status": "True" if ready else "False",
              "reason": "KubeletReady" if ready else "KubeletNotReady",
+             "message": "stand-in"},
+            # The node agent's served-vs-declared condition: True where fewer GPUs are served.
+            {"type": "GpuDeclarationMismatch", "status": "False" if ready else "True",
+             "reason": "ServesDeclaration" if ready else "DevicesDifferFromDeclaration",
              "message": "stand-in"}]},
     }  # fmt: skip
 
@@ -125,7 +129,7 @@ def test_the_report_from_junit_is_the_run_s_own(run: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "gpukit", "report", str(run / "junit.xml"),
                         "-o", str(out)], capture_output=True, text=True, timeout=120)  # fmt: skip
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == f"{out}: 9 tests on 2 node(s), 3 failed"
+    assert r.stdout.strip() == f"{out}: 11 tests on 2 node(s), 3 failed"
     html = out.read_text()
     assert _comparable(html) == _comparable((run / "suite.html").read_text())
     # It names the nodes, the failed tests and what was expected and observed.

@@ -27,6 +27,7 @@ from kubernetes.client.exceptions import ApiException
 from gpukit import inventory as inv
 from gpukit.conformance import expect
 from gpukit.contracts import label_names as ln
+from gpukit.contracts import node_declaration as nd
 
 SIMULATED = "gpukit-lab/simulated"  # label and taint key of every stand-in node
 LEASE_NAMESPACE = "kube-node-lease"
@@ -86,7 +87,12 @@ def node_status(decl: inv.NodeDecl, address: str, t: dt.datetime) -> dict[str, A
     return {
         "capacity": {**HOST_RESOURCES, **gpus},
         "allocatable": {**HOST_RESOURCES, **gpus},
-        "conditions": _conditions(t),
+        # As the node agent sets it where the node serves its declaration (served vs declared);
+        # a DRA node runs no agent.
+        "conditions": _conditions(t) + ([] if decl.dra else [
+            {"type": nd.CONDITION_TYPE, "status": "False", "reason": nd.REASON_OK,
+             "message": f"simulated: node {decl.node_name} serves its declaration",
+             "lastHeartbeatTime": _stamp(t), "lastTransitionTime": _stamp(t)}]),
         "addresses": [
             {"type": "InternalIP", "address": address},
             {"type": "Hostname", "address": decl.node_name},

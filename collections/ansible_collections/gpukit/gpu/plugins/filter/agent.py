@@ -15,6 +15,16 @@ def merge_plugin_configs(hosts, hostvars, fact):
 
 
 @gk.gpukit_filter
+def merge_agent_declarations(hosts, hostvars, fact):
+    return play_inputs.merged_declarations(hosts, hostvars, fact)
+
+
+@gk.gpukit_filter
+def agent_declaration(hostvars, host, *, declaration=None):
+    return play_inputs.node_declaration(hostvars, host, declaration)
+
+
+@gk.gpukit_filter
 def device_plugin_node_serves(node, expected, selector):
     return agent.node_serves_declared(node or {}, expected or {}, selector or {})
 
@@ -31,5 +41,5 @@ def expected_dra_devices(hostvars, host, *, declaration=None):
 
 class FilterModule:
     def filters(self):
-        return gk.filter_map(merge_plugin_configs, device_plugin_node_serves, dra_node_serves,
-                          expected_dra_devices)
+        return gk.filter_map(merge_plugin_configs, merge_agent_declarations, agent_declaration,
+                             device_plugin_node_serves, dra_node_serves, expected_dra_devices)

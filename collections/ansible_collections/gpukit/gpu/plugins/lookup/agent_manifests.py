@@ -11,8 +11,9 @@ author: gpukit
 version_added: "0.1.0"
 short_description: Kubernetes objects that run gpukit's device plugin and DRA plugin as DaemonSets
 description:
-  - Namespace, ServiceAccount, ClusterRole and binding (node labels), the own-node admission
-    policy, the ConfigMap of named device plugin configs (each validated) and the DaemonSet.
+  - Namespace, ServiceAccount, ClusterRole and binding (node labels, its node's
+    C(GpuDeclarationMismatch) condition), the own-node admission policies, the ConfigMap of named
+    device plugin configs (each validated), the nodes' declarations and the DaemonSet.
   - With O(dra), the DRA plugin's too - ServiceAccount, ClusterRole and binding (claims read,
     ResourceSlices written), the own-slices admission policy, NVIDIA's DeviceClasses
     C(gpu.nvidia.com) and C(mig.nvidia.com), and its DaemonSet on O(dra_node_selector).
@@ -26,6 +27,12 @@ options:
     description: Named NVIDIA v1 device plugin configs (C(gpukit_device_plugin_configs)).
     type: dict
     required: true
+  declarations:
+    description:
+      - What each node must serve, by node name (C(gpukit.gpu.merge_agent_declarations)); rendered
+        as the ConfigMap C(gpukit-node-agent-declarations) its agent compares with what it serves.
+    type: dict
+    default: {}
   namespace:
     description: Namespace.
     type: str
@@ -114,7 +121,8 @@ class LookupModule(LookupBase):
                 " gpukit's environment (.venv)"
             ) from e
         # The same arguments `gpukit manifests` renders with (gpukit.manifests).
-        opts = {k: self.get_option(k) for k in ("configs", *manifests.RENDER_ARGS)}
+        opts = {k: self.get_option(k)
+                for k in ("configs", "declarations", *manifests.RENDER_ARGS)}
         # Plain Python values (Ansible's templated strings are tagged subclasses).
         opts = json.loads(json.dumps(opts))
         try:

@@ -1,0 +1,59 @@
+"""Served vs declared: does this node serve what the inventory declares for it?
+
+Pure: the agent's watchdog (declaration_watch.py) hands in the node's declaration (rendered by
+the device_plugin role from the declaration check, gpukit.contracts.node_declaration) and what
+it serves now, and reports the verdict as a node condition, an Event and gauges.
+
+"Served" counts the healthy devices the agent advertises per resource, which is what the
+kubelet makes allocatable: a lost GPU or one that fell off the bus stays advertised but
+Unhealthy, so it counts as not served; a MIG layout that drifted shows as other MIG resources
+or counts. A config fallback (the selected config refused, the last good or running one served,
+see config_keeper.py) is a mismatch even where the counts agree: the node does not serve the
+declared config. Config names are not compared: rollouts select versioned names of the same
+declaration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gpukit.contracts import node_declaration as nd
+
+
+@dataclass(frozen=True)
+class Served:
+    """What the agent serves now."""
+
+    resources: Mapping[str, int]  # resource -> healthy devices advertised
+    config_refused: str | None = None  # why the selected config is refused, while falling back
+
+
+@dataclass(frozen=True)
+class Verdict:
+    mismatch: bool
+    reason: str  # a node_declaration.REASON_*
+    message: str
+    declared: Mapping[str, int]  # every resource declared or served -> count (0: none)
+    served: Mapping[str, int]
+
+
+def compare(declaration: nd.NodeDeclaration, served: Served) -> Verdict:
+    names = sorted(set(declaration.resources) | set(served.resources))
+    declared = {n: int(declaration.resources.get(n, 0)) for n in names}
+    got = {n: int(served.resources.get(n, 0)) for n in names}
+    differ = [f"{n} declared {declared[n]}, served {got[n]}" for n in names
+              if declared[n] != got[n]]
+    problems = list(differ)
+    if served.config_refused is not None:
+        what = (f"config {declaration.device_plugin_config!r}"
+                if declaration.device_plugin_config else "the selected config")
+        problems.append(f"{what} declared, refused ({served.config_refused}); an earlier "
+                        "config is served")
+    node = declaration.node
+    if not problems:
+        summary = ", ".join(f"{n} {got[n]}" for n in names) or "no GPU resources"
+        return Verdict(False, nd.REASON_OK,
+                       f"node {node} serves its declaration: {summary}", declared, got)
+    reason = nd.REASON_CONFIG if served.config_refused is not None else nd.REASON_DEVICES
+    return Verdict(True, reason, f"node {node}: " + "; ".join(problems), declared, got)
