@@ -6,7 +6,9 @@ allocates from its ResourceSlices, the kubelet calls NodePrepareResources and co
 injects the claim's CDI devices. Proven here: slices equal the node's GPUs (MIG devices after
 a MIG layout change on gpu-a100) with NVIDIA's attributes; a pod with a claim sees exactly its
 device, one without sees none; two containers and two pods on one claim see the same device;
-two claims get disjoint devices; CEL selectors by productName and memory pick the right nodes'
+two claims get disjoint devices; on a GPU shared through consumable capacity, two pods' claims
+run at once, a third waits for a share and each claim is prepared and unprepared on its own;
+CEL selectors by productName and memory pick the right nodes'
 devices; an unsatisfiable claim stays Pending with the scheduler's reason; an unchanged pod
 asking for nvidia.com/gpu is served through the DeviceClass's extended resource; an agent
 restart between prepare and unprepare neither loses nor prepares again; the own-slices
@@ -439,6 +441,93 @@ def test_two_claims_get_disjoint_devices(
     sa, sb = gpu_nodes(seen(core, pa)["DEV"]), gpu_nodes(seen(core, pb)["DEV"])
     assert len(sa) == len(sb) == 1 and not sa & sb, f"node {T4}, claims {a}, {b}: " \
         f"expected different GPU nodes, observed {sa} and {sb}"
+
+
+SHARES_LABEL = "gpukit.io/dra.shares"
+
+
+def device_shares(resource: client.ResourceV1Api, node: str, device: str) -> str | None:
+    d = slice_devices(resource, node).get(device) or {}
+    return ((d.get("capacity") or {}).get("shares") or {}).get("value") if \
+        d.get("allowMultipleAllocations") else None
+
+
+@pytest.fixture
+def shared_t4(deployed: AgentDeployment, core: client.CoreV1Api,
+              resource: client.ResourceV1Api) -> Iterator[int]:
+    """gpu-t4 labelled as role node_labels labels a node declared `gpukit_dra_shares: 2`; the
+    label removed afterwards and the devices published unshared again before the next test."""
+    shares = 2
+    core.patch_node(T4, {"metadata": {"labels": {SHARES_LABEL: str(shares)}}})
+    try:
+        wait_for(f"node {T4}: gpu-0 published with {shares} shares",
+                 lambda: device_shares(resource, T4, "gpu-0") == str(shares), timeout=60,
+                 explain=lambda: f"observed {slice_devices(resource, T4).get('gpu-0')}\n"
+                                 f"{diagnose(T4)}")
+        yield shares
+    finally:
+        core.patch_node(T4, {"metadata": {"labels": {SHARES_LABEL: None}}})
+        wait_for(f"node {T4}: gpu-0 published unshared again",
+                 lambda: device_shares(resource, T4, "gpu-0") is None, timeout=60)
+
+
+def test_claims_of_several_pods_share_one_gpu_and_one_more_waits_for_a_share(
+        shared_t4: int, core: client.CoreV1Api, resource: client.ResourceV1Api,
+        cleanup: list[str]) -> None:
+    """Consumable capacity (KEP-5075) on the real 1.37 scheduler and kubelet: gpu-0 of gpu-t4
+    shared by 2 claims. Two pods' claims (CEL: index 0) both get gpu-0 with their own shareID
+    and one share each, run at once and see the same GPU; each claim has its own CDI spec and
+    checkpoint entry. A third claim's pod stays Pending with the scheduler's reason; once the
+    first pod and claim are gone, that claim alone is unprepared (the second's spec and entry
+    stay) and the third pod runs on the freed share."""
+    n = shared_t4
+    on_gpu0 = ["device.attributes['gpu.nvidia.com'].index == 0"]
+    claims = [create_claim(resource, cleanup, claim_doc(unique(f"share{i}"), selectors=on_gpu0))
+              for i in range(n + 1)]
+    pods = [unique(f"share{i}") for i in range(n + 1)]
+    for pod, claim in zip(pods[:n], claims[:n], strict=True):
+        run_pod(core, cleanup, pod_doc(pod, T4, {"gpu": claim}))
+    results = [allocated(resource, c) for c in claims[:n]]
+    assert [[r["device"] for r in rs] for rs in results] == [["gpu-0"]] * n, (
+        f"node {T4}, claims {claims[:n]}: expected gpu-0 for each, observed {results}")
+    share_ids = {rs[0].get("shareID") for rs in results}
+    assert None not in share_ids and len(share_ids) == n, (
+        f"node {T4}, claims {claims[:n]}: expected {n} distinct shareIDs, observed {results}")
+    assert all(rs[0].get("consumedCapacity", {}).get("shares") == "1" for rs in results), (
+        f"node {T4}: expected one share consumed per claim, observed {results}")
+    views = [gpu_nodes(seen(core, p)["DEV"]) for p in pods[:n]]
+    phases = [core.read_namespaced_pod(p, NS).status.phase for p in pods[:n]]
+    assert views == [{"nvidia0"}] * n and phases == ["Running"] * n, (
+        f"node {T4}: expected {n} pods running at once on /dev/nvidia0, observed "
+        f"{dict(zip(pods, zip(phases, views, strict=False), strict=False))}")
+    uids = [resource.read_namespaced_resource_claim(c, NS).metadata.uid for c in claims]
+    held = checkpoint(T4)
+    assert [(held[u]["devices"][0]["device"], held[u]["devices"][0]["share_ids"])
+            for u in uids[:n] if u in held] == [("gpu-0", [r[0]["shareID"]]) for r in results], (
+        f"node {T4}: expected a checkpoint entry with its share per claim, observed {held}")
+    assert all(cdi_spec_mtime(T4, u) for u in uids[:n]), f"node {T4}: a claim's CDI spec missing"
+
+    core.create_namespaced_pod(NS, pod_doc(pods[n], T4, {"gpu": claims[n]}))
+    cleanup.append(pods[n])
+    reason = wait_for(f"pod {pods[n]}: unschedulable while gpu-0's {n} shares are taken",
+                      lambda: "PodScheduled=False" in conditions(
+                          core.read_namespaced_pod(pods[n], NS)) and conditions(
+                          core.read_namespaced_pod(pods[n], NS)), timeout=60)
+    assert core.read_namespaced_pod(pods[n], NS).status.phase == "Pending", \
+        f"node {T4}, pod {pods[n]}: expected Pending, observed {reason}"
+
+    core.delete_namespaced_pod(pods[0], NS, grace_period_seconds=0)
+    wait_for(f"node {T4}: claim {claims[0]} unprepared, {claims[1]} still prepared",
+             lambda: uids[0] not in checkpoint(T4) and not cdi_spec_mtime(T4, uids[0]),
+             timeout=90, explain=lambda: f"observed {checkpoint(T4)}")
+    assert uids[1] in checkpoint(T4) and cdi_spec_mtime(T4, uids[1]), (
+        f"node {T4}: claim {claims[1]} lost its entry or spec when {claims[0]} was unprepared")
+    resource.delete_namespaced_resource_claim(claims[0], NS)
+    pod = waits.pod_phase(core, NS, pods[n], {"Running", "Failed"}, 120)
+    assert pod.status.phase == "Running" and [r["device"] for r in allocated(
+        resource, claims[n])] == ["gpu-0"], (
+        f"node {T4}, pod {pods[n]}: expected Running on gpu-0's freed share, observed "
+        f"{pod.status.phase} {conditions(pod)}")
 
 
 def test_cel_selectors_by_product_and_memory_pick_the_right_devices(

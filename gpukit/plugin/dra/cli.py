@@ -20,7 +20,8 @@ import sys
 import threading
 
 from gpukit import __version__
-from gpukit.contracts.dra import CDI_DIR, PLUGIN_DIR, REGISTRY_DIR
+from gpukit.contracts.dra import CDI_DIR, MAX_SHARES, MIN_SHARES, PLUGIN_DIR, REGISTRY_DIR
+from gpukit.contracts.label_names import DRA_SHARES
 from gpukit.contracts.plugin_config import (
     DEFAULT_METRICS_ADDRESS,
     HealthSettings,
@@ -78,6 +79,9 @@ def build_parser(prog: str = "gpukit-dra-plugin") -> argparse.ArgumentParser:
                    help="the kubelet's PodResources socket (the metrics' pod labels; default "
                         "/var/lib/kubelet/pod-resources/kubelet.sock) "
                         "[GPUKIT_POD_RESOURCES_SOCKET]")
+    p.add_argument("--shares", type=int, default=env("GPUKIT_DRA_SHARES") or None,
+                   help="claims sharing each device (consumable capacity), 0 for none; default: "
+                        f"the node's label {DRA_SHARES} (gpukit_dra_shares) [GPUKIT_DRA_SHARES]")
     p.add_argument("--log-level", default=env("GPUKIT_LOG_LEVEL", "INFO"))
     return p
 
@@ -99,6 +103,10 @@ def _main(argv: list[str] | None, prog: str) -> int:
             print(f"error: --{flag.replace('_', '-')}: {value} is not a positive number of "
                   "seconds", file=sys.stderr)
             return 1
+    if args.shares not in (None, 0) and not MIN_SHARES <= args.shares <= MAX_SHARES:
+        print(f"error: --shares: {args.shares} is not 0 or an integer from {MIN_SHARES} to "
+              f"{MAX_SHARES}", file=sys.stderr)
+        return 1
     if args.metrics_address:
         try:
             parse_host_port(args.metrics_address)
@@ -116,7 +124,8 @@ def _main(argv: list[str] | None, prog: str) -> int:
         proc_root=args.proc_root, plugin_dir=args.plugin_dir, registry_dir=args.registry_dir,
         cdi_dir=args.cdi_spec_dir, rescan_interval=args.rescan_interval,
         health=HealthSettings(recovery_seconds=args.health_recovery_seconds,
-                              probe_interval_seconds=args.health_probe_interval))
+                              probe_interval_seconds=args.health_probe_interval),
+        shares=args.shares)
     if args.pod_resources_socket:
         options.pod_resources_socket = args.pod_resources_socket
     try:

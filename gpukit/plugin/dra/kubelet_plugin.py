@@ -50,9 +50,10 @@ from ..nvml.mig import PynvmlBackend as MigReader
 from ..resources import Unit
 from .checkpoint import Checkpoint
 from .health_stream import DeviceState, HealthBoard, HealthService
+from .node_shares import read_node_shares
 from .prepare import ClaimRef, Preparer
 from .server import DraServer
-from .slice_devices import Placement, SliceDevice, node_slice_devices
+from .slice_devices import Placement, SliceDevice, node_slice_devices, shared
 from .slices import SlicePublisher
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,10 @@ class KubeletPluginOptions:
     pod_resources_ttl: float = podresources.DEFAULT_TTL
     health_stream: bool = True  # serve the kubelet's DRA health stream (health_stream.py)
     mps_root: str = DEFAULT_MPS_ROOT  # the claims' MPS daemons (claim_mps.py)
+    # Each device shared by this many claims (consumable capacity); None: as the node's label
+    # gpukit.io/dra.shares says (gpukit_dra_shares, set by the node_labels role), re-read at
+    # every rescan; 0: not shared, whatever the label says.
+    shares: int | None = None
 
 
 def placements(devices: NodeDevices, reader: MigReader) -> dict[tuple[str, int], Placement]:
@@ -129,6 +134,7 @@ class DraKubeletPlugin:
         self.server = self._new_server()
         self._published: list[dict[str, Any]] | None = None
         self._mig_reader = MigReader()
+        self._shares = 0  # the node label's last good value
 
     # -- what the preparer asks ------------------------------------------------------------
 
@@ -218,10 +224,23 @@ class DraKubeletPlugin:
         for key, problem in self.preparer.restore_mps().items():
             log.error("MPS daemon %s of a prepared claim is not serving: %s", key, problem)
 
+    def shares(self) -> int:
+        """How many claims may share each device now (0 or 1: not shared)."""
+        if self.options.shares is not None:
+            return self.options.shares
+        if self.api_client is None:  # no API to read the node from (a plugin under test)
+            return 0
+        self._shares = read_node_shares(self.api_client, self.options.node, self._shares)
+        return self._shares
+
     def rescan(self) -> None:
         found = nvml.discover(with_topology=False)
-        devices = {d.name: d for d in node_slice_devices(found, placements(found, self._mig_reader),
-                                                         self.options.proc_root)}
+        listed = node_slice_devices(found, placements(found, self._mig_reader),
+                                    self.options.proc_root)
+        shares = self.shares()
+        if shares > 1:
+            listed = [shared(d, shares) for d in listed]
+        devices = {d.name: d for d in listed}
         with self._lock:
             self._node_devices, self._devices = found, devices
         self.publish()

@@ -59,3 +59,45 @@ def test_an_xid_on_the_parent_withdraws_its_mig_devices(dra: tuple[DraKubeletPlu
     a.tracker.on_xid(mig.gpu.uuid, 79)
     a.publish()
     assert published(api) == ["gpu-1"]
+
+
+class _Nodes:
+    """CoreV1Api.read_node's answer: a node with these labels (or the API away)."""
+
+    def __init__(self) -> None:
+        self.labels: dict[str, str] | None = {}
+
+    def read_node(self, name: str) -> Any:
+        if self.labels is None:
+            raise ConnectionError("API away")
+        return type("Node", (), {"metadata": type("Meta", (), {"labels": self.labels})()})()
+
+
+def test_the_nodes_shares_label_shares_every_device_and_follows_changes(
+        dra: tuple[DraKubeletPlugin, Any], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    a, api = dra
+    nodes = _Nodes()
+    monkeypatch.setattr("gpukit.plugin.dra.node_shares.CoreV1Api", lambda api_client: nodes)
+    a.api_client = object()
+
+    def shares() -> dict[str, str | None]:
+        return {d["name"]: (d.get("capacity") or {}).get("shares", {}).get("value")
+                for s in api.slices.values() for d in s["spec"]["devices"]}
+
+    nodes.labels = {"gpukit.io/dra.shares": "4"}
+    a.rescan()
+    assert shares() == {"gpu-0-mig-3g20gb-9-4": "4", "gpu-1": "4"}
+    assert all(d["allowMultipleAllocations"] for s in api.slices.values()
+               for d in s["spec"]["devices"])
+    nodes.labels = None  # the API away: still shared as published
+    a.rescan()
+    assert shares()["gpu-1"] == "4"
+    nodes.labels = {"gpukit.io/dra.shares": "many"}  # set by hand, badly: unshared, said why
+    a.rescan()
+    assert shares() == {"gpu-0-mig-3g20gb-9-4": None, "gpu-1": None}
+    assert "node n1: label gpukit.io/dra.shares='many' is not an integer from 2 to 64" in \
+        caplog.text
+    a.options.shares = 2  # --shares wins over the label
+    a.rescan()
+    assert shares()["gpu-1"] == "2"
