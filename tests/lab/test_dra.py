@@ -9,7 +9,8 @@ device, one without sees none; two containers and two pods on one claim see the 
 two claims get disjoint devices; on a GPU shared through consumable capacity, two pods' claims
 run at once, a third waits for a share and each claim is prepared and unprepared on its own;
 CEL selectors by productName and memory pick the right nodes'
-devices; an unsatisfiable claim stays Pending with the scheduler's reason; an unchanged pod
+devices; an unsatisfiable claim stays Pending with the scheduler's reason; a critical XID taints the
+device (NVIDIA's taint keys) so a new claim avoids it, and recovery clears the taint; an unchanged pod
 asking for nvidia.com/gpu is served through the DeviceClass's extended resource; an agent
 restart between prepare and unprepare neither loses nor prepares again; the own-slices
 admission policy refuses another node's slice; the plugin serves the node agent's GPU metrics
@@ -653,25 +654,62 @@ def test_nvidias_time_slicing_config_reaches_the_container_and_a_bad_one_names_t
     assert core.read_namespaced_pod(pod, NS).status.phase == "Pending"
 
 
-def test_a_critical_xid_withdraws_the_gpu_until_it_recovers(
-        deployed: AgentDeployment, resource: client.ResourceV1Api) -> None:
+def device_taints(resource: client.ResourceV1Api, node: str, device: str
+                  ) -> list[tuple[str, str, str]]:
+    d = slice_devices(resource, node).get(device) or {}
+    return [(t["key"], t.get("value", ""), t["effect"]) for t in d.get("taints") or []]
+
+
+def test_a_critical_xid_taints_the_gpu_a_new_claim_avoids_it_and_recovery_clears_it(
+        deployed: AgentDeployment, core: client.CoreV1Api, resource: client.ResourceV1Api,
+        cleanup: list[str]) -> None:
+    """XID 79 on gpu-1 of gpu-t4 (the mock's inject-xid): the device stays published with the
+    taint gpu.nvidia.com/xid=79:NoSchedule; a new claim that only gpu-1 satisfies stays
+    unschedulable while it is there; the taint goes once the device recovers (RECOVERY_S after
+    the last XID) and that claim's pod then runs on gpu-1."""
     node, gpu = T4, 1
     lab_node = load_spec().node(node)
+    device = f"gpu-{gpu}"
+    xid79 = [("gpu.nvidia.com/xid", "79", "NoSchedule")]
 
-    def withdrawn() -> bool:
-        if f"gpu-{gpu}" not in slice_devices(resource, node):
-            return True
-        # The monitor sees events raised after it registered: raise until one is seen.
+    def inject() -> None:
         nodes.nvml_cli(lab_node, "inject-xid", "--gpu", str(gpu), "--xid", "79")
+
+    def tainted() -> bool:
+        if device_taints(resource, node, device) == xid79:
+            return True
+        inject()  # the monitor sees events raised after it registered: raise until one is seen
         return False
 
-    wait_for(f"node {node}: gpu-{gpu} withdrawn after XID 79", withdrawn, timeout=60, every=2,
-             explain=lambda: f"observed {sorted(slice_devices(resource, node))}\n"
-                             f"{diagnose(node)}")
-    assert set(slice_devices(resource, node)) == {"gpu-0"}, f"node {node}: expected only " \
-        f"gpu-0 left, observed {sorted(slice_devices(resource, node))}"
-    wait_for(f"node {node}: gpu-{gpu} published again {RECOVERY_S} s after the XID",
-             lambda: f"gpu-{gpu}" in slice_devices(resource, node), timeout=RECOVERY_S + 45)
+    wait_for(f"node {node}: {device} tainted {xid79} after XID 79", tainted, timeout=60,
+             every=2, explain=lambda: f"observed {slice_devices(resource, node).get(device)}\n"
+                                      f"{diagnose(node)}")
+    assert device in slice_devices(resource, node), f"node {node}: {device} withdrawn, " \
+        "expected it published with its taint"
+    claim = create_claim(resource, cleanup, claim_doc(
+        unique("taint"), selectors=[f"device.attributes['gpu.nvidia.com'].index == {gpu}"]))
+    pod = unique("taint")
+    core.create_namespaced_pod(NS, pod_doc(pod, node, {"gpu": claim}))
+    cleanup.append(pod)
+
+    def unschedulable() -> str | bool:
+        seen_now = conditions(core.read_namespaced_pod(pod, NS))
+        if "PodScheduled=False" in seen_now:
+            return seen_now
+        inject()  # keep the taint until the scheduler has tried
+        return False
+
+    reason = wait_for(f"pod {pod}: unschedulable while {device} is tainted", unschedulable,
+                      timeout=90, every=2)
+    assert not allocated(resource, claim), f"node {node}, claim {claim}: expected no " \
+        f"allocation while {device} is tainted, observed {allocated(resource, claim)} ({reason})"
+    wait_for(f"node {node}: {device}'s taint removed {RECOVERY_S} s after the last XID",
+             lambda: device_taints(resource, node, device) == [], timeout=RECOVERY_S + 45,
+             explain=lambda: f"observed {device_taints(resource, node, device)}")
+    ran = waits.pod_phase(core, NS, pod, {"Running", "Failed"}, 120)
+    assert ran.status.phase == "Running" and [r["device"] for r in allocated(resource, claim)] \
+        == [device], f"node {node}, pod {pod}: expected Running on the recovered {device}, " \
+        f"observed {ran.status.phase} {conditions(ran)} {allocated(resource, claim)}"
 
 
 def device_health(core: client.CoreV1Api, pod: str, device: str) -> list[str]:

@@ -65,8 +65,8 @@ def build_parser(prog: str = "gpukit-dra-plugin") -> argparse.ArgumentParser:
                    help="seconds between GPU rescans [GPUKIT_DRA_RESCAN_SECONDS]")
     p.add_argument("--health-recovery-seconds", type=float,
                    default=float(env("GPUKIT_RECOVERY_SECONDS", "60")),
-                   help="seconds without a critical XID before a withdrawn device is published "
-                        "again [GPUKIT_RECOVERY_SECONDS]")
+                   help="seconds without a critical XID before a tainted device's taint is removed "
+                        "[GPUKIT_RECOVERY_SECONDS]")
     p.add_argument("--health-probe-interval", type=float,
                    default=float(env("GPUKIT_HEALTH_PROBE_INTERVAL_SECONDS", "5")),
                    help="seconds between GPU probes [GPUKIT_HEALTH_PROBE_INTERVAL_SECONDS]")

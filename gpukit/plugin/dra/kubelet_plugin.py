@@ -2,8 +2,9 @@
 
 Every `rescan_interval` (and on SIGUSR1) it rediscovers the node's GPUs through the NVML layer
 and the GPU instances' placements through the MIG backend's reader (a MIG layout change shows
-up as new devices), withdraws devices the health monitor calls unhealthy (XIDs, lost GPUs),
-and republishes when the device list changed; every `resync_interval` it makes sure the API
+up as new devices), taints the devices the health monitor calls unhealthy (XIDs, lost GPUs:
+device_taints.py) and clears the taints when they recover, and republishes when the device
+list changed; every `resync_interval` it makes sure the API
 still holds its slices (the kubelet wipes a driver's slices when its plugin was gone for a
 while). The gRPC sockets are served again when someone removed them.
 
@@ -48,6 +49,7 @@ from ..mps_daemons import MpsDaemons
 from ..nvml import compute_mode
 from ..nvml.mig import PynvmlBackend as MigReader
 from ..resources import Unit
+from . import device_taints
 from .checkpoint import Checkpoint
 from .health_stream import DeviceState, HealthBoard, HealthService
 from .node_shares import read_node_shares
@@ -135,6 +137,7 @@ class DraKubeletPlugin:
         self._published: list[dict[str, Any]] | None = None
         self._mig_reader = MigReader()
         self._shares = 0  # the node label's last good value
+        self.taint_clock = device_taints.TaintClock()
 
     # -- what the preparer asks ------------------------------------------------------------
 
@@ -250,17 +253,22 @@ class DraKubeletPlugin:
             current = list(self._devices.values())
         healthy = [d for d in current
                    if not self.health_enabled or self.tracker.unit_healthy(d.unit)]
-        bodies = [d.body for d in healthy]
         names = {d.name for d in healthy}
+        taints = self.taint_clock.taints(
+            (d.name, device_taints.wanted(d.unit, self.tracker.problems))
+            for d in current if self.health_enabled and d.name not in names)
+        bodies = [{**d.body, "taints": taints[d.name]} if d.name in taints else d.body
+                  for d in current]
         self.health_board.update([DeviceState(d.name, d.name in names, "" if d.name in names
                                               else self._why_unhealthy(d))
                                   for d in current])
         if bodies == self._published and not force_check:
             return
         for d in current:
-            if d.name not in names:
-                log.warning("device %s (%s) withdrawn: %s", d.name, d.unit.uuid,
-                            self._why_unhealthy(d))
+            if d.name in taints:
+                log.warning("device %s (%s) tainted %s: %s", d.name, d.unit.uuid, ", ".join(
+                    f"{t['key']}={t.get('value', '')}:{t['effect']}" for t in taints[d.name]),
+                    self._why_unhealthy(d))
         self.publisher.sync(bodies)
         self._published = bodies
         self.metrics.set_unit_health((d.unit.uuid, d.name in names) for d in current)
