@@ -23,6 +23,7 @@ node, claim, expected and observed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -453,23 +454,35 @@ def device_shares(resource: client.ResourceV1Api, node: str, device: str) -> str
         d.get("allowMultipleAllocations") else None
 
 
+@contextlib.contextmanager
+def shared_devices(core: client.CoreV1Api, resource: client.ResourceV1Api, shares: int,
+                   *names: str) -> Iterator[int]:
+    """`names` labelled as role node_labels labels a node declared `gpukit_dra_shares`; each
+    node's first device published with `shares` before, unshared again after (the label
+    removed), so the next test sees devices for one claim each."""
+    first = {node: min(slice_devices(resource, node)) for node in names}
+    for node in names:
+        core.patch_node(node, {"metadata": {"labels": {SHARES_LABEL: str(shares)}}})
+    try:
+        for node, device in first.items():
+            wait_for(f"node {node}: {device} published with {shares} shares",
+                     lambda n=node, d=device: device_shares(resource, n, d) == str(shares),
+                     timeout=60, explain=lambda n=node, d=device:
+                     f"observed {slice_devices(resource, n).get(d)}\n{diagnose(n)}")
+        yield shares
+    finally:
+        for node in names:
+            core.patch_node(node, {"metadata": {"labels": {SHARES_LABEL: None}}})
+        for node, device in first.items():
+            wait_for(f"node {node}: {device} published unshared again",
+                     lambda n=node, d=device: device_shares(resource, n, d) is None, timeout=60)
+
+
 @pytest.fixture
 def shared_t4(deployed: AgentDeployment, core: client.CoreV1Api,
               resource: client.ResourceV1Api) -> Iterator[int]:
-    """gpu-t4 labelled as role node_labels labels a node declared `gpukit_dra_shares: 2`; the
-    label removed afterwards and the devices published unshared again before the next test."""
-    shares = 2
-    core.patch_node(T4, {"metadata": {"labels": {SHARES_LABEL: str(shares)}}})
-    try:
-        wait_for(f"node {T4}: gpu-0 published with {shares} shares",
-                 lambda: device_shares(resource, T4, "gpu-0") == str(shares), timeout=60,
-                 explain=lambda: f"observed {slice_devices(resource, T4).get('gpu-0')}\n"
-                                 f"{diagnose(T4)}")
+    with shared_devices(core, resource, 2, T4) as shares:
         yield shares
-    finally:
-        core.patch_node(T4, {"metadata": {"labels": {SHARES_LABEL: None}}})
-        wait_for(f"node {T4}: gpu-0 published unshared again",
-                 lambda: device_shares(resource, T4, "gpu-0") is None, timeout=60)
 
 
 def test_claims_of_several_pods_share_one_gpu_and_one_more_waits_for_a_share(
@@ -784,25 +797,29 @@ def test_the_policy_refuses_another_nodes_slice(deployed: AgentDeployment,
 
 
 def test_the_conformance_suites_dra_area_passes(deployed: AgentDeployment,
+                                                core: client.CoreV1Api,
+                                                resource: client.ResourceV1Api,
                                                 tmp_path: Any) -> None:
     """The suite's `dra` area (gpukit/conformance/test_dra.py) on both nodes, the lab inventory with
-    every node declared on DRA (as a play's -e would: --host-vars) and gpu-a100's MIG layout
-    left out (its GPUs are whole until the next test): every check passes, none skipped."""
-    host_vars = {A100: {"gpukit_gpu_allocation": "dra", "gpukit_mig_config": None},
-                 T4: {"gpukit_gpu_allocation": "dra"}}
+    every node declared on DRA and shared by 2 claims a device (as a play's -e would:
+    --host-vars; the nodes labelled as node_labels labels them) and gpu-a100's MIG layout left
+    out (its GPUs are whole until the next test): every check passes, none skipped."""
+    shared = {"gpukit_gpu_allocation": "dra", "gpukit_dra_shares": 2}
+    host_vars = {A100: {**shared, "gpukit_mig_config": None}, T4: shared}
     junit = tmp_path / "junit.xml"
-    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
-                        str(REPO / "gpukit" / "conformance"), "--lab", "-m", "dra",
-                        "--host-vars", json.dumps(host_vars), f"--junitxml={junit}", "-q"],
-                       capture_output=True, text=True, timeout=900, cwd=REPO)
+    with shared_devices(core, resource, 2, A100, T4):
+        r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
+                            str(REPO / "gpukit" / "conformance"), "--lab", "-m", "dra",
+                            "--host-vars", json.dumps(host_vars), f"--junitxml={junit}", "-q"],
+                           capture_output=True, text=True, timeout=900, cwd=REPO)
     tail = r.stdout[-4000:] + r.stderr[-2000:]
     assert r.returncode == 0, f"conformance -m dra: expected exit 0, observed {r.returncode}\n{tail}"
     cases = re.findall(r"<testcase [^>]*name=\"([^\"]+)\"[^>]*>(.*?)</testcase>|"
                        r"<testcase [^>]*name=\"([^\"]+)\"[^>]*/>", junit.read_text(), re.S)
     names = [a or c for a, _, c in cases]
     skipped = [a for a, body, _ in cases if a and "<skipped" in body]
-    assert len(names) == 12 and not skipped, (
-        f"conformance -m dra: expected 6 checks x 2 nodes, none skipped; observed {names}, "
+    assert len(names) == 16 and not skipped, (
+        f"conformance -m dra: expected 8 checks x 2 nodes, none skipped; observed {names}, "
         f"skipped {skipped}\n{tail}")
 
 
