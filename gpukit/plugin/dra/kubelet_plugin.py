@@ -2,11 +2,12 @@
 
 Every `rescan_interval` (and on SIGUSR1) it rediscovers the node's GPUs through the NVML layer
 and the GPU instances' placements through the MIG backend's reader (a MIG layout change shows
-up as new devices), taints the devices the health monitor calls unhealthy (XIDs, lost GPUs:
+up as new devices), shares every device between claims when the node's label says so
+(node_shares.py), taints the devices the health monitor calls unhealthy (XIDs, lost GPUs:
 device_taints.py) and clears the taints when they recover, and republishes when the device
-list changed; every `resync_interval` it makes sure the API
-still holds its slices (the kubelet wipes a driver's slices when its plugin was gone for a
-while). The gRPC sockets are served again when someone removed them.
+list changed; every `resync_interval` it makes sure the API still holds its slices (the
+kubelet wipes a driver's slices when its plugin was gone for a while). The gRPC sockets are
+served again when someone removed them.
 
 A DRA node runs no node agent, so this process serves the agent's GPU metrics (dcgm-exporter's
 names, gpukit/plugin/gpu_metrics.py; a MIG device a claim holds attributed through the names it
