@@ -581,8 +581,8 @@ def device_classes(d: AgentDeployment) -> list[dict[str, Any]]:
 
 
 def dra_rbac(d: AgentDeployment) -> list[dict[str, Any]]:
-    """Read the claims it prepares, write its node's ResourceSlices (the policy below narrows
-    that to its own node)."""
+    """Read the claims it prepares and its node (the label gpukit.io/dra.shares), write its
+    node's ResourceSlices (the policy below narrows that to its own node)."""
     sa = {"apiVersion": "v1", "kind": "ServiceAccount",
           "metadata": {"name": DRA_APP, "namespace": d.namespace, "labels": _labels(DRA_APP)}}
     role = {
@@ -592,6 +592,7 @@ def dra_rbac(d: AgentDeployment) -> list[dict[str, Any]]:
         "rules": [
             {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"],
              "verbs": ["get"]},
+            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
             {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
              "verbs": ["get", "list", "watch", "create", "update", "delete"]},
         ],

@@ -354,6 +354,7 @@ class ExpectedDraDevice:
     memory_mib: int | None = None  # capacity `memory`, when the declaration implies it
     multiprocessors: int | None = None
     name_pattern: str = ""  # a regular expression the device's name must match
+    shares: int | None = None  # gpukit_dra_shares: claims that may share it (capacity `shares`)
 
     def attributes(self) -> dict[str, dict[str, object]]:
         """Attributes the device must carry, in the ResourceSlice's form."""
@@ -374,6 +375,8 @@ class ExpectedDraDevice:
                              else f"{self.memory_mib}Mi")
         if self.multiprocessors is not None:
             out["multiprocessors"] = str(self.multiprocessors)
+        if self.shares:
+            out[dra.SHARES_CAPACITY] = str(self.shares)
         return out
 
     def describe(self) -> str:
@@ -384,7 +387,8 @@ class ExpectedDraDevice:
 def expected_dra_devices(decl: NodeDecl) -> list[ExpectedDraDevice]:
     """The devices a DRA node's ResourceSlices must publish: each GPU whole, a MIG-enabled
     GPU's MIG devices of the declared layout instead (the device plugin config's migStrategy
-    does not apply). None for a device plugin node."""
+    does not apply), each with a `shares` capacity when the node is declared shared. None for a
+    device plugin node."""
     if not decl.dra:
         return []
     gpu = decl.gpu
@@ -394,12 +398,13 @@ def expected_dra_devices(decl: NodeDecl) -> list[ExpectedDraDevice]:
     for g in gpus:
         if not g.mig_enabled:
             out.append(ExpectedDraDevice("gpu", g.index, gpu.product, None, gpu.memory_mib,
-                                         None, dra.device_name_pattern()))
+                                         None, dra.device_name_pattern(), decl.dra_shares))
             continue
         assert table is not None  # the model refuses MIG on a product without a table
         for name in g.profiles:
             p = table.gpu_instance_profile(name)
             out.append(ExpectedDraDevice("mig", g.index, gpu.product, name, p.memory_mb,
                                          p.multiprocessors,
-                                         dra.device_name_pattern(name, p.driver_id)))
+                                         dra.device_name_pattern(name, p.driver_id),
+                                         decl.dra_shares))
     return out

@@ -4,7 +4,9 @@ NVIDIA's names and attributes, the node keeps no nvidia.com/ extended resources,
 are served and isolated: disjoint devices, a container sees exactly its claimed device, a pod
 without a claim sees none, two containers on one claim see the same device, CEL selectors by
 productName and memory pick the node's devices, an unsatisfiable claim stays Pending with the
-scheduler's reason. Nodes not on DRA are skipped by name.
+scheduler's reason; on a node declared shared (`gpukit_dra_shares: N`) N pods' claims share one
+device and one more waits; device taints are NVIDIA's health taints and a lost GPU's device
+carries gpu-lost. Nodes not on DRA are skipped by name.
 
 Claims are written as for NVIDIA's DRA driver (DeviceClasses gpu.nvidia.com, mig.nvidia.com),
 in the run's namespace (deleted with it)."""
@@ -26,7 +28,14 @@ from gpukit.conformance import expect
 from gpukit.conformance.checks import SECURE_ACCELERATOR_ACCESS, Check
 from gpukit.conformance.cluster import PodState, pod_manifest
 from gpukit.conformance.common import need_decl
-from gpukit.contracts.dra import GPU_CLASS, MIG_CLASS, parse_device_name
+from gpukit.contracts.dra import (
+    GPU_CLASS,
+    MIG_CLASS,
+    SHARES_CAPACITY,
+    TAINT_GPU_LOST,
+    TAINT_XID,
+    parse_device_name,
+)
 from gpukit.contracts.label_names import RESOURCE_PREFIX
 
 pytestmark = pytest.mark.dra
@@ -136,13 +145,17 @@ class Claims:
         self.pods: list[str] = []
         self.claims: list[str] = []
 
-    def claim(self, role: str, device_class: str, count: int = 1, selector: str | None = None
-              ) -> str:
+    def claim(self, role: str, device_class: str, count: int = 1, selector: str | None = None,
+              shares: int | None = None) -> str:
+        """`shares`: the device's shares the claim takes (a node declared shared); a claim
+        taking all of them has its devices to itself."""
         name: str = self.suite.pod_name(f"dra-{role}", self.node)
         exactly: dict[str, Any] = {"deviceClassName": device_class, "allocationMode":
                                    "ExactCount", "count": count}
         if selector:
             exactly["selectors"] = [{"cel": {"expression": selector}}]
+        if shares:
+            exactly["capacity"] = {"requests": {SHARES_CAPACITY: str(shares)}}
         self.resource.create_namespaced_resource_claim(self.ns, {
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": name},
@@ -179,13 +192,17 @@ class Claims:
                                    container=container).stdout
         return sorted(out.split())
 
-    def allocated(self, claim: str) -> list[str]:
-        """The devices the scheduler allocated to the claim (its status)."""
+    def results(self, claim: str) -> list[dict[str, Any]]:
+        """The claim's allocation results of NVIDIA's driver name (its status)."""
         resp = self.resource.read_namespaced_resource_claim(claim, self.ns,
                                                             _preload_content=False)
         status = json.loads(resp.data).get("status") or {}
         results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
-        return sorted(r["device"] for r in results if r.get("driver") == DRIVER)
+        return [r for r in results if r.get("driver") == DRIVER]
+
+    def allocated(self, claim: str) -> list[str]:
+        """The devices the scheduler allocated to the claim (its status)."""
+        return sorted(r["device"] for r in self.results(claim))
 
     def close(self) -> None:
         self.suite.kube.delete_pods(self.ns, self.pods, self.suite.options.pod_timeout,
@@ -238,7 +255,9 @@ def test_claims_get_disjoint_devices_and_see_only_them(gpukit_suite: Any, node: 
     cls = _one_class(decl)
     if cls == MIG_CLASS:
         check.skip("no whole GPU declared (MIG devices of one parent share its device node)")
-    a, b = claims.claim("a", cls), claims.claim("b", cls)
+    # On a node declared shared each claim takes all of a device's shares: a device to itself.
+    a, b = (claims.claim("a", cls, shares=decl.dra_shares),
+            claims.claim("b", cls, shares=decl.dra_shares))
     pods = {claims.pod("a", a): a, claims.pod("b", b): b}
     bare = claims.pod("none", None)
     states = claims.wait([*pods, bare])
@@ -302,7 +321,7 @@ def test_an_unsatisfiable_claim_stays_pending(gpukit_suite: Any, node: str, chec
     cls = _one_class(decl)
     kind = "gpu" if cls == GPU_CLASS else "mig"
     count = sum(1 for d in expect.expected_dra_devices(decl) if d.type == kind) + 1
-    claim = claims.claim("too-many", cls, count=count)
+    claim = claims.claim("too-many", cls, count=count, shares=decl.dra_shares)
     pod = claims.pod("too-many", claim)
     state = claims.wait([pod])[pod]  # the scheduler's verdict: PodScheduled False
     phase = state.pod.status.phase if state.pod is not None and state.pod.status else None
@@ -311,4 +330,79 @@ def test_an_unsatisfiable_claim_stays_pending(gpukit_suite: Any, node: str, chec
                state.state == "Unschedulable" and "claim" in state.message.lower(),
                "Unschedulable naming the claim", str(state), DRIVER)
     check.equal(f"claim {claim} devices", [], claims.allocated(claim), DRIVER)
+    check.verify()
+
+
+# -- sharing and health ----------------------------------------------------------------------
+
+
+def test_claims_of_several_pods_share_one_device_and_one_more_waits(
+        gpukit_suite: Any, node: str, check: Check, claims: Claims) -> None:
+    """A node declared shared (`gpukit_dra_shares: N`): N claims selecting one device (by its
+    UUID) all get it, each with its own shareID, and their N pods run at once; the claim of
+    an (N+1)th pod cannot be allocated and that pod stays Pending with the scheduler's
+    reason."""
+    decl = _need_dra(gpukit_suite, node, check)
+    n = decl.dra_shares or 0
+    if not n:
+        check.skip("devices not declared shared (gpukit_dra_shares)")
+    devices = slice_devices(node_slices(gpukit_suite.kube.api_client, node))
+    device = next((d for d in devices if not d.get("taints")), None)
+    if not check.true("untainted devices", device is not None, "at least one", "none", DRIVER):
+        check.verify()
+    assert device is not None
+    check.true(f"{device['name']} allowMultipleAllocations", bool(device.get(
+        "allowMultipleAllocations")), True, device.get("allowMultipleAllocations"), DRIVER)
+    uuid = ((device.get("attributes") or {}).get("uuid") or {}).get("string", "")
+    kind = ((device.get("attributes") or {}).get("type") or {}).get("string", "")
+    cls = MIG_CLASS if kind == "mig" else GPU_CLASS
+    selector = f'device.attributes["{DRIVER}"].uuid == "{uuid}"'
+    made = [claims.claim(f"share{i}", cls, selector=selector) for i in range(n + 1)]
+    pods = {claims.pod(f"share{i}", c): c for i, c in enumerate(made[:n])}
+    states = claims.wait(list(pods))
+    if _running(check, claims, states, pods):
+        results = {c: claims.results(c) for c in made[:n]}
+        check.equal(f"devices of claims {', '.join(made[:n])}", [[device["name"]]] * n,
+                    [sorted(r["device"] for r in rs) for rs in results.values()], DRIVER)
+        share_ids = sorted(str(r.get("shareID")) for rs in results.values() for r in rs)
+        check.equal(f"distinct shareIDs of claims {', '.join(made[:n])} on {device['name']}",
+                    n, len(set(share_ids) - {"None"}), DRIVER)
+    extra = claims.pod(f"share{n}", made[n])
+    state = claims.wait([extra])[extra]
+    phase = state.pod.status.phase if state.pod is not None and state.pod.status else None
+    check.equal(f"pod {extra} (claim {made[n]}, {device['name']}'s {n} shares taken) phase",
+                "Pending", phase, DRIVER)
+    check.true(f"pod {extra} (claim {made[n]}) scheduler reason",
+               state.state == "Unschedulable" and "claim" in state.message.lower(),
+               "Unschedulable naming the claim", str(state), DRIVER)
+    check.verify()
+
+
+TAINT_KEYS = (TAINT_XID, TAINT_GPU_LOST)
+
+
+def test_device_taints_match_health(gpukit_suite: Any, node: str, check: Check) -> None:
+    """Every taint the node's devices carry is one of NVIDIA's health taints, NoSchedule
+    (`gpu.nvidia.com/xid` with an XID number as value, `gpu.nvidia.com/gpu-lost`); with host
+    access, a device carries gpu-lost exactly when NVML on the node cannot query its GPU."""
+    _need_dra(gpukit_suite, node, check)
+    devices = slice_devices(node_slices(gpukit_suite.kube.api_client, node))
+    probe = gpukit_suite.probe(node) if gpukit_suite.options.host_access else None
+    lost = {g.index for g in probe.gpus if g.error} if probe is not None else None
+    for device in devices:
+        attrs = device.get("attributes") or {}
+        index = (attrs.get("parentIndex") or attrs.get("index") or {}).get("int")
+        taints = device.get("taints") or []
+        for t in taints:
+            what = f"{device['name']} taint {t.get('key')}={t.get('value', '')}"
+            check.true(f"{what} key", t.get("key") in TAINT_KEYS, " or ".join(TAINT_KEYS),
+                       t.get("key"), DRIVER)
+            check.equal(f"{what} effect", "NoSchedule", t.get("effect"), DRIVER)
+            if t.get("key") == TAINT_XID:
+                check.true(f"{what} value", str(t.get("value", "")).isdigit(), "an XID number",
+                           t.get("value"), DRIVER)
+        if lost is not None:
+            check.equal(f"{device['name']} (GPU {index}) tainted {TAINT_GPU_LOST}",
+                        index in lost, any(t.get("key") == TAINT_GPU_LOST for t in taints),
+                        DRIVER)
     check.verify()

@@ -33,6 +33,24 @@ CONFIG_API_VERSION = "resource.nvidia.com/v1beta1"
 # (k8s.io/dynamic-resource-allocation/deviceattribute).
 PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
 
+# Cross-pod sharing through consumable capacity (KEP-5075, resource.k8s.io/v1, DRAConsumableCapacity
+# beta and on in 1.37): a shared device sets `allowMultipleAllocations: true` and every capacity
+# of it gets a requestPolicy, so several claims land on it. `shares` counts them: a claim that
+# asks nothing consumes one (capacity.requests.shares asks more), and `memory` an equal part
+# (capacity.requests.memory asks a given amount). The allocation's results then carry a shareID
+# and the consumedCapacity. NVIDIA's driver names its alpha counterpart ConsumableShares.
+SHARES_CAPACITY = "shares"
+MEMORY_CAPACITY = "memory"
+MIN_SHARES, MAX_SHARES = 2, 64  # 1 is not sharing; more than 64 pods on one GPU is a typo
+
+# Health as device taints (resource.k8s.io/v1 Device.taints: key, value, effect, timeAdded;
+# DRADeviceTaints GA in 1.37), with NVIDIA's keys: `xid` with the XID as value, `gpu-lost`.
+# gpukit removes them when the device recovers (NVIDIA's stay until its plugin restarts).
+TAINT_XID = f"{DRIVER}/xid"
+TAINT_GPU_LOST = f"{DRIVER}/gpu-lost"
+TAINT_EFFECTS = ("None", "NoSchedule", "NoExecute")
+MAX_TAINTED_DEVICES_PER_SLICE = 64  # the API's limit once any device of a slice has taints
+
 # The kubelet: plugin registration sockets, and the DRA plugin's own directory.
 KUBELET_DIR = "/var/lib/kubelet"
 REGISTRY_DIR = f"{KUBELET_DIR}/plugins_registry"

@@ -108,6 +108,9 @@ UPGRADE_MESSAGE = "gpukit.io/upgrade-message"
 # dra; set by the node_labels role): the DRA plugin's DaemonSet selects `dra`, and a change of
 # it is a switch that upgrade.yml rolls (a node is never served by both).
 GPU_ALLOCATION = "gpukit.io/gpu.allocation"
+# A DRA node's devices shared between claims, and into how many shares (gpukit_dra_shares; set
+# by the node_labels role): the DRA plugin reads it from its node (gpukit.contracts.dra).
+DRA_SHARES = "gpukit.io/dra.shares"
 # The conformance suite's objects: its run, a pod's role and node, the namespace's expiry.
 CONFORMANCE_RUN = "gpukit.io/conformance-run"
 CONFORMANCE_ROLE = "gpukit.io/role"

@@ -39,7 +39,7 @@ VARIABLES = (
     "nvidia_driver_version", "nvidia_driver_kernel_modules", "gpukit_container_runtime",
     "gpukit_device_plugin_configs", "gpukit_device_plugin_config", "gpukit_mig_configs",
     "gpukit_mig_config", "gpukit_node_labels", "gpukit_node_taints", OPT_OUT_VARIABLE,
-    "gpukit_gpu_allocation",
+    "gpukit_gpu_allocation", "gpukit_dra_shares",
     *metrics.VARIABLES,
 )
 
@@ -97,6 +97,9 @@ class NodeDecl:
     taints: tuple[Taint, ...] = ()
     kubeconfig: str | None = None
     gpu_allocation: str = DEFAULT_GPU_ALLOCATION  # one of GPU_ALLOCATIONS
+    # gpukit_dra_shares: a DRA node's devices are shared, by this many claims at most each
+    # (consumable capacity, gpukit.contracts.dra.SHARES_CAPACITY); None: one claim a device.
+    dra_shares: int | None = None
     metrics: metrics.MetricsDecl = field(default_factory=metrics.MetricsDecl)
     # The declaration variables as validated (plain values; absent ones left out): what a
     # role compares its own inputs with before it trusts this declaration.

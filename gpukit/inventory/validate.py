@@ -13,6 +13,7 @@ from typing import Any
 
 from gpukit.contracts import mig_parted
 from gpukit.contracts import runtime_hardening as toolkit_config
+from gpukit.contracts.dra import MAX_SHARES, MIN_SHARES
 from gpukit.contracts.mig_parted import MigConfigEntry
 from gpukit.contracts.nvidia_driver import DriverSpec, DriverSpecError
 from gpukit.contracts.plugin_config import Config, ConfigError, parse_config, require_content
@@ -137,6 +138,7 @@ def node_from_vars(host: str, raw: Mapping[str, Any]) -> NodeDecl:
     kubeconfig = v.string("gpukit_kubeconfig", v.get("gpukit_kubeconfig"))
     allocation = v.string("gpukit_gpu_allocation", v.get("gpukit_gpu_allocation"),
                           default=DEFAULT_GPU_ALLOCATION, choices=GPU_ALLOCATIONS)
+    dra_shares = _dra_shares(v, allocation)
     address = v.get("ansible_host")
     served, metric_problems = metrics.declared(host, raw)
     v.problems += metric_problems
@@ -152,9 +154,25 @@ def node_from_vars(host: str, raw: Mapping[str, Any]) -> NodeDecl:
         mig_config_name=mig_name,
         mig_layout=layout, mig_gpus=mig_gpus, labels=labels, taints=taints,
         kubeconfig=kubeconfig, metrics=served,
-        gpu_allocation=allocation or DEFAULT_GPU_ALLOCATION,
+        gpu_allocation=allocation or DEFAULT_GPU_ALLOCATION, dra_shares=dra_shares,
         declared={k: raw[k] for k in VARIABLES if raw.get(k, MISSING) is not MISSING},
     )
+
+
+def _dra_shares(v: _Vars, allocation: str | None) -> int | None:
+    """`gpukit_dra_shares`: how many claims may share each of a DRA node's devices (null or
+    absent: not shared); a device plugin node shares through its plugin config instead."""
+    name = "gpukit_dra_shares"
+    raw = v.get(name)
+    if raw is MISSING or raw is None:
+        return None
+    shares = v.integer(name, raw, MIN_SHARES, MAX_SHARES)
+    if shares is not None and allocation != "dra":
+        v.fail(name, raw, "shares DRA devices: it needs gpukit_gpu_allocation dra (this node "
+                          f"is on {allocation or DEFAULT_GPU_ALLOCATION}; the device plugin "
+                          "shares through gpukit_device_plugin_config)")
+        return None
+    return shares
 
 
 def sharing(

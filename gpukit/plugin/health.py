@@ -122,6 +122,16 @@ class HealthTracker:
                 return st.lost
             return f"XID {st.last_xid}" if st.last_xid_at is not None else ""
 
+    def problems(self, uuid: str) -> tuple[int | None, str]:
+        """(the critical XID that keeps it unhealthy, or None; why its GPU is lost, or "")."""
+        with self._lock:
+            st = self._states.get(uuid)
+            if st is None:
+                return None, ""
+            active = st.last_xid_at is not None and not (
+                self.recovery is not None and self.clock() - st.last_xid_at >= self.recovery)
+            return (st.last_xid if active else None), st.lost
+
     def clear(self) -> None:
         """Forget every XID and probe result (health checks switched off: all Healthy)."""
         with self._lock:

@@ -42,6 +42,7 @@ def fact(decl: NodeDecl, resources: Mapping[str, int], labels: Mapping[str, str]
         "expected_resources": dict(resources),
         "expected_labels": dict(labels),
         "gpu_allocation": decl.gpu_allocation,
+        "dra_shares": decl.dra_shares,
         "expected_dra_devices": inventory.expected_dra_devices(decl),
         "metrics": decl.metrics.as_dict(),
         "sharing": {"problems": shares.problems, "warnings": shares.warnings,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpukit.contracts import label_names as ln
+from gpukit.contracts.dra import MAX_SHARES, MIN_SHARES
 from gpukit.inventory import node_meta
 from gpukit.inventory.model import DEFAULT_GPU_ALLOCATION, GPU_ALLOCATIONS, TAINT_EFFECTS, Taint
 from gpukit.inventory.problems import Problem
@@ -25,6 +26,8 @@ DEPLOY_DEVICE_PLUGIN = ln.DEPLOY_DEVICE_PLUGIN
 # `dra`; the rolling upgrade reads a change of it as disruptive (gpukit.provision.dra_switch:
 # a node without the label is on the device plugin, so adding `device-plugin` changes nothing).
 GPU_ALLOCATION = ln.GPU_ALLOCATION
+# A DRA node's shared devices (gpukit_dra_shares): the DRA plugin reads the count from it.
+DRA_SHARES = ln.DRA_SHARES
 MANAGED_LABELS = "gpukit/managed-labels"
 MANAGED_TAINTS = "gpukit/managed-taints"
 EFFECTS = TAINT_EFFECTS  # the inventory model's choices (one constant)
@@ -69,17 +72,28 @@ def declared_labels(
     return labels
 
 
-def with_allocation(labels: Mapping[str, str], allocation: str | None) -> dict[str, str]:
+def with_allocation(labels: Mapping[str, str], allocation: str | None,
+                    dra_shares: int | None = None) -> dict[str, str]:
     """`labels` with the node's GPU allocation: gpukit.io/gpu.allocation names it, and a DRA
     node gets nvidia.com/gpu.deploy.device-plugin=false whatever else was asked, so the node
-    agent's DaemonSet leaves it: one node is never served by both APIs."""
+    agent's DaemonSet leaves it: one node is never served by both APIs. A DRA node whose devices
+    are shared (gpukit_dra_shares, validated by the inventory model) gets gpukit.io/dra.shares."""
     mode = allocation or DEFAULT_GPU_ALLOCATION
     if mode not in GPU_ALLOCATIONS:
         raise NodeSpecError(f"gpukit_gpu_allocation: {mode!r} is not one of "
                             f"{', '.join(GPU_ALLOCATIONS)}")
+    if dra_shares is not None and (isinstance(dra_shares, bool) or not isinstance(dra_shares, int)
+                                   or not MIN_SHARES <= dra_shares <= MAX_SHARES):
+        raise NodeSpecError(f"gpukit_dra_shares: {dra_shares!r} is not an integer from "
+                            f"{MIN_SHARES} to {MAX_SHARES}")
+    if dra_shares is not None and mode != "dra":
+        raise NodeSpecError(f"gpukit_dra_shares: {dra_shares!r} shares DRA devices: it needs "
+                            f"gpukit_gpu_allocation dra (this node is on {mode})")
     out = {**labels, GPU_ALLOCATION: mode}
     if mode == "dra":
         out[DEPLOY_DEVICE_PLUGIN] = "false"
+        if dra_shares:
+            out[DRA_SHARES] = str(dra_shares)
     return out
 
 

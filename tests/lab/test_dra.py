@@ -6,8 +6,11 @@ allocates from its ResourceSlices, the kubelet calls NodePrepareResources and co
 injects the claim's CDI devices. Proven here: slices equal the node's GPUs (MIG devices after
 a MIG layout change on gpu-a100) with NVIDIA's attributes; a pod with a claim sees exactly its
 device, one without sees none; two containers and two pods on one claim see the same device;
-two claims get disjoint devices; CEL selectors by productName and memory pick the right nodes'
-devices; an unsatisfiable claim stays Pending with the scheduler's reason; an unchanged pod
+two claims get disjoint devices; on a GPU shared through consumable capacity, two pods' claims
+run at once, a third waits for a share and each claim is prepared and unprepared on its own;
+CEL selectors by productName and memory pick the right nodes'
+devices; an unsatisfiable claim stays Pending with the scheduler's reason; a critical XID taints the
+device (NVIDIA's taint keys) so a new claim avoids it, and recovery clears the taint; an unchanged pod
 asking for nvidia.com/gpu is served through the DeviceClass's extended resource; an agent
 restart between prepare and unprepare neither loses nor prepares again; the own-slices
 admission policy refuses another node's slice; the plugin serves the node agent's GPU metrics
@@ -20,6 +23,7 @@ node, claim, expected and observed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -445,6 +449,105 @@ def test_two_claims_get_disjoint_devices(
         f"expected different GPU nodes, observed {sa} and {sb}"
 
 
+SHARES_LABEL = "gpukit.io/dra.shares"
+
+
+def device_shares(resource: client.ResourceV1Api, node: str, device: str) -> str | None:
+    d = slice_devices(resource, node).get(device) or {}
+    return ((d.get("capacity") or {}).get("shares") or {}).get("value") if \
+        d.get("allowMultipleAllocations") else None
+
+
+@contextlib.contextmanager
+def shared_devices(core: client.CoreV1Api, resource: client.ResourceV1Api, shares: int,
+                   *names: str) -> Iterator[int]:
+    """`names` labelled as role node_labels labels a node declared `gpukit_dra_shares`; each
+    node's first device published with `shares` before, unshared again after (the label
+    removed), so the next test sees devices for one claim each."""
+    first = {node: min(slice_devices(resource, node)) for node in names}
+    for node in names:
+        core.patch_node(node, {"metadata": {"labels": {SHARES_LABEL: str(shares)}}})
+    try:
+        for node, device in first.items():
+            wait_for(f"node {node}: {device} published with {shares} shares",
+                     lambda n=node, d=device: device_shares(resource, n, d) == str(shares),
+                     timeout=60, explain=lambda n=node, d=device:
+                     f"observed {slice_devices(resource, n).get(d)}\n{diagnose(n)}")
+        yield shares
+    finally:
+        for node in names:
+            core.patch_node(node, {"metadata": {"labels": {SHARES_LABEL: None}}})
+        for node, device in first.items():
+            wait_for(f"node {node}: {device} published unshared again",
+                     lambda n=node, d=device: device_shares(resource, n, d) is None, timeout=60)
+
+
+@pytest.fixture
+def shared_t4(deployed: AgentDeployment, core: client.CoreV1Api,
+              resource: client.ResourceV1Api) -> Iterator[int]:
+    with shared_devices(core, resource, 2, T4) as shares:
+        yield shares
+
+
+def test_claims_of_several_pods_share_one_gpu_and_one_more_waits_for_a_share(
+        shared_t4: int, core: client.CoreV1Api, resource: client.ResourceV1Api,
+        cleanup: list[str]) -> None:
+    """Consumable capacity (KEP-5075) on the real 1.37 scheduler and kubelet: gpu-0 of gpu-t4
+    shared by 2 claims. Two pods' claims (CEL: index 0) both get gpu-0 with their own shareID
+    and one share each, run at once and see the same GPU; each claim has its own CDI spec and
+    checkpoint entry. A third claim's pod stays Pending with the scheduler's reason; once the
+    first pod and claim are gone, that claim alone is unprepared (the second's spec and entry
+    stay) and the third pod runs on the freed share."""
+    n = shared_t4
+    on_gpu0 = ["device.attributes['gpu.nvidia.com'].index == 0"]
+    claims = [create_claim(resource, cleanup, claim_doc(unique(f"share{i}"), selectors=on_gpu0))
+              for i in range(n + 1)]
+    pods = [unique(f"share{i}") for i in range(n + 1)]
+    for pod, claim in zip(pods[:n], claims[:n], strict=True):
+        run_pod(core, cleanup, pod_doc(pod, T4, {"gpu": claim}))
+    results = [allocated(resource, c) for c in claims[:n]]
+    assert [[r["device"] for r in rs] for rs in results] == [["gpu-0"]] * n, (
+        f"node {T4}, claims {claims[:n]}: expected gpu-0 for each, observed {results}")
+    share_ids = {rs[0].get("shareID") for rs in results}
+    assert None not in share_ids and len(share_ids) == n, (
+        f"node {T4}, claims {claims[:n]}: expected {n} distinct shareIDs, observed {results}")
+    assert all(rs[0].get("consumedCapacity", {}).get("shares") == "1" for rs in results), (
+        f"node {T4}: expected one share consumed per claim, observed {results}")
+    views = [gpu_nodes(seen(core, p)["DEV"]) for p in pods[:n]]
+    phases = [core.read_namespaced_pod(p, NS).status.phase for p in pods[:n]]
+    assert views == [{"nvidia0"}] * n and phases == ["Running"] * n, (
+        f"node {T4}: expected {n} pods running at once on /dev/nvidia0, observed "
+        f"{dict(zip(pods, zip(phases, views, strict=False), strict=False))}")
+    uids = [resource.read_namespaced_resource_claim(c, NS).metadata.uid for c in claims]
+    held = checkpoint(T4)
+    assert [(held[u]["devices"][0]["device"], held[u]["devices"][0]["share_ids"])
+            for u in uids[:n] if u in held] == [("gpu-0", [r[0]["shareID"]]) for r in results], (
+        f"node {T4}: expected a checkpoint entry with its share per claim, observed {held}")
+    assert all(cdi_spec_mtime(T4, u) for u in uids[:n]), f"node {T4}: a claim's CDI spec missing"
+
+    core.create_namespaced_pod(NS, pod_doc(pods[n], T4, {"gpu": claims[n]}))
+    cleanup.append(pods[n])
+    reason = wait_for(f"pod {pods[n]}: unschedulable while gpu-0's {n} shares are taken",
+                      lambda: "PodScheduled=False" in conditions(
+                          core.read_namespaced_pod(pods[n], NS)) and conditions(
+                          core.read_namespaced_pod(pods[n], NS)), timeout=60)
+    assert core.read_namespaced_pod(pods[n], NS).status.phase == "Pending", \
+        f"node {T4}, pod {pods[n]}: expected Pending, observed {reason}"
+
+    core.delete_namespaced_pod(pods[0], NS, grace_period_seconds=0)
+    wait_for(f"node {T4}: claim {claims[0]} unprepared, {claims[1]} still prepared",
+             lambda: uids[0] not in checkpoint(T4) and not cdi_spec_mtime(T4, uids[0]),
+             timeout=90, explain=lambda: f"observed {checkpoint(T4)}")
+    assert uids[1] in checkpoint(T4) and cdi_spec_mtime(T4, uids[1]), (
+        f"node {T4}: claim {claims[1]} lost its entry or spec when {claims[0]} was unprepared")
+    resource.delete_namespaced_resource_claim(claims[0], NS)
+    pod = waits.pod_phase(core, NS, pods[n], {"Running", "Failed"}, 120)
+    assert pod.status.phase == "Running" and [r["device"] for r in allocated(
+        resource, claims[n])] == ["gpu-0"], (
+        f"node {T4}, pod {pods[n]}: expected Running on gpu-0's freed share, observed "
+        f"{pod.status.phase} {conditions(pod)}")
+
+
 def test_cel_selectors_by_product_and_memory_pick_the_right_devices(
         deployed: AgentDeployment, core: client.CoreV1Api, resource: client.ResourceV1Api,
         cleanup: list[str]) -> None:
@@ -626,25 +729,62 @@ def _mps_claim(deployed: AgentDeployment, core: client.CoreV1Api,
     assert labtools.mps_view(T4)[gpu]["mode"] == 0
 
 
-def test_a_critical_xid_withdraws_the_gpu_until_it_recovers(
-        deployed: AgentDeployment, resource: client.ResourceV1Api) -> None:
+def device_taints(resource: client.ResourceV1Api, node: str, device: str
+                  ) -> list[tuple[str, str, str]]:
+    d = slice_devices(resource, node).get(device) or {}
+    return [(t["key"], t.get("value", ""), t["effect"]) for t in d.get("taints") or []]
+
+
+def test_a_critical_xid_taints_the_gpu_a_new_claim_avoids_it_and_recovery_clears_it(
+        deployed: AgentDeployment, core: client.CoreV1Api, resource: client.ResourceV1Api,
+        cleanup: list[str]) -> None:
+    """XID 79 on gpu-1 of gpu-t4 (the mock's inject-xid): the device stays published with the
+    taint gpu.nvidia.com/xid=79:NoSchedule; a new claim that only gpu-1 satisfies stays
+    unschedulable while it is there; the taint goes once the device recovers (RECOVERY_S after
+    the last XID) and that claim's pod then runs on gpu-1."""
     node, gpu = T4, 1
     lab_node = load_spec().node(node)
+    device = f"gpu-{gpu}"
+    xid79 = [("gpu.nvidia.com/xid", "79", "NoSchedule")]
 
-    def withdrawn() -> bool:
-        if f"gpu-{gpu}" not in slice_devices(resource, node):
-            return True
-        # The monitor sees events raised after it registered: raise until one is seen.
+    def inject() -> None:
         nodes.nvml_cli(lab_node, "inject-xid", "--gpu", str(gpu), "--xid", "79")
+
+    def tainted() -> bool:
+        if device_taints(resource, node, device) == xid79:
+            return True
+        inject()  # the monitor sees events raised after it registered: raise until one is seen
         return False
 
-    wait_for(f"node {node}: gpu-{gpu} withdrawn after XID 79", withdrawn, timeout=60, every=2,
-             explain=lambda: f"observed {sorted(slice_devices(resource, node))}\n"
-                             f"{diagnose(node)}")
-    assert set(slice_devices(resource, node)) == {"gpu-0"}, f"node {node}: expected only " \
-        f"gpu-0 left, observed {sorted(slice_devices(resource, node))}"
-    wait_for(f"node {node}: gpu-{gpu} published again {RECOVERY_S} s after the XID",
-             lambda: f"gpu-{gpu}" in slice_devices(resource, node), timeout=RECOVERY_S + 45)
+    wait_for(f"node {node}: {device} tainted {xid79} after XID 79", tainted, timeout=60,
+             every=2, explain=lambda: f"observed {slice_devices(resource, node).get(device)}\n"
+                                      f"{diagnose(node)}")
+    assert device in slice_devices(resource, node), f"node {node}: {device} withdrawn, " \
+        "expected it published with its taint"
+    claim = create_claim(resource, cleanup, claim_doc(
+        unique("taint"), selectors=[f"device.attributes['gpu.nvidia.com'].index == {gpu}"]))
+    pod = unique("taint")
+    core.create_namespaced_pod(NS, pod_doc(pod, node, {"gpu": claim}))
+    cleanup.append(pod)
+
+    def unschedulable() -> str | bool:
+        seen_now = conditions(core.read_namespaced_pod(pod, NS))
+        if "PodScheduled=False" in seen_now:
+            return seen_now
+        inject()  # keep the taint until the scheduler has tried
+        return False
+
+    reason = wait_for(f"pod {pod}: unschedulable while {device} is tainted", unschedulable,
+                      timeout=90, every=2)
+    assert not allocated(resource, claim), f"node {node}, claim {claim}: expected no " \
+        f"allocation while {device} is tainted, observed {allocated(resource, claim)} ({reason})"
+    wait_for(f"node {node}: {device}'s taint removed {RECOVERY_S} s after the last XID",
+             lambda: device_taints(resource, node, device) == [], timeout=RECOVERY_S + 45,
+             explain=lambda: f"observed {device_taints(resource, node, device)}")
+    ran = waits.pod_phase(core, NS, pod, {"Running", "Failed"}, 120)
+    assert ran.status.phase == "Running" and [r["device"] for r in allocated(resource, claim)] \
+        == [device], f"node {node}, pod {pod}: expected Running on the recovered {device}, " \
+        f"observed {ran.status.phase} {conditions(ran)} {allocated(resource, claim)}"
 
 
 def device_health(core: client.CoreV1Api, pod: str, device: str) -> list[str]:
@@ -719,25 +859,29 @@ def test_the_policy_refuses_another_nodes_slice(deployed: AgentDeployment,
 
 
 def test_the_conformance_suites_dra_area_passes(deployed: AgentDeployment,
+                                                core: client.CoreV1Api,
+                                                resource: client.ResourceV1Api,
                                                 tmp_path: Any) -> None:
     """The suite's `dra` area (gpukit/conformance/test_dra.py) on both nodes, the lab inventory with
-    every node declared on DRA (as a play's -e would: --host-vars) and gpu-a100's MIG layout
-    left out (its GPUs are whole until the next test): every check passes, none skipped."""
-    host_vars = {A100: {"gpukit_gpu_allocation": "dra", "gpukit_mig_config": None},
-                 T4: {"gpukit_gpu_allocation": "dra"}}
+    every node declared on DRA and shared by 2 claims a device (as a play's -e would:
+    --host-vars; the nodes labelled as node_labels labels them) and gpu-a100's MIG layout left
+    out (its GPUs are whole until the next test): every check passes, none skipped."""
+    shared = {"gpukit_gpu_allocation": "dra", "gpukit_dra_shares": 2}
+    host_vars = {A100: {**shared, "gpukit_mig_config": None}, T4: shared}
     junit = tmp_path / "junit.xml"
-    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
-                        str(REPO / "gpukit" / "conformance"), "--lab", "-m", "dra",
-                        "--host-vars", json.dumps(host_vars), f"--junitxml={junit}", "-q"],
-                       capture_output=True, text=True, timeout=900, cwd=REPO)
+    with shared_devices(core, resource, 2, A100, T4):
+        r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
+                            str(REPO / "gpukit" / "conformance"), "--lab", "-m", "dra",
+                            "--host-vars", json.dumps(host_vars), f"--junitxml={junit}", "-q"],
+                           capture_output=True, text=True, timeout=900, cwd=REPO)
     tail = r.stdout[-4000:] + r.stderr[-2000:]
     assert r.returncode == 0, f"conformance -m dra: expected exit 0, observed {r.returncode}\n{tail}"
     cases = re.findall(r"<testcase [^>]*name=\"([^\"]+)\"[^>]*>(.*?)</testcase>|"
                        r"<testcase [^>]*name=\"([^\"]+)\"[^>]*/>", junit.read_text(), re.S)
     names = [a or c for a, _, c in cases]
     skipped = [a for a, body, _ in cases if a and "<skipped" in body]
-    assert len(names) == 12 and not skipped, (
-        f"conformance -m dra: expected 6 checks x 2 nodes, none skipped; observed {names}, "
+    assert len(names) == 16 and not skipped, (
+        f"conformance -m dra: expected 8 checks x 2 nodes, none skipped; observed {names}, "
         f"skipped {skipped}\n{tail}")
 
 

@@ -1,6 +1,7 @@
 """GPUKIT_LAB_DRA: the lab's switch putting groups or hosts of the lab inventory on DRA
 (gpukit.lab.inventory; no cluster): the generated inventory gives their hosts
-`gpukit_gpu_allocation: dra`, the others keep the device plugin, and without the switch the
+`gpukit_gpu_allocation: dra` (the T4s also `gpukit_dra_shares: 2`), the others keep the device
+plugin, and without the switch the
 default lab uses the checked-in inventory again."""
 
 from __future__ import annotations
@@ -42,9 +43,12 @@ def test_a_group_on_dra_and_back(lab: LabSpec, tmp_path: Path,
     assert path == tmp_path / "lab" / "inventory"  # instance 0 too: the switch needs a copy
     assert allocations(path) == {"gpu-a100": "device-plugin", "gpu-t4": "dra"}
     assert inv.check(path).problems == ()  # what the preflight runs: valid as declared
+    assert {d.node_name: d.dra_shares for d in inv.load(path).nodes} == {
+        "gpu-a100": None, "gpu-t4": 2}  # the T4s shared by 2 claims each on DRA
     dra = {"gpukit_gpu_allocation": "dra"}
     monkeypatch.setenv(lab_inventory.DRA_SETTING, "gpu-a100, gpu-t4")
-    assert dra_files(lab_inventory.for_instance(lab)) == {"gpu-a100": dra, "gpu-t4": dra}
+    assert dra_files(lab_inventory.for_instance(lab)) == {
+        "gpu-a100": dra, "gpu-t4": {**dra, "gpukit_dra_shares": 2}}
     monkeypatch.setenv(lab_inventory.DRA_SETTING, "gpu-a100")
     assert dra_files(lab_inventory.for_instance(lab)) == {"gpu-a100": dra}
     monkeypatch.delenv(lab_inventory.DRA_SETTING)

@@ -36,6 +36,22 @@ def test_critical_xid_marks_unhealthy_and_recovers_after_window() -> None:
     assert t.healthy("GPU-a")
 
 
+def test_problems_name_the_active_xid_and_the_lost_reason_while_they_last() -> None:
+    """What the DRA plugin's taints are made of: the critical XID within the window, the lost
+    GPU's reason; nothing once recovered, and an ignored XID never."""
+    clock = Clock()
+    t = HealthTracker((13,), recovery_seconds=60, clock=clock)
+    assert t.problems("GPU-a") == (None, "")
+    t.on_xid("GPU-a", 13)
+    assert t.problems("GPU-a") == (None, "")
+    t.on_xid("GPU-a", 79)
+    t.on_probe("GPU-a", "GPU is lost")
+    assert t.problems("GPU-a") == (79, "GPU is lost")
+    clock.now += 60
+    t.on_probe("GPU-a", "")
+    assert t.problems("GPU-a") == (None, "") and t.healthy("GPU-a")
+
+
 def test_ignored_xid_changes_nothing() -> None:
     t = HealthTracker((13, 31, 43, 45, 68, 109), recovery_seconds=60)
     assert t.on_xid("GPU-a", 13) is False

@@ -1,11 +1,12 @@
 """site.yml with a node group on DRA: the lab inventory with gpu-t4 declared
-`gpukit_gpu_allocation: dra` (host_vars, as GPUKIT_LAB_DRA=t4_nodes writes them), gpu-a100 on
-the device plugin.
+`gpukit_gpu_allocation: dra` and `gpukit_dra_shares: 2` (host_vars, as GPUKIT_LAB_DRA=t4_nodes
+writes them), gpu-a100 on the device plugin.
 
-site.yml converges both nodes: node_labels labels gpu-t4 gpukit.io/gpu.allocation=dra and
-nvidia.com/gpu.deploy.device-plugin=false, so the node agent's DaemonSet leaves it and the DRA
-plugin's runs there; device_plugin applies both sides and waits until gpu-t4's ResourceSlices
-publish its declared GPUs (and gpu-a100 advertises its resources). gpu-t4 then has no
+site.yml converges both nodes: node_labels labels gpu-t4 gpukit.io/gpu.allocation=dra,
+gpukit.io/dra.shares=2 and nvidia.com/gpu.deploy.device-plugin=false, so the node agent's
+DaemonSet leaves it and the DRA plugin's runs there; device_plugin applies both sides and waits
+until gpu-t4's ResourceSlices publish its declared GPUs, shared by 2 claims each (and gpu-a100
+advertises its resources). gpu-t4 then has no
 nvidia.com/ resource in its status; the conformance suite (every area, dra and metrics
 included) passes on both nodes; a second run changes nothing, and check mode with gpu-t4
 declared back on the device plugin reports the label change without making it. Afterwards the
@@ -39,6 +40,7 @@ from gpukit.provision import agent, declaration
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(2400)]  # site.yml on a fresh lab
 
 A100, T4 = "gpu-a100", "gpu-t4"
+SHARES = 2  # gpukit_dra_shares of gpu-t4, as GPUKIT_LAB_DRA=t4_nodes declares it
 LABEL_TASK = "Label and taint the node"
 
 
@@ -54,7 +56,7 @@ def lab(lab_cluster: object, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     from gpukit.lab.inventory import write_dra_host_vars
 
     base = site_lab(tmp_path_factory, "dra")
-    write_dra_host_vars(base.inventory, [T4])
+    write_dra_host_vars(base.inventory, [T4], {T4: SHARES})
     lab = base.as_(Lab, core=client.CoreV1Api(), custom=client.CustomObjectsApi())
     yield lab
     back = lab.play(inventory=lab.original)  # leave the lab as its inventory declares
@@ -74,14 +76,17 @@ def test_site_converges_with_gpu_t4_on_dra(lab: Lab) -> None:
     assert r.rc == 0 and not r.failed, r.describe()
     t4, a100 = (lab.core.read_node(n).metadata.labels for n in (T4, A100))
     assert (t4[ln.GPU_ALLOCATION], t4[ln.DEPLOY_DEVICE_PLUGIN]) == ("dra", "false")
+    assert t4.get(ln.DRA_SHARES) == str(SHARES) and ln.DRA_SHARES not in a100
     assert (a100[ln.GPU_ALLOCATION], a100[ln.DEPLOY_DEVICE_PLUGIN]) == ("device-plugin", "true")
     # One API per node: the agent's pod on gpu-a100 only, the DRA plugin's on gpu-t4 only.
     assert lab.agents(APP) == {A100: "Running"}, lab.agents(APP)
     assert lab.agents(DRA_APP) == {T4: "Running"}, lab.agents(DRA_APP)
-    # The role waited for it: gpu-t4's slices publish exactly its declared devices.
+    # The role waited for it: gpu-t4's slices publish exactly its declared devices, shared.
     want = _declared(lab, T4)["expected_dra_devices"]
-    assert len(want) == 2
+    assert len(want) == 2 and {w["capacity"]["shares"] for w in want} == {str(SHARES)}
     assert agent.dra_slice_differences(lab.slices(T4), want) == []
+    assert all(d.get("allowMultipleAllocations") for s in lab.slices(T4)
+               for d in s["spec"]["devices"])
     assert lab.slices(A100) == []
     assert lab.gpu_status(T4) == {}
     served = {k.removeprefix("allocatable/"): int(v) for k, v in lab.gpu_status(A100).items()

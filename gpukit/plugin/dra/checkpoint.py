@@ -29,6 +29,9 @@ class PreparedDevice:
     pool: str
     device: str
     cdi_device_ids: tuple[str, ...]
+    # The allocation's shareIDs of a shared device (consumable capacity): several claims hold
+    # it, each prepared and unprepared on its own. Empty for a device not shared.
+    share_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,8 @@ class PreparedClaim:
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> PreparedClaim:
         devices = tuple(PreparedDevice(tuple(d["requests"]), d["pool"], d["device"],
-                                       tuple(d["cdi_device_ids"])) for d in doc["devices"])
+                                       tuple(d["cdi_device_ids"]), tuple(d.get("share_ids", ())))
+                        for d in doc["devices"])  # fmt: skip
         return cls(doc["uid"], doc["namespace"], doc["name"], devices, doc["spec_file"])
 
 

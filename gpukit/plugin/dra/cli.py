@@ -20,7 +20,8 @@ import sys
 import threading
 
 from gpukit import __version__
-from gpukit.contracts.dra import CDI_DIR, PLUGIN_DIR, REGISTRY_DIR
+from gpukit.contracts.dra import CDI_DIR, MAX_SHARES, MIN_SHARES, PLUGIN_DIR, REGISTRY_DIR
+from gpukit.contracts.label_names import DRA_SHARES
 from gpukit.contracts.plugin_config import (
     DEFAULT_METRICS_ADDRESS,
     HealthSettings,
@@ -65,8 +66,8 @@ def build_parser(prog: str = "gpukit-dra-plugin") -> argparse.ArgumentParser:
                    help="seconds between GPU rescans [GPUKIT_DRA_RESCAN_SECONDS]")
     p.add_argument("--health-recovery-seconds", type=float,
                    default=float(env("GPUKIT_RECOVERY_SECONDS", "60")),
-                   help="seconds without a critical XID before a withdrawn device is published "
-                        "again [GPUKIT_RECOVERY_SECONDS]")
+                   help="seconds without a critical XID before a tainted device's taint is removed "
+                        "[GPUKIT_RECOVERY_SECONDS]")
     p.add_argument("--health-probe-interval", type=float,
                    default=float(env("GPUKIT_HEALTH_PROBE_INTERVAL_SECONDS", "5")),
                    help="seconds between GPU probes [GPUKIT_HEALTH_PROBE_INTERVAL_SECONDS]")
@@ -83,6 +84,9 @@ def build_parser(prog: str = "gpukit-dra-plugin") -> argparse.ArgumentParser:
                    help="who runs the MPS daemons of claims sharing with MPS: this process "
                         "(own), gpukit's MPS control container (delegate: the DaemonSet) or "
                         "nobody (none: such claims are refused) [GPUKIT_MPS_DAEMONS]")
+    p.add_argument("--shares", type=int, default=env("GPUKIT_DRA_SHARES") or None,
+                   help="claims sharing each device (consumable capacity), 0 for none; default: "
+                        f"the node's label {DRA_SHARES} (gpukit_dra_shares) [GPUKIT_DRA_SHARES]")
     p.add_argument("--log-level", default=env("GPUKIT_LOG_LEVEL", "INFO"))
     return p
 
@@ -108,6 +112,10 @@ def _main(argv: list[str] | None, prog: str) -> int:
         print(f"error: --mps-daemons (GPUKIT_MPS_DAEMONS): {args.mps_daemons!r} is not one of "
               f"{', '.join(MPS_DAEMON_MODES)}", file=sys.stderr)
         return 1
+    if args.shares not in (None, 0) and not MIN_SHARES <= args.shares <= MAX_SHARES:
+        print(f"error: --shares: {args.shares} is not 0 or an integer from {MIN_SHARES} to "
+              f"{MAX_SHARES}", file=sys.stderr)
+        return 1
     if args.metrics_address:
         try:
             parse_host_port(args.metrics_address)
@@ -126,7 +134,7 @@ def _main(argv: list[str] | None, prog: str) -> int:
         cdi_dir=args.cdi_spec_dir, rescan_interval=args.rescan_interval,
         health=HealthSettings(recovery_seconds=args.health_recovery_seconds,
                               probe_interval_seconds=args.health_probe_interval),
-        mps_daemons=args.mps_daemons)
+        mps_daemons=args.mps_daemons, shares=args.shares)
     if args.pod_resources_socket:
         options.pod_resources_socket = args.pod_resources_socket
     try:

@@ -4,7 +4,7 @@ holding it (`allocatedResourcesStatus`, feature gate ResourceHealthStatus, on by
 Kubernetes 1.36).
 
 The kubelet opens one stream per registration and keeps it open. Each report lists every device
-(healthy or not: a withdrawn device is still held by the claims prepared before), sent at once
+(healthy or not: a tainted device is still held by the claims prepared before), sent at once
 when a health changes and again every `period` seconds; each report holds for `timeout`
 seconds, after which the kubelet calls the device's health Unknown (a plugin gone quiet).
 A stream takes one of the DRA server's worker threads for its life, so at most `max_streams`

@@ -2,10 +2,12 @@
 
 Every `rescan_interval` (and on SIGUSR1) it rediscovers the node's GPUs through the NVML layer
 and the GPU instances' placements through the MIG backend's reader (a MIG layout change shows
-up as new devices), withdraws devices the health monitor calls unhealthy (XIDs, lost GPUs),
-and republishes when the device list changed; every `resync_interval` it makes sure the API
-still holds its slices (the kubelet wipes a driver's slices when its plugin was gone for a
-while). The gRPC sockets are served again when someone removed them.
+up as new devices), shares every device between claims when the node's label says so
+(node_shares.py), taints the devices the health monitor calls unhealthy (XIDs, lost GPUs:
+device_taints.py) and clears the taints when they recover, and republishes when the device
+list changed; every `resync_interval` it makes sure the API still holds its slices (the
+kubelet wipes a driver's slices when its plugin was gone for a while). The gRPC sockets are
+served again when someone removed them.
 
 A DRA node runs no node agent, so this process serves the agent's GPU metrics (dcgm-exporter's
 names, gpukit/plugin/gpu_metrics.py; a MIG device a claim holds attributed through the names it
@@ -48,11 +50,13 @@ from ..mps_requests import mps_control
 from ..nvml import compute_mode
 from ..nvml.mig import PynvmlBackend as MigReader
 from ..resources import Unit
+from . import device_taints
 from .checkpoint import Checkpoint
 from .health_stream import DeviceState, HealthBoard, HealthService
+from .node_shares import read_node_shares
 from .prepare import ClaimRef, Preparer
 from .server import DraServer
-from .slice_devices import Placement, SliceDevice, node_slice_devices
+from .slice_devices import Placement, SliceDevice, node_slice_devices, shared
 from .slices import SlicePublisher
 
 log = logging.getLogger(__name__)
@@ -77,6 +81,10 @@ class KubeletPluginOptions:
     health_stream: bool = True  # serve the kubelet's DRA health stream (health_stream.py)
     mps_root: str = DEFAULT_MPS_ROOT  # the claims' MPS daemons (claim_mps.py)
     mps_daemons: str = "own"  # who runs them (gpukit.plugin.mps_requests.mps_control)
+    # Each device shared by this many claims (consumable capacity); None: as the node's label
+    # gpukit.io/dra.shares says (gpukit_dra_shares, set by the node_labels role), re-read at
+    # every rescan; 0: not shared, whatever the label says.
+    shares: int | None = None
 
 
 def placements(devices: NodeDevices, reader: MigReader) -> dict[tuple[str, int], Placement]:
@@ -131,6 +139,8 @@ class DraKubeletPlugin:
         self.server = self._new_server()
         self._published: list[dict[str, Any]] | None = None
         self._mig_reader = MigReader()
+        self._shares = 0  # the node label's last good value
+        self.taint_clock = device_taints.TaintClock()
 
     # -- what the preparer asks ------------------------------------------------------------
 
@@ -220,10 +230,23 @@ class DraKubeletPlugin:
         for key, problem in self.preparer.restore_mps().items():
             log.error("MPS daemon %s of a prepared claim is not serving: %s", key, problem)
 
+    def shares(self) -> int:
+        """How many claims may share each device now (0 or 1: not shared)."""
+        if self.options.shares is not None:
+            return self.options.shares
+        if self.api_client is None:  # no API to read the node from (a plugin under test)
+            return 0
+        self._shares = read_node_shares(self.api_client, self.options.node, self._shares)
+        return self._shares
+
     def rescan(self) -> None:
         found = nvml.discover(with_topology=False)
-        devices = {d.name: d for d in node_slice_devices(found, placements(found, self._mig_reader),
-                                                         self.options.proc_root)}
+        listed = node_slice_devices(found, placements(found, self._mig_reader),
+                                    self.options.proc_root)
+        shares = self.shares()
+        if shares > 1:
+            listed = [shared(d, shares) for d in listed]
+        devices = {d.name: d for d in listed}
         with self._lock:
             self._node_devices, self._devices = found, devices
         self.publish()
@@ -233,17 +256,22 @@ class DraKubeletPlugin:
             current = list(self._devices.values())
         healthy = [d for d in current
                    if not self.health_enabled or self.tracker.unit_healthy(d.unit)]
-        bodies = [d.body for d in healthy]
         names = {d.name for d in healthy}
+        taints = self.taint_clock.taints(
+            (d.name, device_taints.wanted(d.unit, self.tracker.problems))
+            for d in current if self.health_enabled and d.name not in names)
+        bodies = [{**d.body, "taints": taints[d.name]} if d.name in taints else d.body
+                  for d in current]
         self.health_board.update([DeviceState(d.name, d.name in names, "" if d.name in names
                                               else self._why_unhealthy(d))
                                   for d in current])
         if bodies == self._published and not force_check:
             return
         for d in current:
-            if d.name not in names:
-                log.warning("device %s (%s) withdrawn: %s", d.name, d.unit.uuid,
-                            self._why_unhealthy(d))
+            if d.name in taints:
+                log.warning("device %s (%s) tainted %s: %s", d.name, d.unit.uuid, ", ".join(
+                    f"{t['key']}={t.get('value', '')}:{t['effect']}" for t in taints[d.name]),
+                    self._why_unhealthy(d))
         self.publisher.sync(bodies)
         self._published = bodies
         self.metrics.set_unit_health((d.unit.uuid, d.name in names) for d in current)

@@ -114,6 +114,7 @@ class Preparer:
         published = self.devices()
         spec_devices: dict[str, tuple[str, Any, dict[str, list[Any]]]] = {}
         by_device: dict[str, list[str]] = {}
+        shares: dict[str, list[str]] = {}
         mps_devices: list[claim_mps.MpsDevice] = []
         for r in results:
             name, request = str(r.get("device")), str(r.get("request", ""))
@@ -139,6 +140,8 @@ class Preparer:
             extra["env"] = [*env, *extra.get("env", [])]
             spec_devices.setdefault(name, (name, device.unit, extra))
             by_device.setdefault(name, []).append(request)
+            if r.get("shareID"):  # a shared device: this claim's share of it
+                shares.setdefault(name, []).append(str(r["shareID"]))
         uid = ref.uid
         if mps_devices:
             self._start_mps(ref, mps_devices)
@@ -153,7 +156,7 @@ class Preparer:
             raise
         devices = tuple(
             PreparedDevice(tuple(dict.fromkeys(requests)), self.node, name,
-                           (claim_cdi.device_id(uid, name),))
+                           (claim_cdi.device_id(uid, name),), tuple(shares.get(name, ())))
             for name, requests in by_device.items())
         return PreparedClaim(uid, ref.namespace, ref.name, devices, file_name)
 

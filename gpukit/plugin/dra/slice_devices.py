@@ -11,6 +11,8 @@ described as NVIDIA's DRA driver does, so selectors written for it match unchang
   it (multiprocessors, copyEngines, decoders, encoders, jpegEngines, ofaEngines, memory) and
   one `memorySlice<i>` per memory slice it occupies.
 No NVLink fabric / clique attribute: NVIDIA's driver publishes none (see gpukit.contracts.dra).
+A node declared shared (gpukit_dra_shares) publishes each device for several claims at once
+(`shared`: consumable capacity); an unhealthy device carries taints (`tainted`).
 Plain data: what NVML said comes in as `NodeDevices` and the GPU instances' placements.
 """
 
@@ -22,7 +24,9 @@ from typing import Any
 
 from gpukit.contracts import gpu_architectures, mig_profiles
 from gpukit.contracts.dra import (
+    MEMORY_CAPACITY,
     PCI_BUS_ID_ATTRIBUTE,
+    SHARES_CAPACITY,
     TYPE_GPU,
     TYPE_MIG,
     gpu_device_name,
@@ -161,3 +165,32 @@ def node_slice_devices(node: NodeDevices, placements: Mapping[tuple[str, int], P
             if placement is not None:
                 out.append(mig_device(gpu, mig, placement, node, proc_root))
     return sorted(out, key=lambda d: d.name)
+
+
+def shared(device: SliceDevice, shares: int) -> SliceDevice:
+    """`device` for up to `shares` claims at once (KEP-5075): allowMultipleAllocations, a
+    `shares` capacity of which a claim consumes 1 unless it asks more
+    (capacity.requests.shares), `memory` of which it consumes an equal part unless it asks a
+    given amount, and every other capacity (a MIG device's engines and slices: what the device
+    has, not what a claim takes) consumed 0, else a first claim would take it whole."""
+    capacity: dict[str, dict[str, Any]] = {}
+    for key, entry in device.body.get("capacity", {}).items():
+        if key == MEMORY_CAPACITY:
+            total = parse_quantity(entry["value"])
+            part = quantity(total // shares >> 20 << 20)  # whole MiB
+            policy = {"default": part, "validRange": {"min": "0", "max": entry["value"]}}
+        else:
+            policy = {"default": "0", "validValues": ["0"]}
+        capacity[key] = {**entry, "requestPolicy": policy}
+    capacity[SHARES_CAPACITY] = {"value": str(shares), "requestPolicy": {
+        "default": "1", "validRange": {"min": "1", "max": str(shares), "step": "1"}}}
+    body = {**device.body, "allowMultipleAllocations": True, "capacity": capacity}
+    return SliceDevice(device.name, device.unit, body)
+
+
+def parse_quantity(text: str) -> int:
+    """A quantity as `quantity` writes it, back to an integer."""
+    for suffix, factor in _BINARY_SUFFIXES:
+        if text.endswith(suffix):
+            return int(text[:-len(suffix)]) * factor
+    return int(text)

@@ -1,11 +1,12 @@
 """This node's ResourceSlices: one pool named after the node, published and kept current.
 
 `SlicePublisher.sync(devices)` makes the API hold exactly `devices` for driver gpu.nvidia.com
-on this node: slices of at most 128 devices (the API's limit) named `<node>-gpu.nvidia.com-<i>`,
-every slice of a pool carrying the pool's generation, bumped on each change so the scheduler
-never mixes an old slice with a new one. Slices of this node and driver it did not write (an
-earlier agent's, or another layout's) are deleted; slices someone else changed or removed
-(the kubelet wipes a driver's slices some time after its plugin went away) are written again.
+on this node: slices of at most 128 devices (64 once a device has taints: the API's limits)
+named `<node>-gpu.nvidia.com-<i>`, every slice of a pool carrying the pool's generation, bumped
+on each change so the scheduler never mixes an old slice with a new one. Slices of this node
+and driver it did not write (an earlier agent's, or another layout's) are deleted; slices
+someone else changed or removed (the kubelet wipes a driver's slices some time after its plugin
+went away) are written again.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
-from gpukit.contracts.dra import DRIVER
+from gpukit.contracts.dra import DRIVER, MAX_TAINTED_DEVICES_PER_SLICE
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +37,9 @@ def desired_slices(node: str, devices: Sequence[Mapping[str, Any]], generation: 
                    ) -> list[dict[str, Any]]:
     """The slices for `devices` (API form) at `generation`; one empty slice for no devices,
     so the pool still says "nothing here" rather than vanishing."""
-    chunks = [list(devices[i:i + MAX_DEVICES_PER_SLICE])
-              for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)] or [[]]
+    size = (MAX_TAINTED_DEVICES_PER_SLICE if any(d.get("taints") for d in devices)
+            else MAX_DEVICES_PER_SLICE)
+    chunks = [list(devices[i:i + size]) for i in range(0, len(devices), size)] or [[]]
     return [{
         "apiVersion": API_VERSION,
         "kind": "ResourceSlice",
@@ -53,10 +55,14 @@ def desired_slices(node: str, devices: Sequence[Mapping[str, Any]], generation: 
 
 
 def _device_view(device: Mapping[str, Any]) -> dict[str, Any]:
-    """The fields gpukit sets on a device (the API may add defaults to others)."""
+    """The fields gpukit sets on a device (the API may add defaults to others, and sets a
+    taint's timeAdded)."""
     return {"name": device.get("name"), "attributes": device.get("attributes") or {},
-            "capacity": {k: {"value": v.get("value")}
-                         for k, v in (device.get("capacity") or {}).items()}}
+            "capacity": {k: {"value": v.get("value"), "requestPolicy": v.get("requestPolicy")}
+                         for k, v in (device.get("capacity") or {}).items()},
+            "allowMultipleAllocations": bool(device.get("allowMultipleAllocations")),
+            "taints": [{k: t.get(k) for k in ("key", "value", "effect")}
+                       for t in device.get("taints") or []]}
 
 
 def same_content(api_slices: Sequence[Mapping[str, Any]], wanted: Sequence[Mapping[str, Any]]

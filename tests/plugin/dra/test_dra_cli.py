@@ -15,6 +15,7 @@ from gpukit.plugin.dra import cli
      "--health-recovery-seconds: -1.0 is not a positive number of seconds"),
     (["--node-name", "n", "--metrics-address", "9402"],
      "--metrics-address: '9402' is not host:port (use host:port, or '' to disable)"),
+    (["--node-name", "n", "--shares", "1"], "--shares: 1 is not 0 or an integer from 2 to 64"),
 ])
 def test_bad_arguments_are_refused_by_name(argv: list[str], message: str,
                                            monkeypatch: pytest.MonkeyPatch,

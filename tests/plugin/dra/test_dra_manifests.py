@@ -32,10 +32,11 @@ def test_nvidias_device_classes_with_the_extended_resource() -> None:
     assert "extendedResourceName" not in no_ext
 
 
-def test_rbac_reads_claims_and_writes_slices_only() -> None:
+def test_rbac_reads_claims_and_its_node_and_writes_slices_only() -> None:
     rules = objects()[("ClusterRole", "gpukit-dra-plugin")]["rules"]
     assert rules == [
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},  # gpukit.io/dra.shares
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
          "verbs": ["get", "list", "watch", "create", "update", "delete"]}]
 

@@ -1,5 +1,5 @@
 """The kubelet's DRA health stream over the plugin's real socket: the registration lists it,
-a report names every device of the pool (a withdrawn one Unhealthy, with why) at once after a
+a report names every device of the pool (a tainted one Unhealthy, with why) at once after a
 change, streams are bounded, and open streams leave prepare/unprepare their workers."""
 
 from __future__ import annotations

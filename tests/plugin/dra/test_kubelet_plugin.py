@@ -1,5 +1,5 @@
 """The agent's loop pieces without NVML or an API: what a rescan publishes, what an XID
-withdraws, and what comes back."""
+taints, and that the taint goes when the device recovers."""
 
 from __future__ import annotations
 
@@ -37,25 +37,91 @@ def published(api: FakeResourceApi) -> list[str]:
     return [d["name"] for s in api.slices.values() for d in s["spec"]["devices"]]
 
 
-def test_a_rescan_publishes_the_layout_and_an_xid_withdraws_one_device(
+def taints(api: FakeResourceApi) -> dict[str, list[tuple[str, str, str]]]:
+    return {d["name"]: [(t["key"], t.get("value", ""), t["effect"]) for t in d.get("taints", [])]
+            for s in api.slices.values() for d in s["spec"]["devices"]}
+
+
+def test_an_xid_taints_the_device_until_it_recovers_and_lost_gpus_too(
         dra: tuple[DraKubeletPlugin, Any]) -> None:
+    """Unhealthy devices stay published with NVIDIA's taint keys (a claim made before still
+    names them; new claims avoid them), timeAdded kept while the problem lasts, and the taint
+    goes when the device recovers (NVIDIA's stay until the plugin restarts)."""
     a, api = dra
+    now = [1000.0]
+    a.tracker.clock, a.tracker.recovery = (lambda: now[0]), 15
     a.rescan()
     assert published(api) == ["gpu-0-mig-3g20gb-9-4", "gpu-1"]
+    assert taints(api) == {"gpu-0-mig-3g20gb-9-4": [], "gpu-1": []}
     assert a.tracker.on_xid(a.devices()["gpu-1"].unit.uuid, 79)
     a.publish()
-    assert published(api) == ["gpu-0-mig-3g20gb-9-4"]
-    # Prepare still finds a withdrawn device: a claim made before the XID names it.
-    assert "gpu-1" in a.devices()
+    assert taints(api) == {"gpu-0-mig-3g20gb-9-4": [],
+                           "gpu-1": [("gpu.nvidia.com/xid", "79", "NoSchedule")]}
+    added = next(d for s in api.slices.values() for d in s["spec"]["devices"]
+                 if d["name"] == "gpu-1")["taints"][0]["timeAdded"]
     generation = next(iter(api.slices.values()))["spec"]["pool"]["generation"]
-    a.rescan()  # nothing changed since: no new generation
+    now[0] += 5
+    a.rescan()  # nothing changed since: no new generation, the same timeAdded
     assert next(iter(api.slices.values()))["spec"]["pool"]["generation"] == generation
+    a.tracker.on_probe(a.devices()["gpu-1"].unit.uuid, "GPU is lost")
+    a.publish()
+    assert taints(api)["gpu-1"] == [("gpu.nvidia.com/xid", "79", "NoSchedule"),
+                                    ("gpu.nvidia.com/gpu-lost", "", "NoSchedule")]
+    assert next(d for s in api.slices.values() for d in s["spec"]["devices"]
+                if d["name"] == "gpu-1")["taints"][0]["timeAdded"] == added
+    a.tracker.on_probe(a.devices()["gpu-1"].unit.uuid, "")  # seen again
+    now[0] += 15  # and 20 s after the XID: recovered
+    a.publish()
+    assert taints(api) == {"gpu-0-mig-3g20gb-9-4": [], "gpu-1": []}
 
 
-def test_an_xid_on_the_parent_withdraws_its_mig_devices(dra: tuple[DraKubeletPlugin, Any]) -> None:
+def test_an_xid_on_the_parent_taints_its_mig_devices(dra: tuple[DraKubeletPlugin, Any]) -> None:
     a, api = dra
     a.rescan()
     mig = a.devices()["gpu-0-mig-3g20gb-9-4"].unit
-    a.tracker.on_xid(mig.gpu.uuid, 79)
+    a.tracker.on_xid(mig.gpu.uuid, 48)
     a.publish()
-    assert published(api) == ["gpu-1"]
+    assert taints(api) == {"gpu-0-mig-3g20gb-9-4": [("gpu.nvidia.com/xid", "48", "NoSchedule")],
+                           "gpu-1": []}
+
+
+class _Nodes:
+    """CoreV1Api.read_node's answer: a node with these labels (or the API away)."""
+
+    def __init__(self) -> None:
+        self.labels: dict[str, str] | None = {}
+
+    def read_node(self, name: str) -> Any:
+        if self.labels is None:
+            raise ConnectionError("API away")
+        return type("Node", (), {"metadata": type("Meta", (), {"labels": self.labels})()})()
+
+
+def test_the_nodes_shares_label_shares_every_device_and_follows_changes(
+        dra: tuple[DraKubeletPlugin, Any], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    a, api = dra
+    nodes = _Nodes()
+    monkeypatch.setattr("gpukit.plugin.dra.node_shares.CoreV1Api", lambda api_client: nodes)
+    a.api_client = object()
+
+    def shares() -> dict[str, str | None]:
+        return {d["name"]: (d.get("capacity") or {}).get("shares", {}).get("value")
+                for s in api.slices.values() for d in s["spec"]["devices"]}
+
+    nodes.labels = {"gpukit.io/dra.shares": "4"}
+    a.rescan()
+    assert shares() == {"gpu-0-mig-3g20gb-9-4": "4", "gpu-1": "4"}
+    assert all(d["allowMultipleAllocations"] for s in api.slices.values()
+               for d in s["spec"]["devices"])
+    nodes.labels = None  # the API away: still shared as published
+    a.rescan()
+    assert shares()["gpu-1"] == "4"
+    nodes.labels = {"gpukit.io/dra.shares": "many"}  # set by hand, badly: unshared, said why
+    a.rescan()
+    assert shares() == {"gpu-0-mig-3g20gb-9-4": None, "gpu-1": None}
+    assert "node n1: label gpukit.io/dra.shares='many' is not an integer from 2 to 64" in \
+        caplog.text
+    a.options.shares = 2  # --shares wins over the label
+    a.rescan()
+    assert shares()["gpu-1"] == "2"

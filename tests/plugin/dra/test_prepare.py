@@ -3,6 +3,7 @@ node, claim, expected and observed; and the kubelet's gRPC over real unix socket
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -201,3 +202,55 @@ def test_claims_deleted_while_the_plugin_was_down_are_forgotten(tmp_path: Path) 
     answers[UID] = False
     assert p.forget_gone(lambda ref: answers[ref.uid]) == [REF]
     assert p.checkpoint.all() == {} and not spec_path(tmp_path).exists()
+
+
+def test_one_shared_device_prepared_for_three_claims_and_unprepared_one_by_one(
+        tmp_path: Path) -> None:
+    """Consumable capacity: three claims' allocations name gpu-0, each with its shareID. Each
+    claim gets its own spec file and CDI device on it and its checkpoint entry records its
+    share; unpreparing one leaves the others' specs and entries as they were."""
+    uids = [f"0b6a3c1e-1111-2222-3333-44444444444{i}" for i in range(3)]
+    docs = {}
+    for i, uid in enumerate(uids):
+        doc = claim([("gpu", "gpu-0")], uid=uid)
+        doc["metadata"]["name"] = f"c{i}"
+        doc["status"]["allocation"]["devices"]["results"][0].update(
+            shareID=f"share-{i}", consumedCapacity={"shares": "1", "memory": "13653Mi"})
+        docs[f"c{i}"] = doc
+    checkpoint = Checkpoint(tmp_path / "plugin" / "checkpoint.json")
+    p = Preparer(NODE, lambda ns, name: docs[name], preparer(tmp_path, Api({})).devices,
+                 lambda: COMMON, checkpoint, str(tmp_path / "cdi"), "/")
+    refs = [ClaimRef("ns", f"c{i}", uid) for i, uid in enumerate(uids)]
+    prepared = [p.prepare(ref) for ref in refs]
+    assert [(c.devices[0].device, c.devices[0].share_ids, c.devices[0].cdi_device_ids)
+            for c in prepared] == [
+        ("gpu-0", (f"share-{i}",), (f"k8s.gpu.nvidia.com/claim={uid}-gpu-0",))
+        for i, uid in enumerate(uids)]
+    specs = sorted(f.name for f in (tmp_path / "cdi").iterdir())
+    assert specs == sorted(f"k8s.gpu.nvidia.com-claim_{uid}.json" for uid in uids)
+    for uid in uids:  # every claim's spec gives its container the same GPU
+        spec = json.loads((tmp_path / "cdi" / f"k8s.gpu.nvidia.com-claim_{uid}.json").read_text())
+        assert [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]] == \
+            ["/dev/nvidia0"]
+    assert p.unprepare(refs[1]) is True
+    assert sorted(f.name for f in (tmp_path / "cdi").iterdir()) == [
+        f"k8s.gpu.nvidia.com-claim_{uids[0]}.json", f"k8s.gpu.nvidia.com-claim_{uids[2]}.json"]
+    reloaded = Checkpoint(tmp_path / "plugin" / "checkpoint.json").all()
+    assert reloaded == {uids[0]: prepared[0], uids[2]: prepared[2]}  # shares survive a restart
+    assert p.prepared_devices() == {"gpu-0"}  # still held: a MIG change must wait
+    p.unprepare(refs[0])
+    p.unprepare(refs[2])
+    assert p.prepared_devices() == set() and not list((tmp_path / "cdi").iterdir())
+
+
+def test_a_checkpoint_written_before_shares_loads(tmp_path: Path) -> None:
+    p = preparer(tmp_path, Api(claim([("gpu", "gpu-0")])))
+    p.prepare(REF)
+    path = tmp_path / "plugin" / "checkpoint.json"
+    doc = json.loads(path.read_text())
+    for device in doc["claims"][UID]["devices"]:
+        del device["share_ids"]
+    doc["checksum"] = hashlib.sha256(json.dumps(doc["claims"], sort_keys=True).encode()
+                                     ).hexdigest()
+    path.write_text(json.dumps(doc))
+    assert Checkpoint(path).get(UID).devices[0].share_ids == ()  # type: ignore[union-attr]

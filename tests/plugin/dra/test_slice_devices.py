@@ -7,7 +7,14 @@ import dataclasses
 from plugin_testlib import T4, gpu_uuid, make_gpu, make_inventory, mig_uuid
 
 from gpukit.plugin.devices import Fabric
-from gpukit.plugin.dra.slice_devices import Placement, node_slice_devices, quantity, semver
+from gpukit.plugin.dra.slice_devices import (
+    Placement,
+    node_slice_devices,
+    parse_quantity,
+    quantity,
+    semver,
+    shared,
+)
 
 
 def test_whole_gpus_carry_nvidias_names_attributes_and_memory() -> None:
@@ -93,3 +100,29 @@ def test_quantities_and_versions_as_kubernetes_and_nvidia_write_them() -> None:
     assert semver("12.4") == "12.4.0"
     assert semver("") is None
     assert semver("r550") is None
+
+
+def test_a_shared_device_takes_several_claims_within_its_capacity() -> None:
+    """KEP-5075: allowMultipleAllocations, `shares` of which a claim consumes 1 by default,
+    memory an equal part (whole MiB) unless a claim asks an amount, and a MIG device's other
+    capacities consumed 0 (else the first claim would take them whole)."""
+    gpu = make_gpu(0, migs=("1g.5gb",))
+    node = make_inventory([gpu, make_gpu(1, name=T4)])
+    devices = {d.name: d for d in node_slice_devices(node, {(gpu.uuid, 1): Placement(0, 1)})}
+    t4 = shared(devices["gpu-1"], 3).body
+    assert t4["allowMultipleAllocations"] is True
+    assert t4["capacity"] == {
+        "memory": {"value": "15Gi", "requestPolicy": {
+            "default": "5Gi", "validRange": {"min": "0", "max": "15Gi"}}},
+        "shares": {"value": "3", "requestPolicy": {
+            "default": "1", "validRange": {"min": "1", "max": "3", "step": "1"}}},
+    }
+    assert t4["attributes"] == devices["gpu-1"].body["attributes"]
+    mig = shared(devices["gpu-0-mig-1g5gb-19-0"], 2).body["capacity"]
+    assert mig["memory"]["requestPolicy"]["default"] == "2432Mi"
+    assert mig["multiprocessors"] == {"value": "14", "requestPolicy": {
+        "default": "0", "validValues": ["0"]}}
+    assert mig["memorySlice0"]["requestPolicy"] == {"default": "0", "validValues": ["0"]}
+    assert mig["shares"]["value"] == "2"
+    assert "allowMultipleAllocations" not in devices["gpu-1"].body  # unshared as it was
+    assert parse_quantity("15Gi") == 15 << 30 and parse_quantity("14") == 14

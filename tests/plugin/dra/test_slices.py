@@ -40,3 +40,23 @@ def test_many_devices_split_into_slices_of_one_pool() -> None:
     slices = desired_slices("n1", devices, 3)
     assert [len(s["spec"]["devices"]) for s in slices] == [MAX_DEVICES_PER_SLICE, 1]
     assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {2}
+
+
+def test_a_taint_is_a_change_and_splits_slices_at_the_apis_64() -> None:
+    """The API allows 64 devices per slice once one has taints; a taint, its removal, or a
+    device turning shared is a change to publish; the API's timeAdded is not."""
+    devices = [dev(f"gpu-{i}") for i in range(65)]
+    devices[3] = {**devices[3], "taints": [{"key": "gpu.nvidia.com/xid", "value": "79",
+                                            "effect": "NoSchedule"}]}
+    assert [len(s["spec"]["devices"]) for s in desired_slices("n1", devices, 1)] == [64, 1]
+    api = FakeResourceApi()
+    pub = SlicePublisher(None, "n1", api=api)
+    pub.sync([dev("gpu-0")])
+    tainted = {**dev("gpu-0"), "taints": [{"key": "gpu.nvidia.com/gpu-lost",
+                                           "effect": "NoSchedule"}]}
+    assert pub.sync([tainted]) is True
+    api.slices["n1-gpu.nvidia.com-0"]["spec"]["devices"][0]["taints"][0]["timeAdded"] = \
+        "2026-11-28T17:00:00Z"  # as the API fills it in
+    assert pub.sync([tainted]) is False
+    assert pub.sync([dev("gpu-0")]) is True  # recovered: the taint goes
+    assert pub.sync([{**dev("gpu-0"), "allowMultipleAllocations": True}]) is True

@@ -14,13 +14,15 @@ declared = gk.library("gpukit.provision.declaration")
 
 @gk.gpukit_filter
 def node_labels(extra, device_plugin_config=None, mig_config=None, deploy_device_plugin=True, *,
-                declaration=None, gpu_allocation=None):
+                declaration=None, gpu_allocation=None, dra_shares=None):
     labels = declared.labels(declaration, extra, device_plugin_config or None, mig_config or None,
                              deploy_device_plugin)
     # Not given (the rolling upgrade's plan): the declaration's, as the preflight validated it.
     if not gpu_allocation and isinstance(declaration, Mapping):
         gpu_allocation = declaration.get("gpu_allocation")
-    return nodes.with_allocation(labels, gpu_allocation or None)
+        dra_shares = dra_shares or declaration.get("dra_shares")
+    return nodes.with_allocation(labels, gpu_allocation or None,
+                                 None if dra_shares in (None, "") else dra_shares)
 
 
 @gk.gpukit_filter
