@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -336,6 +337,31 @@ def test_an_unsatisfiable_claim_stays_pending(gpukit_suite: Any, node: str, chec
 # -- sharing and health ----------------------------------------------------------------------
 
 
+def _held_devices(claims: Claims, node: str) -> set[str]:
+    """The node's devices some ResourceClaim (any namespace) is allocated."""
+    resp = claims.resource.list_resource_claim_for_all_namespaces(_preload_content=False)
+    held = set()
+    for c in json.loads(resp.data).get("items") or []:
+        status = c.get("status") or {}
+        for r in ((status.get("allocation") or {}).get("devices") or {}).get("results") or []:
+            if r.get("driver") == DRIVER and r.get("pool") == node:
+                held.add(str(r.get("device")))
+    return held
+
+
+def _free_device(suite: Any, node: str, claims: Claims) -> dict[str, Any] | None:
+    """An untainted device of the node that no claim holds, waiting up to the pod timeout for
+    the claims of earlier checks to be deallocated (their pods' deletion releases them)."""
+    deadline = time.monotonic() + suite.options.pod_timeout
+    while True:
+        held = _held_devices(claims, node)
+        devices = slice_devices(node_slices(suite.kube.api_client, node))
+        free = next((d for d in devices if not d.get("taints") and d["name"] not in held), None)
+        if free is not None or time.monotonic() >= deadline:
+            return free
+        time.sleep(1)
+
+
 def test_claims_of_several_pods_share_one_device_and_one_more_waits(
         gpukit_suite: Any, node: str, check: Check, claims: Claims) -> None:
     """A node declared shared (`gpukit_dra_shares: N`): N claims selecting one device (by its
@@ -346,9 +372,9 @@ def test_claims_of_several_pods_share_one_device_and_one_more_waits(
     n = decl.dra_shares or 0
     if not n:
         check.skip("devices not declared shared (gpukit_dra_shares)")
-    devices = slice_devices(node_slices(gpukit_suite.kube.api_client, node))
-    device = next((d for d in devices if not d.get("taints")), None)
-    if not check.true("untainted devices", device is not None, "at least one", "none", DRIVER):
+    device = _free_device(gpukit_suite, node, claims)
+    if not check.true("untainted devices no claim holds", device is not None, "at least one",
+                      "none", DRIVER):
         check.verify()
     assert device is not None
     check.true(f"{device['name']} allowMultipleAllocations", bool(device.get(
