@@ -767,7 +767,9 @@ def test_device_plugin_configmap_is_the_same_for_the_whole_fleet(
         image_pull_policy=rv["device_plugin_image_pull_policy"],
     )  # fmt: skip
     by_kind = {o["kind"]: o for o in objects}
-    cm = by_kind["ConfigMap"]
+    # The named configs' ConfigMap (beside it: the nodes' declarations, issue 30).
+    (cm,) = [o for o in objects
+             if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "gpukit-node-agent-configs"]
     assert cm["metadata"]["namespace"] == "gpukit-system"
     assert sorted(cm["data"]) == ["default", "mig-mixed", "time-sliced"]
     parsed = {k: yaml.safe_load(v) for k, v in cm["data"].items()}
