@@ -360,6 +360,8 @@ AGENT_MOUNTS = {
     "/var/lib/gpukit-lab/nvml", "/var/run/secrets/kubernetes.io/serviceaccount",
     "/var/lib/gpukit/agent", "/host/sys", "/host-proc/proc/driver",
     "/var/lib/kubelet/pod-resources",  # read-only: which pod holds which GPU (GPU metrics)
+    "/run/nvidia/mps",  # MPS daemons asked of gpukit's MPS control container, their pipes
+    "/etc/gpukit/declarations",  # what the node must serve (served vs declared)
 }  # fmt: skip
 # Mounts every container gets from the runtime (not host paths the agent asked for).
 RUNTIME_MOUNTS = {"/", "/dev", "/dev/pts", "/dev/mqueue", "/dev/shm", "/dev/termination-log",

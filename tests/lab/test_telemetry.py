@@ -283,7 +283,10 @@ def suite_mps(tmp_path: Path, replicas: int) -> tuple[int, str]:
 def test_mps_pods_share_a_gpu_through_its_daemon_within_their_limits(
         core: client.CoreV1Api, deployed: AgentDeployment, pods: list[str],
         tmp_path: Path) -> None:
-    select(core, T4, "mps", {"nvidia.com/gpu": 4})  # ready: every replica's daemon serves
+    # From whole GPUs (2): an earlier time-sliced config also advertises 4, so the 4 seen here
+    # are the MPS replicas, healthy once every GPU's daemon serves.
+    select(core, T4, "whole", {"nvidia.com/gpu": 2})
+    select(core, T4, "mps", {"nvidia.com/gpu": 4})
     ns = deployed.namespace
     wait_for("the MPS control pod running on gpu-t4 only",
              lambda: mps_pods(core, ns) == {T4: "Running"}, timeout=120)
