@@ -50,6 +50,27 @@ def merged_declarations(
     return agent.merge_declarations(per_host)
 
 
+def declarations_kept(found: Sequence[Mapping[str, Any]], declarations: Mapping[str, Any],
+                      play_nodes: Sequence[str]) -> dict[str, Any]:
+    """The play's `declarations` plus the entries the cluster's declarations ConfigMap
+    (`found`: k8s_info's resources) holds for nodes outside the play, so a run limited to
+    some hosts leaves the other nodes' agents their declarations. Entries that no longer
+    parse are dropped (the next full run writes them again)."""
+    from gpukit.contracts import node_declaration as nd
+
+    kept: dict[str, Any] = {}
+    data = (found[0].get("data") or {}) if found else {}
+    for node, text in data.items():
+        if node in play_nodes or node in declarations:
+            continue
+        try:
+            kept[str(node)] = nd.parse(str(text), f"declarations[{node!r}]").as_dict()
+        except (nd.DeclarationError, ValueError):
+            continue
+    kept.update(declarations)
+    return dict(sorted(kept.items()))
+
+
 def node_declaration(host_vars: Mapping[str, Any], host: str,
                      known: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """What `host`'s node agent must serve (agent.node_declaration)."""

@@ -21,9 +21,9 @@ from typing import Any
 from kubernetes import watch
 
 from gpukit import inventory as inv
-from gpukit.agent_manifests import AgentDeployment
+from gpukit.agent_manifests import AgentDeployment, declarations_map
 from gpukit.conformance import expect
-from gpukit.contracts.node_declaration import NodeDeclaration
+from gpukit.contracts.node_declaration import CONDITION_TYPE, NodeDeclaration
 from gpukit.k8s import connect, objects, waits
 from gpukit.k8s.nodes import reported_after
 from gpukit.lab import agent, nodes
@@ -157,6 +157,20 @@ def deployment(fleet: inv.GpuInventory) -> AgentDeployment:
         decl.node_name, expect.expected_resources(decl), decl.plugin_config_name or "").as_dict()
         for decl in fleet.nodes if not decl.dra}
     return replace(d, declarations=declarations)
+
+
+def declare(fleet: inv.GpuInventory, node: str, timeout: float = 150) -> None:
+    """The nodes' declarations for `fleet`, as a site.yml re-run after an inventory edit
+    renders them; returns once `node`'s agent says it serves its (new) declaration (the
+    kubelet refreshes the ConfigMap volume within about a minute)."""
+    objects.apply(connect.api_client(paths().admin_kubeconfig),
+                  [declarations_map(deployment(fleet))], field_manager="gpukit-lab")
+
+    def serves(o: Any) -> bool:
+        return any(c.type == CONDITION_TYPE and c.status == "False"
+                   for c in (o.status.conditions or []))
+
+    wait_node(node, serves, f"condition {CONDITION_TYPE} False", timeout)
 
 
 def provision(lab: LabSpec, fleet: inv.GpuInventory, timeout: float = 120) -> None:

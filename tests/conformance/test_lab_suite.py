@@ -209,6 +209,7 @@ def relaid(lab: Lab) -> Run:
         lp.set_labels(decl.node_name, decl.selection_labels())
         lp.apply_mig(lab.spec, decl.node_name, lp.mig_plan(decl))
         lp.wait_resources(decl.node_name, expect.expected_resources(decl), timeout=60)
+        lp.declare(inv.load(for_instance(lab.spec)), decl.node_name)
 
 
 def test_mig_layout_that_differs_fails(relaid: Run) -> None:
@@ -312,6 +313,7 @@ def test_single_strategy_node_passes(lab: Lab, tmp_path: Path) -> None:
     lp.set_labels(decl.node_name, single.selection_labels())
     try:
         lp.wait_resources(decl.node_name, {"nvidia.com/gpu": 16}, timeout=60)
+        lp.declare(inv.load(inventory), decl.node_name)  # as site.yml would after the edit
         run = run_suite(tmp_path, "--inventory", str(inventory), "--nodes", decl.node_name,
                         "-m", "discovery or labels or mig")
         assert run.rc == 0, run.output
@@ -321,6 +323,7 @@ def test_single_strategy_node_passes(lab: Lab, tmp_path: Path) -> None:
         lp.set_labels(decl.node_name, decl.selection_labels())
         lp.apply_mig(lab.spec, decl.node_name, lp.mig_plan(decl))
         lp.wait_resources(decl.node_name, expect.expected_resources(decl), timeout=60)
+        lp.declare(inv.load(for_instance(lab.spec)), decl.node_name)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])

@@ -169,3 +169,18 @@ def test_each_agent_s_declaration_is_the_check_s_answer_and_nodes_merge_by_name(
     other = {**entry, "resources": {"nvidia.com/gpu": 1}}
     with pytest.raises(agent.AgentSpecError, match="hosts a and b both declare node"):
         agent.merge_declarations({"a": entry, "b": other})
+
+
+def test_a_limited_run_keeps_the_other_nodes_declarations() -> None:
+    """site.yml --limit gpu-t4 writes gpu-t4's entry and keeps gpu-a100's from the cluster's
+    ConfigMap; an entry that no longer parses is dropped."""
+    from gpukit.contracts import node_declaration as nd
+    from gpukit.provision.play_inputs import declarations_kept
+
+    a100 = nd.NodeDeclaration("gpu-a100", {"nvidia.com/gpu": 8}, "default")
+    found = [{"data": {"gpu-a100": nd.render(a100), "gpu-t4": "stale", "gone": "version: v9"}}]
+    t4 = {"version": "v1", "node": "gpu-t4", "devicePluginConfig": "ts",
+          "resources": {"nvidia.com/gpu": 4}}
+    assert declarations_kept(found, {"gpu-t4": t4}, ["gpu-t4"]) == {
+        "gpu-a100": a100.as_dict(), "gpu-t4": t4}
+    assert declarations_kept([], {"gpu-t4": t4}, ["gpu-t4"]) == {"gpu-t4": t4}

@@ -20,6 +20,11 @@ def merge_agent_declarations(hosts, hostvars, fact):
 
 
 @gk.gpukit_filter
+def keep_other_declarations(found, declarations, play_nodes):
+    return play_inputs.declarations_kept(found or [], declarations or {}, play_nodes or [])
+
+
+@gk.gpukit_filter
 def agent_declaration(hostvars, host, *, declaration=None):
     return play_inputs.node_declaration(hostvars, host, declaration)
 
@@ -41,5 +46,6 @@ def expected_dra_devices(hostvars, host, *, declaration=None):
 
 class FilterModule:
     def filters(self):
-        return gk.filter_map(merge_plugin_configs, merge_agent_declarations, agent_declaration,
+        return gk.filter_map(merge_plugin_configs, merge_agent_declarations,
+                             keep_other_declarations, agent_declaration,
                              device_plugin_node_serves, dra_node_serves, expected_dra_devices)
