@@ -155,17 +155,44 @@ def own_node_policy(d: AgentDeployment) -> list[dict[str, Any]]:
     change only `nvidia.com/` labels: its spec (taints included), annotations,
     finalizers, owner references and other labels stay as they were.
     """
-    user = f"system:serviceaccount:{d.namespace}:{d.service_account}"
-    node_key = "authentication.kubernetes.io/node-name"
     old = "(has(oldObject.metadata.labels) ? oldObject.metadata.labels : {})"
     new = "(has(object.metadata.labels) ? object.metadata.labels : {})"
-    name = f"{APP}-own-node"
 
     def unchanged(field: str, empty: str) -> str:
         # An absent field and an empty one are the same to the API: compare with defaults.
         return (f"(has(object.metadata.{field}) ? object.metadata.{field} : {empty}) == "
                 f"(has(oldObject.metadata.{field}) ? oldObject.metadata.{field} : {empty})")
 
+    return _node_agent_policy(d, f"{APP}-own-node", "nodes", [
+        {
+            "expression": "object.spec == oldObject.spec",
+            "message": "the gpukit node agent may not change a node's spec",
+        },
+        {
+            "expression": f"{new}.all(k, k.startsWith('nvidia.com/') || "
+            f"(k in {old} && {old}[k] == {new}[k])) && "
+            f"{old}.all(k, k.startsWith('nvidia.com/') || k in {new})",
+            "message": "the gpukit node agent may change only nvidia.com/ labels",
+        },
+        *(
+            {"expression": unchanged(field, empty),
+             "message": f"the gpukit node agent may not change a node's {what}"}
+            for field, empty, what in (
+                ("annotations", "{}", "annotations"),
+                ("finalizers", "[]", "finalizers"),
+                ("ownerReferences", "[]", "owner references"),
+            )
+        ),
+    ])
+
+
+def _node_agent_policy(d: AgentDeployment, name: str, resource: str,
+                       validations: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """A ValidatingAdmissionPolicy and its binding on the node agent's UPDATEs of `resource`:
+    only the node its pod runs on (the pod-bound token's `authentication.kubernetes.io/
+    node-name`), then `validations`."""
+    user = f"system:serviceaccount:{d.namespace}:{d.service_account}"
+    node_key = "authentication.kubernetes.io/node-name"
     policy = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",
@@ -178,7 +205,7 @@ def own_node_policy(d: AgentDeployment) -> list[dict[str, Any]]:
                         "apiGroups": [""],
                         "apiVersions": ["v1"],
                         "operations": ["UPDATE"],
-                        "resources": ["nodes"],
+                        "resources": [resource],
                     }
                 ]
             },
@@ -191,25 +218,7 @@ def own_node_policy(d: AgentDeployment) -> list[dict[str, Any]]:
                     f"request.userInfo.extra['{node_key}'][0] == object.metadata.name",
                     "message": "the gpukit node agent may change only the node its pod runs on",
                 },
-                {
-                    "expression": "object.spec == oldObject.spec",
-                    "message": "the gpukit node agent may not change a node's spec",
-                },
-                {
-                    "expression": f"{new}.all(k, k.startsWith('nvidia.com/') || "
-                    f"(k in {old} && {old}[k] == {new}[k])) && "
-                    f"{old}.all(k, k.startsWith('nvidia.com/') || k in {new})",
-                    "message": "the gpukit node agent may change only nvidia.com/ labels",
-                },
-                *(
-                    {"expression": unchanged(field, empty),
-                     "message": f"the gpukit node agent may not change a node's {what}"}
-                    for field, empty, what in (
-                        ("annotations", "{}", "annotations"),
-                        ("finalizers", "[]", "finalizers"),
-                        ("ownerReferences", "[]", "owner references"),
-                    )
-                ),
+                *validations,
             ],
         },
     }
@@ -235,10 +244,7 @@ def own_node_condition_policy(d: AgentDeployment) -> list[dict[str, Any]]:
     its own node, and only the condition `GpuDeclarationMismatch` (served vs declared):
     every other condition, every other status field and the node's metadata stay as they
     were."""
-    user = f"system:serviceaccount:{d.namespace}:{d.service_account}"
-    node_key = "authentication.kubernetes.io/node-name"
     ours = nd.CONDITION_TYPE
-    name = f"{APP}-own-node-condition"
 
     def others(obj: str) -> str:
         return (f"(has({obj}.status.conditions) ? {obj}.status.conditions : [])"
@@ -248,40 +254,15 @@ def own_node_condition_policy(d: AgentDeployment) -> list[dict[str, Any]]:
         return (f"has(object.{path}) == has(oldObject.{path}) && "
                 f"(!has(object.{path}) || object.{path} == oldObject.{path})")
 
-    policy = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": name, "labels": _labels()},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {"resourceRules": [{
-                "apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
-                "resources": ["nodes/status"],
-            }]},
-            "matchConditions": [
-                {"name": "is-node-agent", "expression": f"request.userInfo.username == '{user}'"}
-            ],
-            "validations": [
-                {"expression": f"'{node_key}' in request.userInfo.extra && "
-                               f"request.userInfo.extra['{node_key}'][0] == object.metadata.name",
-                 "message": "the gpukit node agent may change only the node its pod runs on"},
-                {"expression": f"{others('object')} == {others('oldObject')}",
-                 "message": f"the gpukit node agent may change only the {ours} condition"},
-                {"expression": " && ".join(same(f"status.{f}") for f in _STATUS_FIELDS)
-                               + " && " + " && ".join(same(f"metadata.{f}") for f in (
-                                   "labels", "annotations", "finalizers", "ownerReferences")),
-                 "message": "the gpukit node agent may change nothing of a node's status "
-                            f"but its {ours} condition"},
-            ],
-        },
-    }
-    binding = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": name, "labels": _labels()},
-        "spec": {"policyName": name, "validationActions": ["Deny"]},
-    }
-    return [policy, binding]
+    return _node_agent_policy(d, f"{APP}-own-node-condition", "nodes/status", [
+        {"expression": f"{others('object')} == {others('oldObject')}",
+         "message": f"the gpukit node agent may change only the {ours} condition"},
+        {"expression": " && ".join(same(f"status.{f}") for f in _STATUS_FIELDS)
+                       + " && " + " && ".join(same(f"metadata.{f}") for f in (
+                           "labels", "annotations", "finalizers", "ownerReferences")),
+         "message": "the gpukit node agent may change nothing of a node's status "
+                    f"but its {ours} condition"},
+    ])
 
 
 def declarations_map(d: AgentDeployment) -> dict[str, Any]:
