@@ -267,12 +267,17 @@ def own_node_condition_policy(d: AgentDeployment) -> list[dict[str, Any]]:
 
 def declarations_map(d: AgentDeployment) -> dict[str, Any]:
     """Each node's declaration, key = node name (the agent reads its own entry)."""
+    return declarations_config_map(d.declarations, d.namespace)
+
+
+def declarations_config_map(declarations: Mapping[str, Any], namespace: str) -> dict[str, Any]:
+    """The declarations ConfigMap of node name -> declaration entry (as a dict)."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": DECLARATIONS, "namespace": d.namespace, "labels": _labels()},
+        "metadata": {"name": DECLARATIONS, "namespace": namespace, "labels": _labels()},
         "data": {node: nd.render(nd.from_dict(decl, f"declarations[{node!r}]"))
-                 for node, decl in sorted(d.declarations.items())},
+                 for node, decl in sorted(declarations.items())},
     }
 
 

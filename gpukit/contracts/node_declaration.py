@@ -107,6 +107,31 @@ def from_dict(doc: object, source: str = "declaration") -> NodeDeclaration:
     return NodeDeclaration(str(node), resources, str(config))
 
 
+def served_message(node: str, resources: Mapping[str, int]) -> str:
+    """The condition's message while `node` serves its declaration (`resources`: the counts
+    compared, declared = served)."""
+    summary = ", ".join(f"{n} {c}" for n, c in sorted(resources.items())) or "no GPU resources"
+    return f"node {node} serves its declaration: {summary}"
+
+
+def serves(condition: Mapping[str, Any] | None, node: str, resources: Mapping[str, int]) -> bool:
+    """Whether a node's GpuDeclarationMismatch `condition` (the API's dict) says `node` serves
+    exactly `resources` (zero counts ignored): False, and its message names these counts. A
+    False condition alone is not enough: it may still speak of the declaration before."""
+    if not condition or condition.get("status") != "False":
+        return False
+    prefix = f"node {node} serves its declaration: "
+    message = str(condition.get("message") or "")
+    if not message.startswith(prefix):
+        return False
+    said: dict[str, int] = {}
+    for part in message[len(prefix):].split(", "):
+        name, _, count = part.rpartition(" ")
+        if name.startswith(RESOURCE_PREFIX) and count.isdigit() and int(count):
+            said[name] = int(count)
+    return said == {n: int(c) for n, c in resources.items() if int(c)}
+
+
 def _short(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."

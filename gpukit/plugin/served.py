@@ -52,8 +52,6 @@ def compare(declaration: nd.NodeDeclaration, served: Served) -> Verdict:
                         "config is served")
     node = declaration.node
     if not problems:
-        summary = ", ".join(f"{n} {got[n]}" for n in names) or "no GPU resources"
-        return Verdict(False, nd.REASON_OK,
-                       f"node {node} serves its declaration: {summary}", declared, got)
+        return Verdict(False, nd.REASON_OK, nd.served_message(node, got), declared, got)
     reason = nd.REASON_CONFIG if served.config_refused is not None else nd.REASON_DEVICES
     return Verdict(True, reason, f"node {node}: " + "; ".join(problems), declared, got)

@@ -71,6 +71,29 @@ def declarations_kept(found: Sequence[Mapping[str, Any]], declarations: Mapping[
     return dict(sorted(kept.items()))
 
 
+def declaration_update(found: Sequence[Mapping[str, Any]], node: str,
+                       decl: Mapping[str, Any] | None, namespace: str) -> dict[str, Any] | None:
+    """The agents' declarations ConfigMap with `node`'s entry set to `decl` (removed when None:
+    a DRA node runs no agent), for a rollout that changes what the node serves; the other
+    nodes' entries as the cluster has them (`found`: k8s_info's resources). None: the
+    cluster's ConfigMap already says so."""
+    from gpukit import agent_manifests
+    from gpukit.contracts import node_declaration as nd
+
+    data = (found[0].get("data") or {}) if found else {}
+    if decl is None and node not in data:
+        return None
+    want = inventory.plain(dict(decl)) if decl is not None else None
+    if want is not None and node in data:
+        try:
+            if nd.parse(str(data[node]), f"declarations[{node!r}]") == nd.from_dict(want):
+                return None
+        except (nd.DeclarationError, ValueError):
+            pass  # unusable: written again
+    entries = declarations_kept(found, {} if want is None else {node: want}, [node])
+    return agent_manifests.declarations_config_map(entries, namespace)
+
+
 def node_declaration(host_vars: Mapping[str, Any], host: str,
                      known: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """What `host`'s node agent must serve (agent.node_declaration)."""

@@ -378,6 +378,17 @@ def node_serves(
     return ready and allocatable == {k: int(v) for k, v in expected.items() if int(v) > 0}
 
 
+def declaration_served(node: Mapping[str, Any], expected: Mapping[str, int]) -> bool:
+    """The node's agent says it serves `expected` (its condition GpuDeclarationMismatch, as the
+    conformance suite checks it): it has read the declaration the rollout handed it."""
+    from gpukit.contracts import node_declaration as nd
+
+    meta = node.get("metadata") or {}
+    cond = next((c for c in (node.get("status") or {}).get("conditions") or []
+                 if c.get("type") == nd.CONDITION_TYPE), None)  # fmt: skip
+    return nd.serves(cond, str(meta.get("name") or ""), expected)
+
+
 @dataclass
 class Report:
     lines: list[str]

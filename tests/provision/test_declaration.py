@@ -184,3 +184,50 @@ def test_a_limited_run_keeps_the_other_nodes_declarations() -> None:
     assert declarations_kept(found, {"gpu-t4": t4}, ["gpu-t4"]) == {
         "gpu-a100": a100.as_dict(), "gpu-t4": t4}
     assert declarations_kept([], {"gpu-t4": t4}, ["gpu-t4"]) == {"gpu-t4": t4}
+
+
+def test_a_rollout_hands_one_node_its_new_declaration() -> None:
+    """The rolling upgrade rewrites only its node's entry (the others as the cluster has
+    them), removes it when the node moves to DRA, and applies nothing when it is current."""
+    from gpukit.contracts import node_declaration as nd
+    from gpukit.provision.play_inputs import declaration_update
+
+    a100 = nd.NodeDeclaration("gpu-a100", {"nvidia.com/gpu": 8}, "default")
+    old = nd.NodeDeclaration("gpu-t4", {"nvidia.com/gpu": 8}, "time-sliced")
+    new = nd.NodeDeclaration("gpu-t4", {"nvidia.com/gpu": 16}, "time-sliced")
+    found = [{"data": {"gpu-a100": nd.render(a100), "gpu-t4": nd.render(old)}}]
+    cm = declaration_update(found, "gpu-t4", new.as_dict(), "ns")
+    assert cm is not None and cm["metadata"] == {
+        "name": "gpukit-node-agent-declarations", "namespace": "ns",
+        "labels": {"app.kubernetes.io/name": "gpukit-node-agent",
+                   "app.kubernetes.io/part-of": "gpukit"}}
+    assert cm["data"] == {"gpu-a100": nd.render(a100), "gpu-t4": nd.render(new)}
+    assert declaration_update([cm], "gpu-t4", new.as_dict(), "ns") is None
+    moved = declaration_update(found, "gpu-t4", None, "ns")
+    assert moved is not None and moved["data"] == {"gpu-a100": nd.render(a100)}
+    assert declaration_update([moved], "gpu-t4", None, "ns") is None
+    assert declaration_update([], "gpu-t4", new.as_dict(), "ns")["data"] == {  # type: ignore[index]
+        "gpu-t4": nd.render(new)}
+
+
+def test_the_agent_s_condition_serves_only_with_the_expected_counts() -> None:
+    """The rollout waits for the agent's condition to name the counts the node now declares:
+    a False condition about the declaration before is not enough."""
+    from gpukit.contracts import node_declaration as nd
+    from gpukit.plugin.served import Served, compare
+    from gpukit.provision.upgrade import declaration_served
+
+    def node(status: str, message: str) -> dict[str, Any]:
+        return {"metadata": {"name": "gpu-t4"}, "status": {"conditions": [
+            {"type": "Ready", "status": "True"},
+            {"type": nd.CONDITION_TYPE, "status": status, "message": message}]}}
+
+    verdict = compare(nd.NodeDeclaration("gpu-t4", {"nvidia.com/gpu": 16, "nvidia.com/mig-1g.5gb": 0}),
+                      Served({"nvidia.com/gpu": 16}))
+    assert not verdict.mismatch
+    assert declaration_served(node("False", verdict.message), {"nvidia.com/gpu": 16})
+    assert not declaration_served(node("False", verdict.message), {"nvidia.com/gpu": 8})
+    assert not declaration_served(node("True", verdict.message), {"nvidia.com/gpu": 16})
+    assert not declaration_served({"metadata": {"name": "gpu-t4"}}, {"nvidia.com/gpu": 16})
+    other = nd.served_message("gpu-a100", {"nvidia.com/gpu": 16})
+    assert not declaration_served(node("False", other), {"nvidia.com/gpu": 16})

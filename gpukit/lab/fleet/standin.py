@@ -91,7 +91,7 @@ def node_status(decl: inv.NodeDecl, address: str, t: dt.datetime) -> dict[str, A
         # a DRA node runs no agent.
         "conditions": _conditions(t) + ([] if decl.dra else [
             {"type": nd.CONDITION_TYPE, "status": "False", "reason": nd.REASON_OK,
-             "message": f"simulated: node {decl.node_name} serves its declaration",
+             "message": nd.served_message(decl.node_name, {r: int(n) for r, n in gpus.items()}),
              "lastHeartbeatTime": _stamp(t), "lastTransitionTime": _stamp(t)}]),
         "addresses": [
             {"type": "InternalIP", "address": address},

@@ -43,6 +43,16 @@ def upgrade_node_serves(node, expected, driver=None):
 
 
 @gk.gpukit_filter
+def upgrade_declaration_served(node, expected):
+    return upgrade.declaration_served(node or {}, expected or {})
+
+
+@gk.gpukit_filter
+def upgrade_declarations(found, node, declaration, namespace):
+    return play_inputs.declaration_update(found or [], node, declaration or None, namespace)
+
+
+@gk.gpukit_filter
 def upgrade_agent_started_since(pods, since):
     return upgrade.agent_started_since(pods or [], since)
 
@@ -61,4 +71,5 @@ class FilterModule:
     def filters(self):
         return gk.filter_map(upgrade_plan, upgrade_driver_changes, upgrade_label_changes,
                           upgrade_pods_to_wait_for, upgrade_pods_left, upgrade_node_serves,
-                          upgrade_agent_started_since, upgrade_failed_hosts, upgrade_report)
+                          upgrade_agent_started_since, upgrade_failed_hosts, upgrade_report,
+                          upgrade_declaration_served, upgrade_declarations)
