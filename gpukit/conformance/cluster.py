@@ -120,6 +120,11 @@ class Kube:
                 return None
             raise
 
+    def runtime_classes(self) -> dict[str, str]:
+        """RuntimeClass name -> handler."""
+        items = client.NodeV1Api(self.api_client).list_runtime_class().items
+        return {rc.metadata.name: rc.handler for rc in items}
+
     # ---- namespace
 
     def create_namespace(self, name: str, ttl: dt.timedelta) -> None:

@@ -113,6 +113,17 @@ def test_runtime_configured_for_nvidia(gpukit_suite: Any, node: str, check: Chec
             check.equal("containerd CDI (enable_cdi, containerd config dump)", True,
                         view.enable_cdi)  # fmt: skip
         nvidia_runtime = bool(view.nvidia_runtimes)
+        # Everywhere, the lab's mock included: pods reach the NVIDIA runtime through a handler
+        # of containerd's effective config, named by a RuntimeClass unless it is the default.
+        check.true("containerd runtime handlers running the NVIDIA runtime (config dump)",
+                   nvidia_runtime, "at least one", "none")
+        if nvidia_runtime and view.default_runtime not in view.nvidia_runtimes:
+            classes = {n: h for n, h in gpukit_suite.kube.runtime_classes().items()
+                       if h in view.nvidia_runtimes}
+            check.true("a RuntimeClass with an NVIDIA runtime handler (default runtime "
+                       f"{view.default_runtime!r})", bool(classes),
+                       f"handler one of {list(view.nvidia_runtimes)}",
+                       ", ".join(f"{n} -> {h}" for n, h in sorted(classes.items())) or "none")
     else:
         nvidia_runtime = "nvidia-container-runtime" in host.runtime_config
     if strategies & {"envvar", "volume-mounts"}:
@@ -120,7 +131,8 @@ def test_runtime_configured_for_nvidia(gpukit_suite: Any, node: str, check: Chec
             check.equal("devices reach containers as DeviceSpecs (passDeviceSpecs, lab mock)",
                         True, plugin.pass_device_specs)
         else:
-            check.equal("NVIDIA container runtime configured", True, nvidia_runtime)
+            if decl.container_runtime != "containerd":
+                check.equal("NVIDIA container runtime configured", True, nvidia_runtime)
             if nvidia_runtime and decl.container_runtime == "containerd":
                 assert isinstance(view, ContainerdView)
                 check.true("the NVIDIA runtime is containerd's default (containerd config dump)",

@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import time
+import tomllib
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -26,12 +27,13 @@ from gpukit.conformance import expect
 from gpukit.contracts.node_declaration import CONDITION_TYPE, NodeDeclaration
 from gpukit.k8s import connect, objects, waits
 from gpukit.k8s.nodes import reported_after
-from gpukit.lab import agent, nodes
+from gpukit.lab import agent, cluster, nodes
 from gpukit.lab import nvml as mock
 from gpukit.lab.config import LabSpec
 from gpukit.lab.controlplane import paths
+from gpukit.lab.packages import build_repo
 from gpukit.mig.placement import pack
-from gpukit.provision import quotas
+from gpukit.provision import quotas, runtime
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -173,8 +175,51 @@ def declare(fleet: inv.GpuInventory, node: str, timeout: float = 150) -> None:
     wait_node(node, serves, f"condition {CONDITION_TYPE} False", timeout)
 
 
+RUNTIME_CLASS = "nvidia"
+CONTAINERD = "etc/containerd/config.toml"
+
+
+def configure_runtime(lab: LabSpec, node: str, timeout: float = 120) -> None:
+    """The lab's nvidia-container-toolkit package and containerd's `nvidia` runtime, as role
+    container_toolkit installs and configures them (the suite checks the handler everywhere);
+    nothing when the node has both."""
+    spec = lab.node(node)
+    conf = nodes.root(spec) / CONTAINERD
+    text = conf.read_text()
+    installed = (nodes.root(spec) / runtime.DEFAULT_BINARY.lstrip("/")).exists()
+    edit = runtime.configure_containerd(
+        text, runtime.RuntimeSettings(), "/" + CONTAINERD,
+        new_version=runtime.config_version(tomllib.loads(text), "/" + CONTAINERD))
+    if installed and not edit.changed:
+        return
+    if not installed:
+        build_repo()
+        r = cluster.node_exec(spec, ["sh", "-c", "dpkg -i /opt/gpukit-lab/apt/"
+                                     "nvidia-container-toolkit_*.deb"], timeout=timeout)
+        assert r.returncode == 0, f"{node}: toolkit install: {r.stdout}{r.stderr}"
+    if edit.changed:
+        conf.write_text(edit.after or text)
+        r = cluster.node_exec(spec, ["systemctl", "restart", "containerd"], timeout=timeout)
+        assert r.returncode == 0, f"{node}: containerd restart: {r.stdout}{r.stderr}"
+        wait_node(node, lambda o: any(c.type == "Ready" and c.status == "True"
+                                      for c in o.status.conditions or []),
+                  "Ready after the containerd restart", timeout)
+
+
+def runtime_class() -> None:
+    """RuntimeClass `nvidia` (handler nvidia), as role container_toolkit creates it."""
+    objects.apply(connect.api_client(paths().admin_kubeconfig), [
+        {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+         "metadata": {"name": RUNTIME_CLASS}, "handler": "nvidia"}],
+        field_manager="gpukit-container-toolkit")
+
+
 def provision(lab: LabSpec, fleet: inv.GpuInventory, timeout: float = 120) -> None:
-    """Labels, MIG layouts, the agent; returns once every node advertises what is declared."""
+    """Labels, MIG layouts, the runtime, the agent; returns once every node advertises what is
+    declared."""
+    runtime_class()
+    for decl in fleet.nodes:
+        configure_runtime(lab, decl.node_name)
     for decl in fleet.nodes:
         if decl.mig_declared:
             apply_mig(lab, decl.node_name, mig_plan(decl))

@@ -294,6 +294,29 @@ def test_a_stopped_plugin_fails(lab: Lab, tmp_path: Path) -> None:
         lp.provision(lab.spec, lab.fleet)
 
 
+def test_a_runtime_class_gone_fails(lab: Lab, tmp_path: Path) -> None:
+    """Issue 28: the runtime check reads containerd's effective config on the lab too, and a
+    cluster without a RuntimeClass for the nvidia handler (containerd's default is runc
+    here) fails naming the node; with it back, the check passes."""
+    from kubernetes import client
+
+    (tmp_path / "gone").mkdir()
+    (tmp_path / "back").mkdir()
+    nodes_api = client.NodeV1Api(lp.core().api_client)
+    nodes_api.delete_runtime_class(lp.RUNTIME_CLASS)
+    try:
+        run = run_suite(tmp_path / "gone", "--nodes", "gpu-t4", "-m", "host",
+                        "-k", "runtime_configured")
+        _expect_failures(run, "node gpu-t4: a RuntimeClass with an NVIDIA runtime handler "
+                              "(default runtime 'runc'): expected handler one of ['nvidia'], "
+                              "observed none")
+    finally:
+        lp.runtime_class()
+    run = run_suite(tmp_path / "back", "--nodes", "gpu-t4", "-m", "host", "-k",
+                    "runtime_configured")
+    assert run.rc == 0 and "test_runtime_configured_for_nvidia[gpu-t4]" in run.passed, run.output
+
+
 def test_single_strategy_node_passes(lab: Lab, tmp_path: Path) -> None:
     """An inventory that gives gpu-a100 migStrategy single over 2x 3g.20gb on every GPU: the
     node advertises 16 nvidia.com/gpu with the MIG product label, and the suite agrees."""

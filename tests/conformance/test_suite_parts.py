@@ -377,6 +377,7 @@ def test_job_manifests() -> None:
          "verbs": ["get", "list"]},
         {"apiGroups": ["scheduling.k8s.io"], "resources": ["priorityclasses"],
          "verbs": ["get", "list"]},
+        {"apiGroups": ["node.k8s.io"], "resources": ["runtimeclasses"], "verbs": ["get", "list"]},
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices", "deviceclasses"],
          "verbs": ["get", "list", "watch"]}]
     # Pods in the quota namespaces only where the user binds this role (not bound here).

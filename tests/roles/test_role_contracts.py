@@ -295,7 +295,7 @@ def test_kubernetes_api_access_is_spelled_once_per_role() -> None:
     assert not problems, "\n".join(problems)
     assert api_tasks >= 20, f"only {api_tasks} kubernetes.core tasks found: the walk is broken"
     wrappers = sorted(p.parent.parent.name for p in ROLES.glob(f"*/tasks/{API_WRAPPER}"))
-    assert wrappers == ["device_plugin", "gpu_quotas", "gpu_telemetry", "node_labels",
+    assert wrappers == ["container_toolkit", "device_plugin", "gpu_quotas", "gpu_telemetry", "node_labels",
                         "rolling_upgrade"], wrappers  # fmt: skip
 
 
