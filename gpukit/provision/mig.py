@@ -84,10 +84,20 @@ def run(
     selected: str,
     force: bool = False,
     extra: Sequence[str] = (),
-    timeout: float = 600,
+    apply_timeout: float = 600,
 ) -> MigRun:
-    proc = subprocess.run(argv(command, config_file, selected, force, extra),
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    """Run the MIG manager; `apply_timeout` bounds an apply (its --timeout, which stops it
+    with state failed and the plugin's pause lifted); this process waits a minute longer for
+    the manager's own answer before it gives up on the manager too."""
+    args = argv(command, config_file, selected, force, extra)
+    if command == "apply":
+        args += ["--timeout", f"{apply_timeout:g}"]
+    try:
+        proc = subprocess.run(args, capture_output=True, text=True,
+                              timeout=(apply_timeout + 60) if apply_timeout > 0 else None)
+    except subprocess.TimeoutExpired as e:
+        raise MigRunError(f"MIG manager {command} ({selected}) did not answer within "
+                          f"{apply_timeout + 60:g}s: stopped") from e
     try:
         result = json.loads(proc.stdout) if proc.stdout.strip() else {}
     except ValueError:

@@ -36,7 +36,7 @@ from gpukit.plugin import nvml
 from ..dra.checkpoint import CheckpointError
 from ..nvml import discovery
 from ..nvml.mig import open_nvml
-from . import dra_claims, hooks
+from . import deadline, dra_claims, hooks
 from .applier import ApplyError, ClaimsHeld, ProcessesRunning, apply
 from .export import export_config, export_warnings
 from .hooks import ResetError
@@ -84,6 +84,11 @@ def build_parser(prog: str = "python -m gpukit.plugin.mig") -> argparse.Argument
                          "hold [GPUKIT_DRA_CHECKPOINT]")
     rt.add_argument("--pause-ack-timeout", type=float, default=0.0, metavar="SECONDS",
                     help="wait this long for the plugin to acknowledge the pause")
+    rt.add_argument("--timeout", type=float,
+                    default=float(_env("GPUKIT_MIG_APPLY_TIMEOUT", "600") or 600),
+                    metavar="SECONDS",
+                    help="apply: give up after this long (0: no bound): state failed, the "
+                         "plugin's pause lifted, exit 1 [GPUKIT_MIG_APPLY_TIMEOUT]")
     rt.add_argument("--plugin-pid", type=int, help="device plugin PID: SIGUSR1 after a change")
     rt.add_argument("--plugin-pid-file", type=Path, help="file holding the device plugin PID")
     rt.add_argument("--node-name", default=_env("NODE_NAME"),
@@ -189,13 +194,32 @@ def _run(args: argparse.Namespace) -> int:
                                      ack_timeout=args.pause_ack_timeout)
         claims = (dra_claims.held_by_index(args.dra_checkpoint, discovery.gpu_minors())
                   if args.dra_checkpoint.is_file() and not args.force else {})
-        result = apply(configs, selected, backend, _reset_fn(args), force=args.force,
-                       reporter=reporter, pauser=pauser, claims=claims)
+        with deadline.Deadline(args.timeout, lambda: _timed_out(args, selected, reporter,
+                                                                pauser)):
+            result = apply(configs, selected, backend, _reset_fn(args), force=args.force,
+                           reporter=reporter, pauser=pauser, claims=claims)
         doc = {"command": "apply", **result.plan.to_json(), "changed": result.changed,
                "executed": [a.to_json() for a in result.executed],
                "skipped": [a.to_json() for a in result.skipped]}
         _emit(args, doc, apply_text(result))
         return EXIT_OK
+
+
+def _timed_out(args: argparse.Namespace, selected: str, reporter: hooks.StateReporter | None,
+               pauser: hooks.PluginPause) -> None:
+    """The apply outlived --timeout (Deadline's watchdog thread): what is left of the node is
+    served again and the failure is said, before the process ends."""
+    problem = (f"MIG config {selected!r} did not finish within {args.timeout:g}s (--timeout): "
+               "stopped; the plugin serves what the GPUs now have")
+    if reporter is not None:
+        reporter.report("failed", problem)
+    pauser.resume()
+    fail = _Fail(EXIT_ERROR, "apply failed (rerun apply to converge)", [problem])
+    print(problems_text(fail.title, fail.problems), file=sys.stderr, flush=True)
+    if args.json:
+        print(json.dumps({"command": "apply", "failed": True, "changed": False,
+                          "exit_code": fail.code, "msg": problems_text(fail.title, fail.problems),
+                          "problems": fail.problems}, indent=2), flush=True)
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m gpukit.plugin.mig") -> int:

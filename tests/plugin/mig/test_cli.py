@@ -133,3 +133,27 @@ def test_t4_cli(t4: MockNode) -> None:
     rc, doc = cli_json(["apply", "--configs-json", inner, "--selected", "all-disabled",
                         "--pause-file", ""], t4.env)
     assert rc == 0 and doc["changed"] is False
+
+
+def test_a_hung_apply_ends_failed_within_its_bound(a100: MockNode, tmp_path: Path) -> None:
+    """Issue 30: an apply whose GPU reset never finishes (here: outlives --timeout 1) ends with
+    exit 1 and one line naming the bound, mig.config.state failed and the plugin's pause
+    lifted (the node serves what it has), instead of leaving the node paused and pending."""
+    import time
+
+    c = json.dumps({"x": [{"devices": [0], "mig-enabled": True, "mig-devices": {"7g.40gb": 1}}]})
+    pause, state = tmp_path / "p", tmp_path / "st"
+    args = ["--configs-json", c, "--selected", "x", "--pause-file", str(pause),
+            "--state-file", str(state), "--timeout", "1", "--reset-command", "sleep 4"]
+    t0 = time.monotonic()
+    rc, doc = cli_json(["apply", *args], a100.env)
+    took = time.monotonic() - t0
+    assert rc == 1 and doc["failed"] is True, doc
+    assert "MIG config 'x' did not finish within 1s (--timeout)" in doc["msg"], doc["msg"]
+    assert took < 4, took  # ended by the bound, not by the reset finishing
+    assert json.loads(state.read_text())["state"] == "failed"
+    assert not pause.exists()
+    # The node is left as the apply left it (mode pending a reset); a rerun converges.
+    assert run_cli(["apply", "--configs-json", c, "--selected", "x", "--pause-file",
+                    str(pause)], a100.env).returncode == 0
+    assert a100.layout()[0] == (True, True, ("7g.40gb@0/1ci",))

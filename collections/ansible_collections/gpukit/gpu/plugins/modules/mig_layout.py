@@ -40,6 +40,13 @@ options:
     type: list
     elements: str
     default: []
+  timeout:
+    description:
+      - Seconds the apply may take (the MIG manager's C(--timeout)); after that it is stopped,
+        C(nvidia.com/mig.config.state) is C(failed), the device plugin's pause is lifted and the
+        task fails.
+    type: int
+    default: 600
 notes:
   - Supports check mode (the plan) and diff mode (layout before and after, per GPU).
 """
@@ -73,6 +80,7 @@ def main():
         "config_file": {"type": "path", "default": "/etc/gpukit/mig-parted.yaml"},
         "force": {"type": "bool", "default": False},
         "extra_args": {"type": "list", "elements": "str", "default": []},
+        "timeout": {"type": "int", "default": 600},
     })
     from gpukit.contracts.mig_parted import MigConfigError
     from gpukit.provision import mig
@@ -96,7 +104,8 @@ def main():
         gk.write_text(module, config_file, text)
     command = "plan" if module.check_mode else "apply"
     try:
-        run = mig.run(command, config_file, p["selected"], force=p["force"], extra=p["extra_args"])
+        run = mig.run(command, config_file, p["selected"], force=p["force"],
+                      extra=p["extra_args"], apply_timeout=p["timeout"])
     except mig.MigRunError as e:
         module.fail_json(msg=str(e), result=e.result)
     finally:
