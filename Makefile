@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export GPUKIT_CACHE ?= $(HOME)/.cache/gpukit
 
-.PHONY: lab provision conformance test lint unit matrix scale hardware deps venv nvml k8s containerd rootfs protos lab-down clean
+.PHONY: lab provision conformance evidence test lint unit matrix scale hardware deps venv nvml k8s containerd rootfs protos lab-down clean
 
 # The running lab instance (GPUKIT_LAB_INSTANCE, default 0): its inventory (instance 0:
 # inventories/lab; others: a copy with their addresses) and kubeconfig.
@@ -38,6 +38,17 @@ conformance: venv ## prove the lab serves what its inventory declares
 	  $(PY) -m pytest gpukit/conformance --inventory "$$inv" --kubeconfig "$$kc" \
 	    --junitxml $(RESULTS)/conformance.xml --report-html $(RESULTS)/conformance.html; \
 	  rc=$$?; [ "$(SUMMARY)" = 0 ] || $(PY) -m gpukit.summary --junit $(RESULTS)/conformance.xml; \
+	  exit $$rc
+
+evidence: venv ## CNCF AI Conformance evidence of the suite on the lab: junit.xml, e2e.log, PRODUCT.yaml
+	@mkdir -p $(RESULTS)/evidence
+	@inv=$$($(LAB_INVENTORY)) && kc=$$($(LAB_KUBECONFIG)) || exit; \
+	  $(PY) -m pytest gpukit/conformance --inventory "$$inv" --kubeconfig "$$kc" \
+	    --junitxml $(RESULTS)/evidence/junit.xml 2>&1 | tee $(RESULTS)/evidence/e2e.log; \
+	  rc=$${PIPESTATUS[0]}; \
+	  $(PY) -m gpukit evidence $(RESULTS)/evidence/junit.xml -o $(RESULTS)/evidence \
+	    --log $(RESULTS)/evidence/e2e.log --platform-name gpukit \
+	    --kubernetes-version "$$($(PY) -c 'import sys; from kubernetes import client, config; config.load_kube_config(sys.argv[1]); v = client.VersionApi().get_code(); print(f"v{v.major}.{v.minor}")' "$$kc")"; \
 	  exit $$rc
 
 # The three lab instances `make test` uses: the suite's and the roles' lab tests each

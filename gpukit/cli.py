@@ -6,6 +6,7 @@
     gpukit inventory check INV   every GPU node's declaration, checked on the controller
     gpukit manifests -i INV      the node agent's objects (device plugin, DRA), as site.yml applies
     gpukit report JUNIT -o HTML  the conformance suite's per-node report from its JUnit XML
+    gpukit evidence JUNIT -o DIR CNCF AI Conformance evidence: junit.xml, e2e.log, PRODUCT.yaml
     gpukit summary ...           per node: what site.yml changed, what the suite found
     gpukit lab ...               the hardware-free lab
 """
@@ -120,6 +121,42 @@ def summary(ctx: typer.Context) -> None:
     from gpukit.summary import main as summary_main
 
     raise typer.Exit(summary_main(ctx.args, prog="gpukit summary"))
+
+
+@app.command("evidence")
+def evidence(
+    junit: Annotated[Path, typer.Argument(help="the conformance suite's JUnit XML (--junitxml)")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="the directory to write")],
+    log: Annotated[Path | None, typer.Option("--log", help="the run's output, as e2e.log "
+                                             "(default: one line per test from the JUnit)")] = None,
+    kubernetes_version: Annotated[str, typer.Option(help="metadata.kubernetesVersion")] = "",
+    platform_name: Annotated[str, typer.Option(help="metadata.platformName")] = "",
+    platform_version: Annotated[str, typer.Option(help="metadata.platformVersion")] = "",
+    vendor_name: Annotated[str, typer.Option(help="metadata.vendorName")] = "",
+) -> None:
+    """CNCF AI Conformance evidence of a suite run: junit.xml, e2e.log and a PRODUCT.yaml
+    draft whose covered requirements carry the suite's results."""
+    try:
+        from gpukit.conformance import evidence as ev
+        from gpukit.conformance import report as html_report
+    except ImportError as e:
+        _fail(f"gpukit evidence needs the conformance suite's dependencies ({e}): "
+              "pip install 'gpukit[conformance]'")  # fmt: skip
+    try:
+        results, _meta = html_report.from_junit(junit)
+    except html_report.JunitError as e:
+        _fail(e)
+    if not results:
+        _fail(f"{junit}: no test case of the gpukit conformance suite (none has its properties)")
+    meta = {"kubernetesVersion": kubernetes_version, "platformName": platform_name,
+            "platformVersion": platform_version, "vendorName": vendor_name}
+    try:
+        doc = ev.write(output, junit, results, meta, log)
+    except OSError as e:
+        _fail(f"{output}: {e}")
+    claimed = [r["id"] for reqs in doc["spec"].values() for r in reqs if r["status"]]
+    print(f"{output}: {ev.PRODUCT} drafts {len(claimed)} requirement(s) from "
+          f"{len(results)} tests: {', '.join(claimed) or 'none'}")
 
 
 @app.command("report")

@@ -14,17 +14,20 @@ from typing import Any
 
 import pytest
 
+from gpukit.contracts.cncf_ai_conformance import (
+    ACCELERATOR_METRICS,
+    DRA_SUPPORT,
+    DRIVER_RUNTIME_MANAGEMENT,
+    GPU_SHARING,
+    SECURE_ACCELERATOR_ACCESS,
+)
+
 AREAS = (
     "discovery", "labels", "host", "isolation", "mig", "timeslicing", "mps", "workload",
     "dra", "metrics", "tenancy",
 )
 
-# CNCF Kubernetes AI Conformance requirement ids (cncf/k8s-ai-conformance, AIConformance-1.34+).
-SECURE_ACCELERATOR_ACCESS = "secure_accelerator_access"
-GPU_SHARING = "gpu_sharing"
-DRIVER_RUNTIME_MANAGEMENT = "driver_runtime_management"
-DRA_SUPPORT = "dra_support"
-ACCELERATOR_METRICS = "accelerator_metrics"
+# CNCF Kubernetes AI Conformance requirement ids (gpukit.contracts.cncf_ai_conformance).
 CNCF_BY_AREA = {
     "isolation": SECURE_ACCELERATOR_ACCESS,
     "workload": SECURE_ACCELERATOR_ACCESS,

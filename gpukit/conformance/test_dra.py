@@ -26,9 +26,10 @@ from kubernetes.client.exceptions import ApiException
 
 from gpukit import inventory as inv
 from gpukit.conformance import expect
-from gpukit.conformance.checks import SECURE_ACCELERATOR_ACCESS, Check
+from gpukit.conformance.checks import Check
 from gpukit.conformance.cluster import PodState, pod_manifest
 from gpukit.conformance.common import need_decl
+from gpukit.contracts.cncf_ai_conformance import SECURE_ACCELERATOR_ACCESS
 from gpukit.contracts.dra import (
     GPU_CLASS,
     MIG_CLASS,

@@ -336,15 +336,13 @@ def _sleeper(name: str, node: str, runtime_class: str | None) -> client.V1Pod:
 
 
 def test_pods_run_under_the_nvidia_runtime_class(lab: Lab) -> None:
-    """A RuntimeClass whose handler is the runtime the role added runs its pods' containers
-    through nvidia-container-runtime (its log names each container it created); a pod
-    without it runs through plain runc."""
+    """The role's RuntimeClass `nvidia` (handler: the runtime it added, as NVIDIA's GPU
+    Operator names it) runs its pods' containers through nvidia-container-runtime (its log
+    names each container it created); a pod without it runs through plain runc."""
     name = "gpu-t4"
-    node_api = client.NodeV1Api()
-    rc = client.V1RuntimeClass(metadata=client.V1ObjectMeta(name="gpukit-test-nvidia"),
-                               handler="nvidia")  # fmt: skip
-    node_api.create_runtime_class(rc)
-    pods = {"gpukit-test-nvidia-rc": "gpukit-test-nvidia", "gpukit-test-plain": None}
+    rc = client.NodeV1Api().read_runtime_class("nvidia")
+    assert rc.handler == "nvidia" and rc.metadata.labels == {"app.kubernetes.io/part-of": "gpukit"}
+    pods = {"gpukit-test-nvidia-rc": "nvidia", "gpukit-test-plain": None}
     try:
         for pod, runtime_class in pods.items():
             lab.core.create_namespaced_pod("default", _sleeper(pod, name, runtime_class))
@@ -360,7 +358,9 @@ def test_pods_run_under_the_nvidia_runtime_class(lab: Lab) -> None:
     finally:
         for pod in pods:
             lab.core.delete_namespaced_pod(pod, "default", grace_period_seconds=0)
-        node_api.delete_runtime_class("gpukit-test-nvidia")
+        for pod in pods:  # gone before the next test restarts containerd
+            assert waits.gone(lab.core.list_namespaced_pod, ("default",),
+                              f"metadata.name={pod}", 90), pod
 
 
 DROPIN = "/etc/containerd/conf.d/99-gpukit-nvidia.toml"
