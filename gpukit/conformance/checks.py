@@ -24,7 +24,7 @@ from gpukit.contracts.cncf_ai_conformance import (
 
 AREAS = (
     "discovery", "labels", "host", "isolation", "mig", "timeslicing", "mps", "workload",
-    "dra", "metrics", "tenancy",
+    "dra", "metrics", "tenancy", "restarts",
 )
 
 # CNCF Kubernetes AI Conformance requirement ids (gpukit.contracts.cncf_ai_conformance).

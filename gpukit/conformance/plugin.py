@@ -48,6 +48,8 @@ MARKERS = {
     "dra": "DRA: ResourceSlices, claims and their isolation match the declaration",
     "metrics": "GPU metrics per device, attributed to pods, agreeing with NVML",
     "tenancy": "GPU quotas, LimitRanges and PriorityClasses per namespace as declared",
+    "restarts": "opt-in (--disruptive, restarts kubelets): a pod keeps its devices across "
+                "container and kubelet restarts",
 }
 EXTRA_MARKERS = {
     "per_resource(kind)": "parametrize by (node, resource); kind: all, mig, shared",
@@ -89,6 +91,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 "reach the state waited for (default 90)")
     g.addoption("--max-fill-pods", type=int, default=32, help="most pods used to fill one "
                 "resource of a node (default 32)")
+    g.addoption("--disruptive", action="store_true", help="also run the restarts area, which "
+                "restarts each checked node's kubelet (not collected otherwise)")
     g.addoption("--api-only", action="store_true", help="the nodes have no kubelet (a "
                 "simulated fleet): checks that need one, or the host, are skipped naming what "
                 "they need; the API-side checks (discovery, labels) run")
@@ -269,6 +273,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     positions = [i for i, it in enumerate(items) if _is_suite_path(it.path)]
     if not positions:
         return
+    if not config.getoption("--disruptive", False):
+        # Opt-in, left out rather than skipped: a healthy cluster's run has no such skip.
+        dropped = [items[i] for i in positions if area_of(items[i]) == "restarts"]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            gone = {id(it) for it in dropped}
+            items[:] = [it for it in items if id(it) not in gone]
+            positions = [i for i, it in enumerate(items) if _is_suite_path(it.path)]
+            if not positions:
+                return
     order = {a: i for i, a in enumerate(AREAS)}
     mine = [items[i] for i in positions]
     ranked = sorted(enumerate(mine), key=lambda p: (

@@ -317,6 +317,16 @@ def test_a_runtime_class_gone_fails(lab: Lab, tmp_path: Path) -> None:
     assert run.rc == 0 and "test_runtime_configured_for_nvidia[gpu-t4]" in run.passed, run.output
 
 
+def test_the_disruptive_area_keeps_a_pod_s_devices(lab: Lab, tmp_path: Path) -> None:
+    """Issue 28: the opt-in restarts area on gpu-t4 (its kubelet restarted) passes, a pod keeping
+    its device across a container and a kubelet restart; without --disruptive it is not
+    collected (no skip in a healthy run)."""
+    run = run_suite(tmp_path, "--nodes", "gpu-t4", "--disruptive", "-m", "restarts")
+    assert run.rc == 0, run.output
+    assert run.passed == ["test_a_pod_keeps_its_devices_across_restarts[gpu-t4]"], run.output
+    lp.wait_resources("gpu-t4", expect.expected_resources(lab.decl("gpu-t4")))
+
+
 def test_single_strategy_node_passes(lab: Lab, tmp_path: Path) -> None:
     """An inventory that gives gpu-a100 migStrategy single over 2x 3g.20gb on every GPU: the
     node advertises 16 nvidia.com/gpu with the MIG product label, and the suite agrees."""
