@@ -16,6 +16,7 @@ from gpukit.conformance import expect
 from gpukit.conformance.checks import Check
 from gpukit.conformance.cluster import PodState, pod_manifest
 from gpukit.conformance.common import need_decl, need_host
+from gpukit.contracts import label_names as ln
 from gpukit.k8s.nodes import allocatable, reported_after
 
 pytestmark = [pytest.mark.restarts, pytest.mark.exclusive]
@@ -46,7 +47,7 @@ def test_a_pod_keeps_its_devices_across_restarts(gpukit_suite: Any, node: str,
     declared = {r: n for r, n in expect.expected_resources(decl).items() if n > 0}
     if not declared:
         check.skip("declares no GPU resources")
-    resource = sorted(declared, key=lambda r: (r != "nvidia.com/gpu", r))[0]
+    resource = sorted(declared, key=lambda r: (r != ln.GPU_RESOURCE, r))[0]
     kube, ns = suite.kube, suite.namespace
     name = suite.pod_name("restarts", node, resource)
     kube.create_pod(ns, pod_manifest(
