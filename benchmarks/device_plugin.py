@@ -6,14 +6,27 @@ each MIG device time-sliced 16 ways: 896 device IDs on one socket).
 Prints start-to-registered, first ListAndWatch, Allocate and GetPreferredAllocation
 latency over the unix socket (p50/p99, with the ratio to the target), a rescan, and RSS.
 The kubelet here is a stand-in that only answers Register: the figures are the plugin's own.
+
+Then the agent as the node runs it (`python -m gpukit.plugin`, a fresh process each time, plain
+8x A100 mock): start -> registered (p50 over STARTS starts, imports and NVML included),
+re-registration after a simulated kubelet restart (the stand-in does what a starting kubelet
+does: deletes everything in the device-plugins dir, then creates kubelet.sock; timed from
+kubelet.sock serving to the agent's Register), and the idle agent's CPU over IDLE_WINDOW_S.
+NVIDIA's device plugin is measured side by side when its binary is found (NVIDIA_PLUGIN or
+PEER_CANDIDATES); otherwise the lines say the peer is absent.
 """
 
 from __future__ import annotations
 
 import os
 import queue
+import random
 import resource
+import shutil
+import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from concurrent import futures
@@ -30,6 +43,14 @@ from gpukit.plugin.manager import ManagerOptions, PluginManager, PynvmlBackend
 
 TARGET_ALLOCATE_P99_MS = 10.0
 TARGET_REGISTER_S = 2.0
+TARGET_PROCESS_REGISTER_S = 0.100  # fresh process, 8 GPUs
+TARGET_REREGISTER_S = 0.5  # p50 after a kubelet restart
+TARGET_IDLE_CPU_VS_PEER = 2.0
+STARTS = 7
+RESTARTS = 7
+IDLE_WINDOW_S = 20.0
+PEER_CANDIDATES = ("/work/main/build/nvidia-device-plugin", "/usr/local/bin/nvidia-device-plugin",
+                   "/usr/bin/nvidia-device-plugin")
 REPLICAS = 16
 CALLS = 500
 
@@ -125,5 +146,129 @@ def main() -> None:
     print(f"peak RSS (plugin + this client): {rss:.0f} MiB")
 
 
+class StandInKubelet(Kubelet):
+    """A kubelet that restarts like the real one: plugin sockets deleted, kubelet.sock new."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory / "kubelet.sock")
+        self.directory = directory
+        self.server.start()
+
+    def restart(self) -> float:
+        """Returns when the new kubelet.sock was created (perf_counter): the node is at 0 GPUs
+        from then until the agent registers."""
+        self.server.stop(0).wait()
+        while not self.requests.empty():
+            self.requests.get_nowait()
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        deviceplugin_grpc.add_RegistrationServicer_to_server(self, server)
+        for entry in self.directory.iterdir():  # kubelet: removeContents(pluginDir)
+            if entry.is_dir():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        created = time.perf_counter()
+        server.add_insecure_port(f"unix://{self.path}")  # binds: kubelet.sock exists
+        server.start()
+        self.server = server
+        return created
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def gpukit_command(directory: Path) -> list[str]:
+    return [sys.executable, "-m", "gpukit.plugin", "--kubelet-dir", str(directory),
+            "--metrics-address", "", "--pause-file", "", "--last-good-config", "",
+            "--cdi-spec-dir", str(directory / "cdi"), "--log-level", "WARNING"]
+
+
+def peer_command(directory: Path) -> list[str] | None:
+    found = os.environ.get("NVIDIA_PLUGIN") or next(
+        (c for c in PEER_CANDIDATES if os.access(c, os.X_OK)), None)
+    if not found:
+        return None
+    return [found, "--device-list-strategy", "envvar", "--fail-on-init-error=false",
+            f"--kubelet-socket={directory / 'kubelet.sock'}"]
+
+
+def agent_figures(name: str, command: Any, env: dict[str, str]) -> dict[str, float]:
+    """start -> registered (p50 of fresh processes), re-registration p50, idle CPU (ms/s)."""
+    starts: list[float] = []
+    rereg: list[float] = []
+    idle = 0.0
+    for i in range(STARTS):
+        directory = Path(tempfile.mkdtemp(prefix="gk-dp-", dir="/tmp"))
+        kubelet = StandInKubelet(directory)
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(command(directory), env=env, cwd=directory,  # PYTHONPATH decides
+                                stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            try:
+                kubelet.requests.get(timeout=60)
+            except queue.Empty:
+                proc.kill()
+                raise SystemExit(
+                    f"{name} never registered: {proc.communicate()[1][-2000:]}") from None
+            starts.append(time.perf_counter() - t0)
+            if i == 0:  # the restarts and the idle window on the first process
+                time.sleep(1.0)  # settled
+                phases = random.Random(31)
+                for _ in range(RESTARTS):
+                    # at a random phase of any polling loop (a fixed pause locks onto it)
+                    time.sleep(phases.uniform(0.5, 1.5))
+                    t = kubelet.restart()
+                    kubelet.requests.get(timeout=60)
+                    rereg.append(time.perf_counter() - t)
+                time.sleep(2.0)
+                before = cpu_seconds(proc.pid)
+                time.sleep(IDLE_WINDOW_S)
+                idle = (cpu_seconds(proc.pid) - before) / IDLE_WINDOW_S * 1000
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            kubelet.server.stop(0).wait()
+            shutil.rmtree(directory, ignore_errors=True)
+    return {"start": statistics.median(starts), "start_max": max(starts),
+            "rereg": statistics.median(rereg), "rereg_max": max(rereg), "idle": idle}
+
+
+def node_agent() -> None:
+    state = Path(tempfile.mkdtemp(prefix="gpukit-bench-nvml-"))
+    env = mock.env("a100-sxm4-40gb-x8", state)
+    env.setdefault("PYTHONPATH", str(Path(__file__).resolve().parent.parent))
+    ours = agent_figures("gpukit", gpukit_command, env)
+    print(f"node agent at 8 GPUs (fresh processes: {STARTS} starts, {RESTARTS} kubelet restarts,"
+          f" idle over {IDLE_WINDOW_S:.0f} s)")
+    print(f"  gpukit start to registered: p50 {ours['start'] * 1000:.0f} ms,"
+          f" max {ours['start_max'] * 1000:.0f} ms (target {TARGET_PROCESS_REGISTER_S * 1000:.0f}"
+          f" ms, ratio {ours['start'] / TARGET_PROCESS_REGISTER_S:.2f})")
+    print(f"  gpukit re-registration after a kubelet restart: p50 {ours['rereg'] * 1000:.0f} ms,"
+          f" max {ours['rereg_max'] * 1000:.0f} ms (target {TARGET_REREGISTER_S * 1000:.0f} ms,"
+          f" ratio {ours['rereg'] / TARGET_REREGISTER_S:.2f})")
+    print(f"  gpukit idle CPU: {ours['idle']:.2f} ms per s")
+    peer = peer_command(Path("/"))
+    if peer is None:
+        print("  NVIDIA device plugin: absent on this machine (no binary at NVIDIA_PLUGIN or "
+              f"{', '.join(PEER_CANDIDATES)}); idle CPU ratio to target not computed")
+        return
+    theirs = agent_figures("NVIDIA", peer_command, env)
+    print(f"  NVIDIA start to registered: p50 {theirs['start'] * 1000:.0f} ms"
+          f" (gpukit/NVIDIA {ours['start'] / theirs['start']:.2f})")
+    print(f"  NVIDIA re-registration: p50 {theirs['rereg'] * 1000:.0f} ms"
+          f" (gpukit/NVIDIA {ours['rereg'] / theirs['rereg']:.2f})")
+    ratio = ours["idle"] / max(theirs["idle"], 1e-3)
+    print(f"  NVIDIA idle CPU: {theirs['idle']:.2f} ms per s (gpukit/NVIDIA {ratio:.2f}, target"
+          f" {TARGET_IDLE_CPU_VS_PEER:.0f}, ratio {ratio / TARGET_IDLE_CPU_VS_PEER:.2f})")
+
+
 if __name__ == "__main__":
     main()
+    node_agent()

@@ -2,8 +2,9 @@
 
 One background loop (every `tick` seconds) keeps the node and the kubelet in step:
 - kubelet.sock re-created (the kubelet restarted) -> re-register every resource; a plugin socket
-  removed (the kubelet wipes the directory on start) -> serve it again and re-register. Polling
-  the socket's inode is enough at this rate and needs no inotify binding.
+  removed (the kubelet wipes the directory on start) -> serve it again and re-register. An
+  inotify watch on the kubelet dir (dir_watch.py) wakes the loop at once for both, so the node
+  is back to its GPUs in milliseconds, not a tick later; the tick still catches what it missed.
 - rescan every `rescanIntervalSeconds` (and on request: SIGUSR1, or after a MIG change): GPUs
   and MIG devices are enumerated again, resources rebuilt and reconciled without a restart;
   a resource that disappears first reports zero devices, then its socket goes.
@@ -36,6 +37,7 @@ from .config_keeper import ConfigKeeper
 from .config_source import ConfigSource, LoadedConfig
 from .declaration_watch import DeclarationWatch
 from .devices import NodeDevices
+from .dir_watch import DirWatch
 from .gpu_metrics import GpuMetricsCollector, GpuMetricsSources
 from .health import HealthMonitor, HealthTracker, effective_ignored_xids
 from .kubelet_registration import KubeletRegistration, RegisterFn
@@ -112,6 +114,8 @@ class PluginManager:
         self._health_enabled = self.options.health
         self._lock = threading.RLock()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # run the loop now (kubelet dir change, stop)
+        self.kubelet_dir_watch = DirWatch(self._wake.set)
         self._reload_requested = threading.Event()
         self._rescan_requested = threading.Event()
         self._loop: threading.Thread | None = None
@@ -181,6 +185,7 @@ class PluginManager:
             self.configs.accepted(loaded)
         self._set_config(loaded)
         self._config_fingerprint = self.source.fingerprint()
+        self.kubelet_dir_watch.ensure(self.kubelet_dir)
         self._init_nvml(startup=True)
         self.rescan(startup=True)
         self._loop = threading.Thread(target=self._run, name="gpukit-manager", daemon=True)
@@ -189,10 +194,12 @@ class PluginManager:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         # A SIGTERM at startup can interrupt Thread.start() before it saw its thread run: join
         # then raises; such a thread sees _stop set and ends by itself.
         if self._loop is not None and self._loop.ident is not None and self._loop.is_alive():
             self._loop.join(timeout=10)
+        self.kubelet_dir_watch.stop()
         if self.monitor is not None:
             self.monitor.stop()
             self.monitor = None
@@ -214,6 +221,7 @@ class PluginManager:
     def request_stop(self) -> None:
         """Safe from a signal handler: the caller's wait() returns, then it calls stop()."""
         self._stop.set()
+        self._wake.set()
 
     def request_reload(self) -> None:
         self._reload_requested.set()
@@ -517,6 +525,7 @@ class PluginManager:
 
     def check_kubelet(self) -> None:
         """Re-serve removed sockets; re-register everything when kubelet.sock is new."""
+        self.kubelet_dir_watch.ensure(self.kubelet_dir)
         with self._lock:
             missing = set(self.resources.resources) - set(self.servers)
             if missing and time.monotonic() >= self._next_serve_retry:
@@ -563,7 +572,11 @@ class PluginManager:
         return True, f"{len(names)} resource(s) registered: {', '.join(names) or 'none'}"
 
     def _run(self) -> None:
-        while not self._stop.wait(self.options.tick):
+        while True:
+            self._wake.wait(self.options.tick)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.check_kubelet()
                 self.declaration.check(self.served)  # also while paused for a MIG change
