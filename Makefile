@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export GPUKIT_CACHE ?= $(HOME)/.cache/gpukit
 
-.PHONY: lab provision conformance evidence test lint unit matrix scale hardware deps venv nvml k8s containerd rootfs protos lab-down clean
+.PHONY: lab provision conformance evidence test lint unit matrix scale hardware deps venv nvml k8s containerd rootfs protos lab-down clean dist
 
 # The running lab instance (GPUKIT_LAB_INSTANCE, default 0): its inventory (instance 0:
 # inventories/lab; others: a copy with their addresses) and kubeconfig.
@@ -176,6 +176,31 @@ containerd: deps venv
 
 rootfs: deps
 	bash gpukit/lab/scripts/build-rootfs.sh >/dev/null
+
+# A release into $(DIST): the wheel, the sdist, the collection tarball and the agent image as
+# an OCI archive, all of pyproject.toml's version (deploy/release.py check refuses a galaxy.yml
+# or CHANGELOG.md that disagrees), and SHA256SUMS. The image is built from the Containerfile
+# as anyone outside the lab builds it (README "Releasing"); DIST_IMAGE=0 leaves it out,
+# DIST_BASE names another Debian bookworm base (one with python3 and python3-venv needs no
+# package index).
+DIST ?= dist
+DIST_IMAGE ?= 1
+DIST_BASE ?= debian:bookworm-slim
+BUILDAH ?= buildah
+DIST_BUILD_FLAGS ?=
+dist: venv protos ## a release into dist/: wheel, sdist, collection, agent image (OCI archive), SHA256SUMS
+	$(PY) deploy/release.py check
+	rm -rf $(DIST) && mkdir -p $(DIST)
+	$(PY) deploy/release.py build $(DIST)
+	@if [ "$(DIST_IMAGE)" = 1 ]; then \
+	  ref=$$($(PY) deploy/release.py image) && v=$$($(PY) deploy/release.py version) || exit; \
+	  set -x; \
+	  $(BUILDAH) bud --isolation chroot --layers $(DIST_BUILD_FLAGS) -f Containerfile -t "$$ref" \
+	    --build-arg BASE=$(DIST_BASE) --build-arg REVISION=$$(git rev-parse HEAD) . && \
+	  $(BUILDAH) push "$$ref" "oci-archive:$(DIST)/gpukit-node-agent-$$v.oci.tar:$$ref"; \
+	fi
+	$(PY) deploy/release.py sums $(DIST)
+	cd $(DIST) && sha256sum -c --quiet SHA256SUMS
 
 lab-down: venv
 	$(PY) -m gpukit.cli lab down
