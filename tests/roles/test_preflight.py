@@ -278,3 +278,42 @@ def test_a_host_level_value_settles_two_groups(tmp_path: Path) -> None:
                                                               "gpukit_mig_config"]  # fmt: skip
     node = inventory.load(inv, host_vars=extra).node("gpu-a100-02")
     assert node.gpu.product == "NVIDIA A100-SXM4-80GB" and node.mig_config_name == "a100-80gb-mixed"
+
+
+# --- the agent image's version against the collection's (issue 29) ---------------------------
+
+IMAGE = "registry.example.com/platform/gpukit-node-agent"
+
+
+def test_an_agent_image_of_another_release_is_refused_unless_pinned(
+    tmp_path: Path, fake_ssh: tuple[dict[str, str], Path]
+) -> None:
+    """The example fleet runs the image of the collection's version; another release's image is
+    one line naming the variable and both versions, before any host; pinned, a warning."""
+    from gpukit.provision import image_version
+
+    env, calls = fake_ssh
+    version = yaml.safe_load((REPO / "collections/ansible_collections/gpukit/gpu/galaxy.yml")
+                             .read_text())["version"]  # fmt: skip
+    assert inventory.load(EXAMPLE).nodes and f"{IMAGE}:{version}" in (
+        EXAMPLE / "group_vars/gpu_nodes/device_plugin.yml").read_text()
+    r = play("gpukit.gpu.preflight", EXAMPLE, env, "-e", f"gpukit_device_plugin_image={IMAGE}:0.0.9")
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out
+    (failed,) = failures(r.stdout)
+    assert failed["problems"] == [
+        f"gpukit_device_plugin_image: '{IMAGE}:0.0.9' is version 0.0.9, the collection gpukit.gpu"
+        f" is {version}; use the image of version {version}, or set"
+        f" {image_version.PINNED_VARIABLE}: true to deploy this one on purpose"]  # fmt: skip
+    pinned = play("gpukit.gpu.preflight", EXAMPLE, env, "-e",
+                  f"gpukit_device_plugin_image={IMAGE}:v0.0.9",
+                  "-e", "gpukit_device_plugin_image_pinned=true")  # fmt: skip
+    out = pinned.stdout + pinned.stderr
+    assert pinned.returncode == 0, out
+    assert "[WARNING]: gpukit_device_plugin_image:" in out and "is version 0.0.9" in out, out
+    # A tag that is no release version (the lab's :dev) is deployed with a warning.
+    dev = play("gpukit.gpu.preflight", EXAMPLE, env, "-e", f"gpukit_device_plugin_image={IMAGE}:dev")
+    out = dev.stdout + dev.stderr
+    assert dev.returncode == 0, out
+    assert "is not tagged with a release version" in out, out
+    assert not calls.exists()

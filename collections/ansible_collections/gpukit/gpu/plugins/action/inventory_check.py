@@ -3,14 +3,29 @@ any host is touched (a thin adapter over gpukit.inventory.check, the code behind
 `gpukit inventory check`), once per play: its `declarations` (host -> the host's validated
 declaration and what it implies, gpukit.provision.declaration) become each host's
 gpukit_declaration, which the roles read. Runs in the controller's Ansible process and opens
-no connection."""
+no connection. Also checks each GPU node's agent image (gpukit_device_plugin_image) against this
+collection's version; gpukit_device_plugin_image_pinned: true makes a mismatch a warning."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import yaml
 from ansible.errors import AnsibleError
+from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 
 GPU_GROUP = "gpu_nodes"
+# This collection's root: MANIFEST.json once built or installed, galaxy.yml in a checkout.
+COLLECTION_ROOT = Path(__file__).resolve().parents[2]
+
+
+def collection_version(root=COLLECTION_ROOT):
+    manifest = root / "MANIFEST.json"
+    if manifest.is_file():
+        return str(json.loads(manifest.read_text())["collection_info"]["version"])
+    return str(yaml.safe_load((root / "galaxy.yml").read_text())["version"])
 
 
 class ActionModule(ActionBase):
@@ -34,6 +49,10 @@ class ActionModule(ActionBase):
         sources = args.get("sources") or list(task_vars.get("ansible_inventory_sources") or [])
         checked = inventory.check(sources, host_vars=self._extra_declarations(task_vars))
         problems = [str(p) for p in checked.problems]
+        image_problems, warnings = self._image_versions(task_vars)
+        problems += image_problems
+        if warnings:
+            result["warnings"] = warnings
         source = checked.inventory.source if checked.inventory else ",".join(sources)
         result.update(changed=False, problems=problems,
                       nodes={n: dict(r) for n, r in checked.resources.items()},
@@ -46,6 +65,22 @@ class ActionModule(ActionBase):
             result["msg"] = (f"{source}: {len(checked.resources)} GPU node(s), every declaration "
                              "valid")
         return result
+
+    def _image_versions(self, task_vars):
+        """The agent image each GPU node would run against this collection's version
+        (gpukit.provision.image_version): (problems, warnings), one line per distinct image."""
+        from gpukit.provision import image_version as iv
+
+        version = collection_version()
+        hostvars = task_vars["hostvars"]
+        seen = {}
+        for host in task_vars.get("groups", {}).get(GPU_GROUP, []):
+            hv = hostvars[host]
+            image = str(hv.get(iv.IMAGE_VARIABLE) or "")
+            pinned = boolean(hv.get(iv.PINNED_VARIABLE, False), strict=False)
+            seen.setdefault((image, pinned), iv.check(image, version, pinned))
+        problems = [v.problem for v in seen.values() if v.problem]
+        return problems, [v.warning for v in seen.values() if v.warning]
 
     def _extra_declarations(self, task_vars):
         """Declaration variables given with -e, as each GPU node resolves them: they win over

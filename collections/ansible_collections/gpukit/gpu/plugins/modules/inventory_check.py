@@ -20,6 +20,11 @@ description:
     any. Run it first, in a play of its own (the collection's C(gpukit.gpu.preflight) playbook),
     so a failure stops the playbook before any connection.
   - Declaration variables given with C(-e) count, as each node resolves them.
+  - The agent image (C(gpukit_device_plugin_image)) must be of this collection's version - a
+    tag that is a release version (C(1.2.3), C(v1.2.3)) other than the collection's is refused,
+    one line naming the variable and both versions; with C(gpukit_device_plugin_image_pinned)
+    true (another release on purpose) it is a warning. A tag that is no release version
+    (C(dev), C(latest)) or an image by digest alone is a warning - its version is not known.
   - An action plugin; it opens no connection. Needs gpukit's Python package where
     C(ansible-playbook) runs.
 version_added: "0.1.0"

@@ -1,0 +1,60 @@
+"""The agent image's version against the collection's: a release's wheel, collection and agent
+image carry one version (make dist), and the preflight (gpukit.gpu.inventory_check) refuses an
+image tagged with another release's version, which would run an agent older or newer than the
+roles that configure it.
+
+Only a tag that is a release version (`1.2.3`, `v1.2.3`, `1.2.3-rc1`) is compared: a tag such as
+`dev` or `latest`, or an image by digest alone, says nothing about its version, so it is a
+warning (the lab's `localhost/gpukit-lab/node-agent:dev`). A user who runs another release's
+image on purpose sets PINNED_VARIABLE: the mismatch is then a warning too.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+IMAGE_VARIABLE = "gpukit_device_plugin_image"
+PINNED_VARIABLE = "gpukit_device_plugin_image_pinned"
+_RELEASE = re.compile(r"v?(\d+\.\d+\.\d+(?:[-+.][0-9A-Za-z.+-]+)?)")
+
+
+def tag(image: str) -> str | None:
+    """The image reference's tag (None without one): after the last ':' of its last path
+    component, before any '@digest' (a registry's ':port' is not a tag)."""
+    name = image.split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    return last.rsplit(":", 1)[1] if ":" in last else None
+
+
+def release_version(image: str) -> str | None:
+    """The release version the image's tag names, None when the tag is no release version."""
+    t = tag(image)
+    m = _RELEASE.fullmatch(t) if t else None
+    return m.group(1) if m else None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    problem: str | None = None  # refuse, one line
+    warning: str | None = None  # deploy, and say why it may be wrong
+
+
+def check(image: str, collection_version: str, pinned: bool = False) -> Verdict:
+    """The image (IMAGE_VARIABLE's value) against the collection's version."""
+    if not image:
+        return Verdict()  # the role refuses a missing image itself
+    shown = image if len(image) <= 200 else image[:197] + "..."
+    version = release_version(image)
+    if version is None:
+        return Verdict(warning=f"{IMAGE_VARIABLE}: {shown!r} is not tagged with a release version"
+                       f" (the collection gpukit.gpu is {collection_version}): the agent's version"
+                       " is not checked")  # fmt: skip
+    if version == collection_version:
+        return Verdict()
+    line = (f"{IMAGE_VARIABLE}: {shown!r} is version {version}, the collection gpukit.gpu is"
+            f" {collection_version}")  # fmt: skip
+    if pinned:
+        return Verdict(warning=f"{line} (deployed: {PINNED_VARIABLE} is true)")
+    return Verdict(problem=f"{line}; use the image of version {collection_version}, or set"
+                   f" {PINNED_VARIABLE}: true to deploy this one on purpose")  # fmt: skip
