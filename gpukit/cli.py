@@ -17,7 +17,7 @@ import importlib.util
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
@@ -123,6 +123,22 @@ def summary(ctx: typer.Context) -> None:
     raise typer.Exit(summary_main(ctx.args, prog="gpukit summary"))
 
 
+def _suite_results(junit: Path, command: str) -> tuple[list[Any], dict[str, str]]:
+    """The suite's results and run facts from its JUnit XML, or one line and exit."""
+    try:
+        from gpukit.conformance import report as html_report
+    except ImportError as e:
+        _fail(f"gpukit {command} needs the conformance suite's dependencies ({e}): "
+              "pip install 'gpukit[conformance]'")  # fmt: skip
+    try:
+        results, meta = html_report.from_junit(junit)
+    except html_report.JunitError as e:
+        _fail(e)
+    if not results:
+        _fail(f"{junit}: no test case of the gpukit conformance suite (none has its properties)")
+    return list(results), meta
+
+
 @app.command("evidence")
 def evidence(
     junit: Annotated[Path, typer.Argument(help="the conformance suite's JUnit XML (--junitxml)")],
@@ -136,18 +152,9 @@ def evidence(
 ) -> None:
     """CNCF AI Conformance evidence of a suite run: junit.xml, e2e.log and a PRODUCT.yaml
     draft whose covered requirements carry the suite's results."""
-    try:
-        from gpukit.conformance import evidence as ev
-        from gpukit.conformance import report as html_report
-    except ImportError as e:
-        _fail(f"gpukit evidence needs the conformance suite's dependencies ({e}): "
-              "pip install 'gpukit[conformance]'")  # fmt: skip
-    try:
-        results, _meta = html_report.from_junit(junit)
-    except html_report.JunitError as e:
-        _fail(e)
-    if not results:
-        _fail(f"{junit}: no test case of the gpukit conformance suite (none has its properties)")
+    results, _meta = _suite_results(junit, "evidence")
+    from gpukit.conformance import evidence as ev
+
     meta = {"kubernetesVersion": kubernetes_version, "platformName": platform_name,
             "platformVersion": platform_version, "vendorName": vendor_name}
     try:
@@ -165,17 +172,9 @@ def report(
     output: Annotated[Path, typer.Option("--output", "-o", help="the HTML report to write")],
 ) -> None:
     """Render the conformance suite's per-node HTML report from the JUnit XML of a run."""
-    try:
-        from gpukit.conformance import report as html_report
-    except ImportError as e:
-        _fail(f"gpukit report needs the conformance suite's dependencies ({e}): "
-              "pip install 'gpukit[conformance]'")  # fmt: skip
-    try:
-        results, meta = html_report.from_junit(junit)
-    except html_report.JunitError as e:
-        _fail(e)
-    if not results:
-        _fail(f"{junit}: no test case of the gpukit conformance suite (none has its properties)")
+    results, meta = _suite_results(junit, "report")
+    from gpukit.conformance import report as html_report
+
     try:
         html_report.write(str(output), results, meta)
     except OSError as e:
