@@ -587,6 +587,7 @@ def test_group_vars_change_only_the_nodes_they_declare(lab: Lab, tmp_path: Path)
       its mig.config label); gpu-t4 reports changed=0.
 
     Then the original group_vars are run again and the lab is back as declared."""
+    from gpukit.provision.upgrade import declaration_served
     from gpukit.summary import read_junit
 
     hosts = set(lab.hostvars)
@@ -632,6 +633,12 @@ def test_group_vars_change_only_the_nodes_they_declare(lab: Lab, tmp_path: Path)
         for h in sorted(hosts):
             wait_for(f"{h} allocatable {want[h]}",
                      lambda h=h: gpu_allocatable(lab.core, h) == want[h], timeout=180, every=1)  # fmt: skip
+        # The agents read their new declarations from their ConfigMap volume (the kubelet
+        # refreshes it within about a minute, maybe after the MIG change already shows).
+        for h in sorted(hosts):
+            wait_for(f"{h}'s agent serving its new declaration", lambda h=h: declaration_served(
+                lab.core.api_client.sanitize_for_serialization(lab.core.read_node(h)), want[h]),
+                timeout=180, every=2)  # fmt: skip
         assert agent_pods(lab.core) == pods
         labels = lab.core.read_node("gpu-a100").metadata.labels
         assert labels["nvidia.com/mig.config"] == NEW_LAYOUT
