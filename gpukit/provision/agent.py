@@ -11,7 +11,7 @@ from gpukit.agent_manifests import AgentDeployment, HostMount, manifests
 from gpukit.contracts import label_names
 from gpukit.contracts import node_declaration as nd
 from gpukit.contracts.plugin_config import ConfigError, parse_config, require_content
-from gpukit.provision.upgrade import node_serves
+from gpukit.provision.upgrade import declaration_served, node_serves
 
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 # The DRA plugin's DaemonSet runs where the node declares DRA (role node_labels sets the label
@@ -223,12 +223,15 @@ def render(**kwargs: Any) -> list[dict[str, Any]]:
 def node_serves_declared(
     node: Mapping[str, Any], expected: Mapping[str, int], selector: Mapping[str, str]
 ) -> bool:
-    """site.yml's last wait: the node advertises its declared GPU resources, or the
-    DaemonSet's `selector` does not pick it (no agent there to wait for)."""
+    """site.yml's last wait: the node advertises its declared GPU resources and its agent
+    says it serves that declaration (its GpuDeclarationMismatch condition: the agent reads a
+    changed declaration only when the kubelet refreshes its ConfigMap volume, up to about a
+    minute after the devices already show), or the DaemonSet's `selector` does not pick it
+    (no agent there to wait for)."""
     labels = (node.get("metadata") or {}).get("labels") or {}
     if any(labels.get(k) != str(v) for k, v in selector.items()):
         return True
-    return node_serves(node, expected)
+    return node_serves(node, expected) and declaration_served(node, expected)
 
 
 def expected_dra_devices(known: Any, host_vars: Mapping[str, Any], host: str

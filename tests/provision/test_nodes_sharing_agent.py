@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gpukit.contracts import node_declaration as nd
 from gpukit.provision import agent, mig, nodes, sharing
 from gpukit.provision.nodes import NodeSpecError, Taint
 
@@ -240,10 +241,15 @@ def test_named_configs_of_all_nodes_merge_into_one_configmap() -> None:
         merge_configs({"t4-1": {"time-sliced": sliced}, "t4-2": {"time-sliced": other}})
 
 
-def _node(labels: dict[str, str], allocatable: dict[str, str], ready: str = "True") -> Any:
-    return {"metadata": {"labels": labels},
+def _node(labels: dict[str, str], allocatable: dict[str, str], ready: str = "True",
+          said: dict[str, int] | None = None) -> Any:
+    """A node whose agent says it serves `said` (default: what it advertises)."""
+    said = {k: int(v) for k, v in allocatable.items()} if said is None else said
+    declared = {"type": nd.CONDITION_TYPE, "status": "False",
+                "message": nd.served_message("gpu-t4", said)}
+    return {"metadata": {"name": "gpu-t4", "labels": labels},
             "status": {"allocatable": {"cpu": "2", **allocatable},
-                       "conditions": [{"type": "Ready", "status": ready}]}}  # fmt: skip
+                       "conditions": [{"type": "Ready", "status": ready}, declared]}}  # fmt: skip
 
 
 def test_site_waits_until_a_selected_node_serves_what_it_declares() -> None:
@@ -256,6 +262,9 @@ def test_site_waits_until_a_selected_node_serves_what_it_declares() -> None:
     assert not serves(_node(picked, {"nvidia.com/gpu": "0"}), want, selector)
     assert not serves(_node(picked, {"nvidia.com/gpu": "4"}), want, selector)
     assert not serves(_node(picked, {"nvidia.com/gpu": "8"}, ready="False"), want, selector)
+    # advertised, but the agent has not yet read its new declaration (it says the old one)
+    assert not serves(_node(picked, {"nvidia.com/gpu": "8"}, said={"nvidia.com/gpu": 4}),
+                      want, selector)  # fmt: skip
     # a resource the inventory does not declare is not served as declared either
     assert not serves(_node(picked, {"nvidia.com/gpu": "8", "nvidia.com/mig-1g.5gb": "2"}),
                       want, selector)  # fmt: skip
