@@ -17,13 +17,14 @@ import importlib.util
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
 from gpukit import __version__
 
 if TYPE_CHECKING:
+    from gpukit.conformance.report import Result
     from gpukit.inventory.model import NodeDecl
 
 app = typer.Typer(help="gpukit: GPU nodes for Kubernetes, declared once, proven live.")
@@ -123,7 +124,7 @@ def summary(ctx: typer.Context) -> None:
     raise typer.Exit(summary_main(ctx.args, prog="gpukit summary"))
 
 
-def _suite_results(junit: Path, command: str) -> tuple[list[Any], dict[str, str]]:
+def _suite_results(junit: Path, command: str) -> tuple[list[Result], dict[str, str]]:
     """The suite's results and run facts from its JUnit XML, or one line and exit."""
     try:
         from gpukit.conformance import report as html_report
@@ -136,7 +137,7 @@ def _suite_results(junit: Path, command: str) -> tuple[list[Any], dict[str, str]
         _fail(e)
     if not results:
         _fail(f"{junit}: no test case of the gpukit conformance suite (none has its properties)")
-    return list(results), meta
+    return results, meta
 
 
 @app.command("evidence")

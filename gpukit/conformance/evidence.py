@@ -33,7 +33,6 @@ def requirement(req: cncf.Requirement, results: list[Result]) -> dict[str, Any]:
     passed = [r for r in results if r.outcome == "passed"]
     entry["evidence"] = [f"{JUNIT}: {r.nodeid} ({r.node}): {r.outcome}" for r in results
                          if r.outcome != "skipped"]  # fmt: skip
-    nodes = sorted({r.node for r in passed})
     if bad:
         entry["notes"] = (f"{len(bad)} of {len(results)} tests failed ("
                           + "; ".join(f"{r.name} on {r.node}" for r in bad[:5])
@@ -43,7 +42,7 @@ def requirement(req: cncf.Requirement, results: list[Result]) -> dict[str, Any]:
     else:
         entry["status"] = cncf.IMPLEMENTED
         entry["notes"] = (f"gpukit conformance suite: {len(passed)} tests passed on "
-                          f"{', '.join(nodes)}")
+                          f"{', '.join(sorted({r.node for r in passed}))}")
     return entry
 
 
@@ -104,14 +103,19 @@ def e2e_log(results: Iterable[Result]) -> str:
 
 def write(out: Path, junit: Path, results: list[Result], metadata: Mapping[str, str],
           log: Path | None = None) -> dict[str, Any]:
+    """JUNIT, E2E_LOG (a copy of `log`, else e2e_log) and PRODUCT into `out`; the document."""
     doc = product(results, metadata)
     out.mkdir(parents=True, exist_ok=True)
-    if junit.resolve() != (out / JUNIT).resolve():
-        shutil.copyfile(junit, out / JUNIT)
+    _copy(junit, out / JUNIT)
     if log is not None:
-        if log.resolve() != (out / E2E_LOG).resolve():
-            shutil.copyfile(log, out / E2E_LOG)
+        _copy(log, out / E2E_LOG)
     else:
         (out / E2E_LOG).write_text(e2e_log(results))
     (out / PRODUCT).write_text(yaml.safe_dump(doc, sort_keys=False, width=100))
     return doc
+
+
+def _copy(src: Path, dst: Path) -> None:
+    """`src` to `dst`, unless it is already there (make evidence writes into the output dir)."""
+    if src.resolve() != dst.resolve():
+        shutil.copyfile(src, dst)

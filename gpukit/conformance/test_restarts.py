@@ -17,7 +17,7 @@ from gpukit.conformance.checks import Check
 from gpukit.conformance.cluster import PodState, pod_manifest
 from gpukit.conformance.common import need_decl, need_host
 from gpukit.contracts import label_names as ln
-from gpukit.k8s.nodes import allocatable, reported_after
+from gpukit.k8s.nodes import allocatable, ready, reported_after
 
 pytestmark = [pytest.mark.restarts, pytest.mark.exclusive]
 
@@ -75,10 +75,11 @@ def test_a_pod_keeps_its_devices_across_restarts(gpukit_suite: Any, node: str,
         check.equal("after a container restart: pod", "Running (restarted)",
                     "Running (restarted)" if _running(1)(state) else str(state), resource)
         check.verify()
-        check.equal("after a container restart: devices in the container", first_dev,
-                    seen("after a container restart")[0], resource)
-        check.equal("after a container restart: devices in PodResources", first_ids,
-                    seen("after a container restart")[1], resource)
+        dev, ids = seen("after a container restart")
+        check.equal("after a container restart: devices in the container", first_dev, dev,
+                    resource)
+        check.equal("after a container restart: devices in PodResources", first_ids, ids,
+                    resource)
         # The kubelet restarts: the plugins register again, the pod keeps its devices.
         since = dt.datetime.now(dt.UTC).replace(microsecond=0)
         out = suite.host(node).run("systemctl restart kubelet")
@@ -108,9 +109,7 @@ def _wait_served(suite: Any, node: str, declared: dict[str, int], since: dt.date
         obj = suite.kube.node(node)
         if obj is not None:
             seen = {r: n for r, n in allocatable(obj).items() if n > 0}
-            ready = any(c.type == "Ready" and c.status == "True"
-                        for c in obj.status.conditions or [])
-            if ready and reported_after(obj, since) and seen == declared:
+            if ready(obj)[0] and reported_after(obj, since) and seen == declared:
                 return seen
         time.sleep(2)
     return seen

@@ -107,11 +107,15 @@ def from_dict(doc: object, source: str = "declaration") -> NodeDeclaration:
     return NodeDeclaration(str(node), resources, str(config))
 
 
+def _served_prefix(node: str) -> str:
+    return f"node {node} serves its declaration: "
+
+
 def served_message(node: str, resources: Mapping[str, int]) -> str:
     """The condition's message while `node` serves its declaration (`resources`: the counts
-    compared, declared = served)."""
+    compared, declared = served); `serves` reads it back."""
     summary = ", ".join(f"{n} {c}" for n, c in sorted(resources.items())) or "no GPU resources"
-    return f"node {node} serves its declaration: {summary}"
+    return _served_prefix(node) + summary
 
 
 def serves(condition: Mapping[str, Any] | None, node: str, resources: Mapping[str, int]) -> bool:
@@ -120,7 +124,7 @@ def serves(condition: Mapping[str, Any] | None, node: str, resources: Mapping[st
     False condition alone is not enough: it may still speak of the declaration before."""
     if not condition or condition.get("status") != "False":
         return False
-    prefix = f"node {node} serves its declaration: "
+    prefix = _served_prefix(node)
     message = str(condition.get("message") or "")
     if not message.startswith(prefix):
         return False

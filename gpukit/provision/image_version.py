@@ -11,12 +11,25 @@ image on purpose sets PINNED_VARIABLE: the mismatch is then a warning too.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
 
 IMAGE_VARIABLE = "gpukit_device_plugin_image"
 PINNED_VARIABLE = "gpukit_device_plugin_image_pinned"
 _RELEASE = re.compile(r"v?(\d+\.\d+\.\d+(?:[-+.][0-9A-Za-z.+-]+)?)")
+
+
+def collection_version(root: Path) -> str:
+    """The version of the collection at `root`: its MANIFEST.json once built or installed,
+    its galaxy.yml in a checkout."""
+    manifest = root / "MANIFEST.json"
+    if manifest.is_file():
+        return str(json.loads(manifest.read_text())["collection_info"]["version"])
+    return str(yaml.safe_load((root / "galaxy.yml").read_text())["version"])
 
 
 def tag(image: str) -> str | None:

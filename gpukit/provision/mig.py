@@ -92,12 +92,12 @@ def run(
     args = argv(command, config_file, selected, force, extra)
     if command == "apply":
         args += ["--timeout", f"{apply_timeout:g}"]
+    wait = apply_timeout + 60 if apply_timeout > 0 else None
     try:
-        proc = subprocess.run(args, capture_output=True, text=True,
-                              timeout=(apply_timeout + 60) if apply_timeout > 0 else None)
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=wait)
     except subprocess.TimeoutExpired as e:
         raise MigRunError(f"MIG manager {command} ({selected}) did not answer within "
-                          f"{apply_timeout + 60:g}s: stopped") from e
+                          f"{e.timeout:g}s: stopped") from e
     try:
         result = json.loads(proc.stdout) if proc.stdout.strip() else {}
     except ValueError:

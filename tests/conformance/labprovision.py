@@ -26,7 +26,7 @@ from gpukit.agent_manifests import AgentDeployment, declarations_map
 from gpukit.conformance import expect
 from gpukit.contracts.node_declaration import CONDITION_TYPE, NodeDeclaration
 from gpukit.k8s import connect, objects, waits
-from gpukit.k8s.nodes import reported_after
+from gpukit.k8s.nodes import ready, reported_after
 from gpukit.lab import agent, cluster, nodes
 from gpukit.lab import nvml as mock
 from gpukit.lab.config import LabSpec
@@ -201,9 +201,7 @@ def configure_runtime(lab: LabSpec, node: str, timeout: float = 120) -> None:
         conf.write_text(edit.after or text)
         r = cluster.node_exec(spec, ["systemctl", "restart", "containerd"], timeout=timeout)
         assert r.returncode == 0, f"{node}: containerd restart: {r.stdout}{r.stderr}"
-        wait_node(node, lambda o: any(c.type == "Ready" and c.status == "True"
-                                      for c in o.status.conditions or []),
-                  "Ready after the containerd restart", timeout)
+        wait_node(node, lambda o: ready(o)[0], "Ready after the containerd restart", timeout)
 
 
 def runtime_class() -> None:

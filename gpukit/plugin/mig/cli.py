@@ -214,10 +214,15 @@ def _timed_out(args: argparse.Namespace, selected: str, reporter: hooks.StateRep
     if reporter is not None:
         reporter.report("failed", problem)
     pauser.resume()
-    fail = _Fail(EXIT_ERROR, "apply failed (rerun apply to converge)", [problem])
+    _say_failed(args, _Fail(EXIT_ERROR, "apply failed (rerun apply to converge)", [problem]))
+
+
+def _say_failed(args: argparse.Namespace, fail: _Fail) -> None:
+    """The failure on stderr, and with --json its document on stdout. Flushed: after a
+    timeout the process ends by os._exit, which flushes nothing."""
     print(problems_text(fail.title, fail.problems), file=sys.stderr, flush=True)
     if args.json:
-        print(json.dumps({"command": "apply", "failed": True, "changed": False,
+        print(json.dumps({"command": args.command, "failed": True, "changed": False,
                           "exit_code": fail.code, "msg": problems_text(fail.title, fail.problems),
                           "problems": fail.problems}, indent=2), flush=True)
 
@@ -240,9 +245,5 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m gpukit.plugin
     except (ApplyError, ResetError, nvml.NvmlError, OSError) as e:
         fail = _Fail(EXIT_ERROR, f"{args.command} failed (rerun apply to converge)"
                      if args.command == "apply" else f"{args.command} failed", [str(e)])
-    print(problems_text(fail.title, fail.problems), file=sys.stderr)
-    if args.json:
-        print(json.dumps({"command": args.command, "failed": True, "changed": False,
-                          "exit_code": fail.code, "msg": problems_text(fail.title, fail.problems),
-                          "problems": fail.problems}, indent=2))
+    _say_failed(args, fail)
     return fail.code

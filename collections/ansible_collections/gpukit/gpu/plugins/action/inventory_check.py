@@ -8,24 +8,15 @@ collection's version; gpukit_device_plugin_image_pinned: true makes a mismatch a
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import yaml
 from ansible.errors import AnsibleError
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 
 GPU_GROUP = "gpu_nodes"
-# This collection's root: MANIFEST.json once built or installed, galaxy.yml in a checkout.
+# This collection's root (its version: gpukit.provision.image_version.collection_version).
 COLLECTION_ROOT = Path(__file__).resolve().parents[2]
-
-
-def collection_version(root=COLLECTION_ROOT):
-    manifest = root / "MANIFEST.json"
-    if manifest.is_file():
-        return str(json.loads(manifest.read_text())["collection_info"]["version"])
-    return str(yaml.safe_load((root / "galaxy.yml").read_text())["version"])
 
 
 class ActionModule(ActionBase):
@@ -71,7 +62,7 @@ class ActionModule(ActionBase):
         (gpukit.provision.image_version): (problems, warnings), one line per distinct image."""
         from gpukit.provision import image_version as iv
 
-        version = collection_version()
+        version = iv.collection_version(COLLECTION_ROOT)
         hostvars = task_vars["hostvars"]
         seen = {}
         for host in task_vars.get("groups", {}).get(GPU_GROUP, []):
