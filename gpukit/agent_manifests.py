@@ -568,7 +568,8 @@ def device_classes(d: AgentDeployment) -> list[dict[str, Any]]:
 
 def dra_rbac(d: AgentDeployment) -> list[dict[str, Any]]:
     """Read the claims it prepares and its node (the label gpukit.io/dra.shares), write its
-    node's ResourceSlices (the policy below narrows that to its own node)."""
+    node's ResourceSlices (the policy below narrows that to its own node), record Events on
+    its node (claims of NVIDIA's DRA driver taken over or not)."""
     sa = {"apiVersion": "v1", "kind": "ServiceAccount",
           "metadata": {"name": DRA_APP, "namespace": d.namespace, "labels": _labels(DRA_APP)}}
     role = {
@@ -581,6 +582,8 @@ def dra_rbac(d: AgentDeployment) -> list[dict[str, Any]]:
             {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
             {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
              "verbs": ["get", "list", "watch", "create", "update", "delete"]},
+            # A Node's events live in namespace default (gpukit.plugin.node_api.node_event).
+            {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
         ],
     }
     binding = {

@@ -32,13 +32,15 @@ def test_nvidias_device_classes_with_the_extended_resource() -> None:
     assert "extendedResourceName" not in no_ext
 
 
-def test_rbac_reads_claims_and_its_node_and_writes_slices_only() -> None:
+def test_rbac_reads_claims_and_its_node_and_writes_slices_and_events_only() -> None:
     rules = objects()[("ClusterRole", "gpukit-dra-plugin")]["rules"]
     assert rules == [
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},  # gpukit.io/dra.shares
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
-         "verbs": ["get", "list", "watch", "create", "update", "delete"]}]
+         "verbs": ["get", "list", "watch", "create", "update", "delete"]},
+        # NVIDIA's claims taken over or refused, on the node (nvidia_claims.py)
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
 
 
 def test_the_policy_binds_slices_to_the_tokens_node() -> None:
