@@ -400,20 +400,64 @@ def test_a_stale_slice_of_the_node_is_deleted_and_a_wiped_one_written_again(
              lambda: set(slice_devices(resource, T4)) == {"gpu-0", "gpu-1"}, timeout=30)
 
 
+# What a claim's container shows of the driver NVIDIA's CDI spec gives: nvidia-smi -L's exit
+# status and lines, and where libcuda.so (the link nvidia-cdi-hook create-symlinks makes) leads.
+DRIVER_SCRIPT = ('smi=$(nvidia-smi -L 2>&1); echo "SMI_RC=$?"; '
+                 'echo "SMI=$(echo "$smi" | tr "\\n" ";")"; '
+                 'lib=/usr/lib/x86_64-linux-gnu/libcuda.so; '
+                 'echo "LIBCUDA=$(readlink -f $lib) $(test -f $lib && echo resolves)"; ' + SCRIPT)
+# The lab's GPUs are the mock NVML's profile and state on the node: what a real container
+# reaches through the kernel (/dev), the lab's reaches through these (the paths it looks at).
+MOCK_KERNEL = (("nvml-profile", "/etc/gpukit-lab/nvml", True),
+               ("nvml-state", "/var/lib/gpukit-lab/nvml", False))
+
+
+def printed(core: client.CoreV1Api, pod: str, key: str, container: str = "c0") -> str:
+    """The line `key=...` the container printed, as printed."""
+    text = core.read_namespaced_pod_log(pod, NS, container=container)
+    m = re.search(rf"^{key}=(.*)$", text, re.M)
+    return m.group(1) if m else ""
+
+
 def test_a_pod_with_a_claim_sees_exactly_its_device_and_one_without_sees_none(
         deployed: AgentDeployment, core: client.CoreV1Api, resource: client.ResourceV1Api,
         cleanup: list[str]) -> None:
-    claim = create_claim(resource, cleanup, claim_doc(unique("one")))
-    pod = unique("claimed")
-    run_pod(core, cleanup, pod_doc(pod, T4, {"gpu": claim}))
-    results = allocated(resource, claim)
-    assert [r["pool"] for r in results] == [T4], f"claim {claim}: expected one device in " \
-        f"pool {T4}, observed {results}"
-    want = {f"nvidia{minor_of(resource, T4, results[0]['device'])}"}
-    got = seen(core, pod)
-    assert gpu_nodes(got["DEV"]) == want, (f"node {T4}, claim {claim}: expected GPU nodes "
-                                           f"{want}, observed {sorted(got['DEV'])}")
-    assert CONTROL & got["DEV"], f"node {T4}, claim {claim}: no control nodes in {got['DEV']}"
+    """With the driver and the toolkit's nvidia-cdi-hook on the node, as site.yml installs
+    them, the claim's container also gets what NVIDIA's DRA driver gives it: the driver's
+    nvidia-smi, which runs there and lists the claim's GPU, and libcuda.so linked to the
+    driver's library by the spec's hooks (in an image with a C library, as CUDA images are)."""
+    archive = images.build_cuda_probe(state_dir() / "shared" / "images")
+    node_sh(T4, f"ctr -n k8s.io images import /opt/gpukit-lab/images/{archive.name}")
+    with labtools.driver_userspace(T4), labtools.cdi_hook(T4):
+        claim = create_claim(resource, cleanup, claim_doc(unique("one")))
+        pod = unique("claimed")
+        doc = pod_doc(pod, T4, {"gpu": claim})
+        c0 = doc["spec"]["containers"][0]
+        c0.update(image=images.CUDA_PROBE, imagePullPolicy="Never",
+                  command=["sh", "-c", DRIVER_SCRIPT],
+                  volumeMounts=[{"name": n, "mountPath": path, "readOnly": ro}
+                                for n, path, ro in MOCK_KERNEL])
+        doc["spec"]["volumes"] = [{"name": n, "hostPath": {"path": path, "type": "Directory"}}
+                                  for n, path, _ in MOCK_KERNEL]
+        run_pod(core, cleanup, doc)
+        results = allocated(resource, claim)
+        assert [r["pool"] for r in results] == [T4], f"claim {claim}: expected one device in " \
+            f"pool {T4}, observed {results}"
+        want = {f"nvidia{minor_of(resource, T4, results[0]['device'])}"}
+        got = seen(core, pod)
+        assert gpu_nodes(got["DEV"]) == want, (f"node {T4}, claim {claim}: expected GPU nodes "
+                                               f"{want}, observed {sorted(got['DEV'])}")
+        assert CONTROL & got["DEV"], f"node {T4}, claim {claim}: no control nodes in {got['DEV']}"
+        gpu = slice_devices(resource, T4)[results[0]["device"]]["attributes"]["uuid"]["string"]
+        smi = (printed(core, pod, "SMI_RC"), printed(core, pod, "SMI"))
+        assert smi[0] == "0" and f"(UUID: {gpu})" in smi[1], (
+            f"node {T4}, claim {claim}: expected nvidia-smi -L to run in the container and list "
+            f"{gpu}, observed exit {smi[0]!r}: {smi[1]!r}\n{diagnose(T4)}")
+        libcuda = printed(core, pod, "LIBCUDA")
+        assert re.fullmatch(r"/usr/lib/x86_64-linux-gnu/libcuda\.so\.[0-9.]+ resolves",
+                            libcuda), (f"node {T4}, claim {claim}: expected libcuda.so to lead "
+                                       f"to the driver's libcuda.so.<version>, observed "
+                                       f"{libcuda!r}")
     bare = unique("bare")
     run_pod(core, cleanup, pod_doc(bare, T4, {}))
     none = seen(core, bare)["DEV"]
@@ -670,27 +714,27 @@ def test_an_agent_restart_between_prepare_and_unprepare_loses_nothing(
     entries = [u for u in checkpoint(T4) if u == uid]
     after = cdi_spec_mtime(T4, uid)
     left = node_sh(T4, f"ls {PLUGIN_DIR}")
-    assert entries == [uid] and after == before and "checkpoint.json\n" not in left + "\n", (
+    assert entries == [uid] and after == before and "checkpoint.json" not in left.split(), (
         f"node {T4}, claim {claim}: expected one checkpoint entry moved from an earlier "
         f"gpukit's checkpoint.json and the spec untouched, observed {entries}, spec time "
         f"{before!r} -> {after!r}, files {left.split()}")
     # The claim as NVIDIA's DRA driver leaves it: in its checkpoint with its CDI spec, not in
-    # gpukit's (through the node's root, as a host process sees it).
+    # gpukit's (the files through the node's root, as a host process sees them; /var/run is a
+    # link to the node's own /run: moved inside the node).
     init = cluster.init_proc(load_spec().node(T4))
     assert init is not None, f"node {T4}: not running"
     root = Path(f"/proc/{init.pid}/root")
     (root / PLUGIN_DIR.lstrip("/") / "checkpoint.json").write_text(
         as_nvidias(resource, T4, claim, uid))
     Checkpoint(root / PLUGIN_DIR.lstrip("/") / "gpukit-checkpoint.json").remove(uid)
-    (root / CDI_SPEC.format(uid=uid, ext="json").lstrip("/")).rename(
-        root / CDI_SPEC.format(uid=uid, ext="yaml").lstrip("/"))
+    node_sh(T4, f"mv {CDI_SPEC.format(uid=uid, ext='json')} {CDI_SPEC.format(uid=uid, ext='yaml')}")
     restart_plugin(core, T4)
     taken = cdi_spec_mtime(T4, uid, "yaml")
     events = core.list_namespaced_event("default", field_selector=f"involvedObject.name={T4},"
                                                                   "reason=NvidiaClaimsTakenOver")
     assert uid in checkpoint(T4) and taken == before and f"{NS}/{claim} (uid {uid}" in \
         plugin_log(T4) and "checkpoint.json.taken-over-by-gpukit" in node_sh(
-            T4, f"ls {PLUGIN_DIR}") and events.items, (
+            T4, f"ls {PLUGIN_DIR}").split() and events.items, (
         f"node {T4}, claim {claim}: expected NVIDIA's claim taken over (in gpukit's "
         f"checkpoint, NVIDIA's spec untouched, its file renamed, an Event), observed entries "
         f"{sorted(checkpoint(T4))}, spec time {before!r} -> {taken!r}, files "
