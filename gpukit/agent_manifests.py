@@ -51,6 +51,9 @@ MPS_APP = "gpukit-mps-control"
 
 # Where the container sees the driver root (GPUKIT_DEVICE_ROOT_IN_PLUGIN).
 DRIVER_ROOT_IN_CONTAINER = "/driver-root"
+# Where the driver's programs and nvidia-cdi-hook are on a host that has the driver installed
+# (NVIDIA's packages, Debian/Ubuntu and RPM alike): the DRA plugin sees it, read-only.
+BINARY_DIR = "/usr/bin"
 # The NVML library when the deployment names none: where Debian/Ubuntu driver packages and
 # NVIDIA's driver containers put it. Other layouts (e.g. /usr/lib64 on RPM distributions)
 # set AgentDeployment.nvml_library (gpukit_device_plugin_nvml_library).
@@ -431,8 +434,12 @@ def _deployment_host_mounts(d: AgentDeployment
     return mounts, volumes
 
 
-def _driver_mounts(d: AgentDeployment) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The driver as the agent and the DRA plugin see it (see agent_mounts)."""
+def _driver_mounts(d: AgentDeployment, binaries: bool = False
+                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The driver as the agent and the DRA plugin see it (see agent_mounts). `binaries`: with
+    the host's root as driver root, its BINARY_DIR too (the DRA plugin: a claim's CDI spec
+    binds the driver's programs and runs nvidia-cdi-hook, as NVIDIA's; gpukit.plugin.cdi finds
+    them there)."""
     ro = {"readOnly": True, "recursiveReadOnly": "IfPossible"}
     mounts: list[dict[str, Any]] = []
     volumes: list[dict[str, Any]] = []
@@ -444,6 +451,10 @@ def _driver_mounts(d: AgentDeployment) -> tuple[list[dict[str, Any]], list[dict[
             mounts.append({"name": "driver-lib",
                            "mountPath": f"{DRIVER_ROOT_IN_CONTAINER}{lib_dir}", **ro})
             volumes.append(_host_path("driver-lib", lib_dir, "Directory"))
+        if binaries:
+            mounts.append({"name": "driver-bin",
+                           "mountPath": f"{DRIVER_ROOT_IN_CONTAINER}{BINARY_DIR}", **ro})
+            volumes.append(_host_path("driver-bin", BINARY_DIR, "Directory"))
     else:
         # HostToContainer: the driver container may mount its root after the agent started
         # (recursiveReadOnly would need mountPropagation None).
@@ -568,7 +579,8 @@ def device_classes(d: AgentDeployment) -> list[dict[str, Any]]:
 
 def dra_rbac(d: AgentDeployment) -> list[dict[str, Any]]:
     """Read the claims it prepares and its node (the label gpukit.io/dra.shares), write its
-    node's ResourceSlices (the policy below narrows that to its own node)."""
+    node's ResourceSlices (the policy below narrows that to its own node), record Events on
+    its node (claims of NVIDIA's DRA driver taken over or not)."""
     sa = {"apiVersion": "v1", "kind": "ServiceAccount",
           "metadata": {"name": DRA_APP, "namespace": d.namespace, "labels": _labels(DRA_APP)}}
     role = {
@@ -581,6 +593,8 @@ def dra_rbac(d: AgentDeployment) -> list[dict[str, Any]]:
             {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
             {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
              "verbs": ["get", "list", "watch", "create", "update", "delete"]},
+            # A Node's events live in namespace default (gpukit.plugin.node_api.node_event).
+            {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
         ],
     }
     binding = {
@@ -648,8 +662,10 @@ def own_slices_policy(d: AgentDeployment) -> list[dict[str, Any]]:
 
 def dra_daemonset(d: AgentDeployment) -> dict[str, Any]:
     """The DRA plugin on the nodes of `dra_node_selector`: the kubelet's plugins_registry/
-    and plugins/gpu.nvidia.com/ (sockets, checkpoint), the CDI spec directory containerd
-    reads, the driver as the agent mounts it; nothing else of the host."""
+    and plugins/gpu.nvidia.com/ (sockets, checkpoints), the CDI spec directory containerd
+    reads, the driver as the agent mounts it and, with the host's root as driver root, the
+    host's /usr/bin read-only (the driver's programs and nvidia-cdi-hook, which a claim's CDI
+    spec binds and runs, as NVIDIA's); nothing else of the host."""
     env: list[dict[str, Any]] = [
         {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": "GPUKIT_DEVICE_ROOT", "value": d.driver_root},
@@ -682,7 +698,7 @@ def dra_daemonset(d: AgentDeployment) -> dict[str, Any]:
     if d.dra_mps:
         mounts.append(_mps_root_mount())
         volumes.append(_mps_root_volume())
-    for part in (_driver_mounts(d), _deployment_host_mounts(d)):
+    for part in (_driver_mounts(d, binaries=True), _deployment_host_mounts(d)):
         mounts += part[0]
         volumes += part[1]
     container = {

@@ -300,6 +300,29 @@ def driver_userspace(node: str) -> Iterator[None]:
         nvml.write_bytes(saved)
 
 
+@contextmanager
+def cdi_hook(node: str) -> Iterator[None]:
+    """The stand-in toolkit's nvidia-cdi-hook on `node` (the package, as the container_toolkit
+    role installs it), for the CDI specs that name its hooks; purged afterwards unless the
+    node had it."""
+    package = "nvidia-container-toolkit"
+    spec = load_spec().node(node)
+
+    def sh(command: str) -> subprocess.CompletedProcess[str]:
+        return cluster.node_exec(spec, ["sh", "-c", command], timeout=120)
+
+    if sh(f"dpkg -s {package} 2>/dev/null | grep -q '^Status: install ok installed'"
+          ).returncode == 0:
+        yield
+        return
+    r = sh(f"dpkg -i /opt/gpukit-lab/apt/{package}_*.deb")
+    assert r.returncode == 0, f"{node}: installing {package}: {r.stdout}{r.stderr}"
+    try:
+        yield
+    finally:
+        sh(f"dpkg --purge {package}")
+
+
 MPS_VIEW = r"""
 import json, pynvml as n
 n.nvmlInit()

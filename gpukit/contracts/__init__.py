@@ -14,6 +14,7 @@ tests/unit/test_import_direction.py, fails when one does):
                      and its ResourceSlice device-name rule (built and parsed only here)
 * ``dra_claim_config``  NVIDIA's DRA claim parameters (``resource.nvidia.com/v1beta1``
                      ``GpuConfig`` / ``MigDeviceConfig``), validated as its driver decodes them
+* ``dra_checkpoint``  NVIDIA's DRA kubelet plugin's checkpoint (v1/v2 and their checksums)
 * ``gpu_architectures``  NVML's architecture codes, NVIDIA's spellings, GFD's gpu.family
 * ``nvidia_driver``  NVIDIA's driver channels and packages; a declared driver (``DriverSpec``)
 * ``runtime_hardening``  the device plugin strategies that reach unprivileged containers

@@ -57,7 +57,12 @@ REGISTRY_DIR = f"{KUBELET_DIR}/plugins_registry"
 PLUGIN_DIR = f"{KUBELET_DIR}/plugins/{DRIVER}"
 REGISTRATION_SOCKET = f"{DRIVER}-reg.sock"
 PLUGIN_SOCKET = "dra.sock"
+# NVIDIA's plugin keeps its prepared claims in checkpoint.json (its format:
+# gpukit.contracts.dra_checkpoint); gpukit's plugin keeps its own beside it, in a file NVIDIA's
+# never reads, so either plugin starts on a node the other served. An earlier gpukit wrote its
+# own format to checkpoint.json; the plugin moves such a file to its own name at start.
 CHECKPOINT_FILE = "checkpoint.json"
+GPUKIT_CHECKPOINT_FILE = "gpukit-checkpoint.json"
 PLUGIN_TYPE = "DRAPlugin"
 # The gRPC services a plugin lists as supported_versions; v1 is the kubelet's first choice.
 SUPPORTED_SERVICES = ("v1.DRAPlugin",)

@@ -125,11 +125,8 @@ BUSYBOX_APPLETS = (
 )  # fmt: skip
 
 
-def build_shell(out_dir: Path) -> Path:
-    """A small image with a shell: the static busybox from the host's package."""
-    out = out_dir / "shell.tar"
-    if out.exists():
-        return out
+def _busybox() -> list[FileEntry]:
+    """The static busybox from the host's package at /bin, with its applets' links."""
     busybox = Path("/bin/busybox")
     if (
         not busybox.exists()
@@ -137,9 +134,16 @@ def build_shell(out_dir: Path) -> Path:
         not in subprocess.run(["file", "-b", str(busybox)], capture_output=True).stdout
     ):
         busybox = Path(shutil.which("busybox") or "/bin/busybox")
-    entries = [FileEntry("bin/busybox", busybox)]
-    entries += [FileEntry(f"bin/{a}", link="busybox") for a in BUSYBOX_APPLETS]
-    layer = _layer(entries)
+    return [FileEntry("bin/busybox", busybox),
+            *(FileEntry(f"bin/{a}", link="busybox") for a in BUSYBOX_APPLETS)]
+
+
+def build_shell(out_dir: Path) -> Path:
+    """A small image with a shell: the static busybox from the host's package."""
+    out = out_dir / "shell.tar"
+    if out.exists():
+        return out
+    layer = _layer(_busybox())
     return write_archive(out, SHELL, layer, {"Env": ["PATH=/bin"], "Cmd": ["/bin/sh"]})
 
 
@@ -150,11 +154,17 @@ LOADER = "lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
 LIBC = "lib/x86_64-linux-gnu/libc.so.6"
 
 
+# What the probe's image holds besides the probe: part of its build's key.
+CUDA_PROBE_RECIPE = "probe, loader, libc, busybox at /bin"
+
+
 def build_cuda_probe(out_dir: Path) -> Path:
     """The CUDA-like workload's image: /cuda-probe (dlopen libcuda.so.1, cuInit,
-    cuDeviceGetCount), glibc's loader and libc; rebuilt when the source changes."""
+    cuDeviceGetCount), glibc's loader and libc, as a CUDA base image has them (the driver's
+    programs a CDI spec binds run there too), and a shell (busybox, /bin) to look around;
+    rebuilt when the source or the recipe changes."""
     source = CUDA_SOURCES / "cuda_probe.c"
-    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    digest = hashlib.sha256(source.read_bytes() + CUDA_PROBE_RECIPE.encode()).hexdigest()[:16]
     out = out_dir / "cuda-probe.tar"
     stamp = out_dir / "cuda-probe.digest"
     if out.exists() and stamp.exists() and stamp.read_text() == digest:
@@ -168,6 +178,7 @@ def build_cuda_probe(out_dir: Path) -> Path:
         FileEntry(LOADER, Path("/") / LOADER),
         FileEntry(LIBC, Path("/") / LIBC),
         FileEntry("lib64/ld-linux-x86-64.so.2", link=f"/{LOADER}"),
+        *_busybox(),
     ]
     layer = _layer(entries)
     write_archive(out, CUDA_PROBE, layer, {"Entrypoint": ["/cuda-probe"]})

@@ -252,9 +252,9 @@ def _spec(units: Iterable[Unit], device_root: str, common: dict[str, Any]) -> di
 def node_edits(root_seen: str, host_root: str, driver_version: str,
                exists: Callable[[str], bool] = os.path.exists) -> dict[str, Any]:
     """The spec-wide containerEdits of a node's GPUs as the agent sees them under the driver
-    root (`root_seen`), host paths under `host_root`. Hooks only when nvidia-cdi-hook shows
-    under that root (the agent does not see the host's /usr/bin when the driver root is the
-    host's root)."""
+    root (`root_seen`), host paths under `host_root`. Binaries and hooks only when they show
+    under that root: with the host's root as driver root the node agent does not see the
+    host's /usr/bin, the DRA plugin does (its claims' specs bind and run them as NVIDIA's)."""
     control = [n for n in CONTROL_NODES if exists(host_path(root_seen, n))]
     files = find_driver(root_seen, driver_version)
     if files.libraries:

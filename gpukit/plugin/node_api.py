@@ -50,17 +50,8 @@ class NodeClient:
 
     def event(self, node_name: str, reason: str, message: str, type_: str = "Warning") -> None:
         """Record an Event on the node, where `kubectl describe node` shows it."""
-        now = datetime.datetime.now(datetime.UTC)
-        self._api.create_namespaced_event(EVENT_NAMESPACE, {
-            "metadata": {"generateName": f"{node_name}.gpukit-"},
-            # The kubelet uses the node's name as the uid of its own Node events.
-            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node_name,
-                               "uid": node_name},
-            "reason": reason, "message": message[:1024], "type": type_,
-            "source": {"component": COMPONENT, "host": node_name},
-            "reportingComponent": COMPONENT, "reportingInstance": node_name,
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-        })
+        self._api.create_namespaced_event(EVENT_NAMESPACE,
+                                          node_event(node_name, reason, message, type_))
 
     def watch_labels(self, node_name: str, seen: LabelsSeen, stop: threading.Event,
                      timeout_seconds: int = 60, retry_seconds: float = 5.0) -> None:
@@ -86,3 +77,19 @@ class NodeClient:
                 log.warning("watching node %s failed: %s; retrying in %.0fs", node_name, exc,
                             retry_seconds)
                 stop.wait(retry_seconds)
+
+
+def node_event(node_name: str, reason: str, message: str, type_: str = "Warning",
+               component: str = COMPONENT) -> dict[str, Any]:
+    """An Event on the node (CoreV1 create_namespaced_event in EVENT_NAMESPACE's body)."""
+    now = datetime.datetime.now(datetime.UTC)
+    return {
+        "metadata": {"generateName": f"{node_name}.gpukit-"},
+        # The kubelet uses the node's name as the uid of its own Node events.
+        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node_name,
+                           "uid": node_name},
+        "reason": reason, "message": message[:1024], "type": type_,
+        "source": {"component": component, "host": node_name},
+        "reportingComponent": component, "reportingInstance": node_name,
+        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+    }

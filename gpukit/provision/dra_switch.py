@@ -12,8 +12,10 @@ it is cleared.
   extended resource (a JSON patch of the node's status).
 - The node keeps the node agent's labels (GFD's counts, replicas, product): removed too.
 
-Leaving DRA: no claim may stay prepared or allocated on the node, and the node's ResourceSlices
-of driver gpu.nvidia.com go (the DRA plugin's pod has left, so nothing writes them again).
+Leaving DRA: no claim may stay prepared or allocated on the node (prepared: in gpukit's DRA
+checkpoint, or in checkpoint.json beside it, an earlier gpukit's or NVIDIA's DRA driver's), and
+the node's ResourceSlices of driver gpu.nvidia.com go (the DRA plugin's pod has left, so
+nothing writes them again).
 
 In place (site.yml) only while no pod holds the node's GPUs (`switch_refusal`); the rolling
 upgrade (playbooks/upgrade.yml) drains the node first and names the change
@@ -28,6 +30,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpukit.contracts import dra as names
+from gpukit.contracts import dra_checkpoint as nvidia
 from gpukit.contracts.label_names import GPU_ALLOCATION, RESOURCE_PREFIX
 from gpukit.inventory.model import GPU_ALLOCATIONS
 from gpukit.plugin.labels import owned as labeler_owns
@@ -86,8 +89,10 @@ def _pointer(name: str) -> str:
 # -- which mode the node is in, and whether it may be switched now ----------------------------
 
 DEVICE_PLUGIN, DRA = GPU_ALLOCATIONS
-# The DRA plugin's own checkpoint of the claims it prepared on the node.
-DRA_PLUGIN_CHECKPOINT = f"{names.PLUGIN_DIR}/{names.CHECKPOINT_FILE}"
+# The DRA plugin's own checkpoint of the claims it prepared on the node, and checkpoint.json
+# beside it: an earlier gpukit's (not moved yet) or NVIDIA's DRA driver's; the role reads both.
+DRA_PLUGIN_CHECKPOINT = f"{names.PLUGIN_DIR}/{names.GPUKIT_CHECKPOINT_FILE}"
+DRA_CHECKPOINTS = (DRA_PLUGIN_CHECKPOINT, f"{names.PLUGIN_DIR}/{names.CHECKPOINT_FILE}")
 DRA_DRIVER = names.DRIVER
 UPGRADE_PLAYBOOK = "playbooks/upgrade.yml"
 
@@ -144,30 +149,42 @@ def switch_refusal(node_name: str, node: Mapping[str, Any] | None, declared: str
 # -- leaving DRA -------------------------------------------------------------------------------
 
 
-def prepared_claims(checkpoint_text: str) -> list[str]:
-    """'namespace/name' of the claims the DRA plugin's checkpoint still holds prepared ('' or
-    no file: none). A file that is not the plugin's JSON is reported as such, not guessed."""
+def prepared_claims(checkpoint_text: str, where: str = DRA_PLUGIN_CHECKPOINT) -> list[str]:
+    """'namespace/name' of the claims a DRA checkpoint still holds prepared ('' or no file:
+    none): gpukit's format, or NVIDIA's (its completed claims). A file that is neither is
+    reported as such, not guessed."""
     if not checkpoint_text.strip():
         return []
+    unreadable = [f"(unreadable {where})"]
     try:
-        claims = json.loads(checkpoint_text)["claims"]
+        doc = json.loads(checkpoint_text)
+        if nvidia.looks_like_nvidia(doc):
+            completed = nvidia.parse(checkpoint_text, where).completed()
+            return sorted(f"{c.namespace}/{c.name}" if c.name else f"(uid {uid} in {where})"
+                          for uid, c in completed.items())
+        claims = doc["claims"]
         return sorted(f"{c['namespace']}/{c['name']}" for c in claims.values())
+    except nvidia.NvidiaCheckpointError:
+        return unreadable
     except (ValueError, KeyError, TypeError, AttributeError):
-        return [f"(unreadable {DRA_PLUGIN_CHECKPOINT})"]
+        return unreadable
 
 
-def claims_left(checkpoint_text: str, claims: Sequence[Mapping[str, Any]] | None,
-                node_name: str) -> list[str]:
-    """What holds a DRA node's GPUs: the claims its plugin's checkpoint holds prepared that
-    still exist (an entry of a claim deleted while the plugin was down is stale: it must not
-    refuse the switch for good), and those the API allocates on the node for a pod. `claims`
-    None: the API was not asked, every prepared entry counts."""
-    prepared = set(prepared_claims(checkpoint_text))
+def claims_left(checkpoint_texts: str | Sequence[str],
+                claims: Sequence[Mapping[str, Any]] | None, node_name: str) -> list[str]:
+    """What holds a DRA node's GPUs: the claims its checkpoints (the texts of DRA_CHECKPOINTS,
+    in that order; one text: gpukit's file) hold prepared that still exist (an entry of a claim
+    deleted while the plugin was down is stale: it must not refuse the switch for good), and
+    those the API allocates on the node for a pod. `claims` None: the API was not asked, every
+    prepared entry counts."""
+    texts = [checkpoint_texts] if isinstance(checkpoint_texts, str) else list(checkpoint_texts)
+    prepared = {c for text, where in zip(texts, DRA_CHECKPOINTS, strict=False)
+                for c in prepared_claims(text or "", where)}
     if claims is None:
         return sorted(prepared)
     existing = {f"{(c.get('metadata') or {}).get('namespace')}/"
                 f"{(c.get('metadata') or {}).get('name')}" for c in claims}
-    prepared = {c for c in prepared if c in existing or c.startswith("(unreadable")}
+    prepared = {c for c in prepared if c in existing or c.startswith("(")}
     return sorted(prepared | set(allocated_claims(claims, node_name)))
 
 

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import labtools
+import nvidia_dra_fixtures
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -51,6 +52,7 @@ from gpukit.lab import agent, cluster, images, nodes
 from gpukit.lab.config import load_spec, state_dir
 from gpukit.lab.controlplane import paths
 from gpukit.lab.nvml import workload
+from gpukit.plugin.dra.checkpoint import Checkpoint
 from gpukit.provision import dra_switch
 
 pytestmark = pytest.mark.lab
@@ -314,9 +316,13 @@ def gpu_nodes(node_devs: set[str]) -> set[str]:
     return {d for d in node_devs if re.fullmatch(r"nvidia\d+", d)}
 
 
+PLUGIN_DIR = f"/var/lib/kubelet/plugins/{DRIVER}"
+CDI_SPEC = "/var/run/cdi/k8s.gpu.nvidia.com-claim_{uid}.{ext}"
+
+
 def checkpoint(node: str) -> dict[str, Any]:
-    text = node_sh(node, "cat /var/lib/kubelet/plugins/gpu.nvidia.com/checkpoint.json "
-                         "2>/dev/null")
+    """The claims gpukit's DRA checkpoint holds on the node."""
+    text = node_sh(node, f"cat {PLUGIN_DIR}/gpukit-checkpoint.json 2>/dev/null")
     claims: dict[str, Any] = json.loads(text)["claims"] if text else {}
     return claims
 
@@ -337,11 +343,10 @@ def held_by(node: str, pod: str) -> list[dict[str, str]]:
     return [labels for _, labels, _ in plugin_metrics(node) if labels.get("pod") == pod]
 
 
-def cdi_spec_mtime(node: str, uid: str) -> str:
+def cdi_spec_mtime(node: str, uid: str, ext: str = "json") -> str:
     """The claim's CDI spec's modification time on the node ("" when there is none): /var/run
-    is the node's own tmpfs, read inside it."""
-    return node_sh(node, f"stat -c %y /var/run/cdi/k8s.gpu.nvidia.com-claim_{uid}.json "
-                         "2>/dev/null")
+    is the node's own tmpfs, read inside it. `ext` yaml: NVIDIA's plugin's spec."""
+    return node_sh(node, f"stat -c %y {CDI_SPEC.format(uid=uid, ext=ext)} 2>/dev/null")
 
 
 # -- tests -----------------------------------------------------------------------------------
@@ -395,20 +400,64 @@ def test_a_stale_slice_of_the_node_is_deleted_and_a_wiped_one_written_again(
              lambda: set(slice_devices(resource, T4)) == {"gpu-0", "gpu-1"}, timeout=30)
 
 
+# What a claim's container shows of the driver NVIDIA's CDI spec gives: nvidia-smi -L's exit
+# status and lines, and where libcuda.so (the link nvidia-cdi-hook create-symlinks makes) leads.
+DRIVER_SCRIPT = ('smi=$(nvidia-smi -L 2>&1); echo "SMI_RC=$?"; '
+                 'echo "SMI=$(echo "$smi" | tr "\\n" ";")"; '
+                 'lib=/usr/lib/x86_64-linux-gnu/libcuda.so; '
+                 'echo "LIBCUDA=$(readlink -f $lib) $(test -f $lib && echo resolves)"; ' + SCRIPT)
+# The lab's GPUs are the mock NVML's profile and state on the node: what a real container
+# reaches through the kernel (/dev), the lab's reaches through these (the paths it looks at).
+MOCK_KERNEL = (("nvml-profile", "/etc/gpukit-lab/nvml", True),
+               ("nvml-state", "/var/lib/gpukit-lab/nvml", False))
+
+
+def printed(core: client.CoreV1Api, pod: str, key: str, container: str = "c0") -> str:
+    """The line `key=...` the container printed, as printed."""
+    text = core.read_namespaced_pod_log(pod, NS, container=container)
+    m = re.search(rf"^{key}=(.*)$", text, re.M)
+    return m.group(1) if m else ""
+
+
 def test_a_pod_with_a_claim_sees_exactly_its_device_and_one_without_sees_none(
         deployed: AgentDeployment, core: client.CoreV1Api, resource: client.ResourceV1Api,
         cleanup: list[str]) -> None:
-    claim = create_claim(resource, cleanup, claim_doc(unique("one")))
-    pod = unique("claimed")
-    run_pod(core, cleanup, pod_doc(pod, T4, {"gpu": claim}))
-    results = allocated(resource, claim)
-    assert [r["pool"] for r in results] == [T4], f"claim {claim}: expected one device in " \
-        f"pool {T4}, observed {results}"
-    want = {f"nvidia{minor_of(resource, T4, results[0]['device'])}"}
-    got = seen(core, pod)
-    assert gpu_nodes(got["DEV"]) == want, (f"node {T4}, claim {claim}: expected GPU nodes "
-                                           f"{want}, observed {sorted(got['DEV'])}")
-    assert CONTROL & got["DEV"], f"node {T4}, claim {claim}: no control nodes in {got['DEV']}"
+    """With the driver and the toolkit's nvidia-cdi-hook on the node, as site.yml installs
+    them, the claim's container also gets what NVIDIA's DRA driver gives it: the driver's
+    nvidia-smi, which runs there and lists the claim's GPU, and libcuda.so linked to the
+    driver's library by the spec's hooks (in an image with a C library, as CUDA images are)."""
+    archive = images.build_cuda_probe(state_dir() / "shared" / "images")
+    node_sh(T4, f"ctr -n k8s.io images import /opt/gpukit-lab/images/{archive.name}")
+    with labtools.driver_userspace(T4), labtools.cdi_hook(T4):
+        claim = create_claim(resource, cleanup, claim_doc(unique("one")))
+        pod = unique("claimed")
+        doc = pod_doc(pod, T4, {"gpu": claim})
+        c0 = doc["spec"]["containers"][0]
+        c0.update(image=images.CUDA_PROBE, imagePullPolicy="Never",
+                  command=["sh", "-c", DRIVER_SCRIPT],
+                  volumeMounts=[{"name": n, "mountPath": path, "readOnly": ro}
+                                for n, path, ro in MOCK_KERNEL])
+        doc["spec"]["volumes"] = [{"name": n, "hostPath": {"path": path, "type": "Directory"}}
+                                  for n, path, _ in MOCK_KERNEL]
+        run_pod(core, cleanup, doc)
+        results = allocated(resource, claim)
+        assert [r["pool"] for r in results] == [T4], f"claim {claim}: expected one device in " \
+            f"pool {T4}, observed {results}"
+        want = {f"nvidia{minor_of(resource, T4, results[0]['device'])}"}
+        got = seen(core, pod)
+        assert gpu_nodes(got["DEV"]) == want, (f"node {T4}, claim {claim}: expected GPU nodes "
+                                               f"{want}, observed {sorted(got['DEV'])}")
+        assert CONTROL & got["DEV"], f"node {T4}, claim {claim}: no control nodes in {got['DEV']}"
+        gpu = slice_devices(resource, T4)[results[0]["device"]]["attributes"]["uuid"]["string"]
+        smi = (printed(core, pod, "SMI_RC"), printed(core, pod, "SMI"))
+        assert smi[0] == "0" and f"(UUID: {gpu})" in smi[1], (
+            f"node {T4}, claim {claim}: expected nvidia-smi -L to run in the container and list "
+            f"{gpu}, observed exit {smi[0]!r}: {smi[1]!r}\n{diagnose(T4)}")
+        libcuda = printed(core, pod, "LIBCUDA")
+        assert re.fullmatch(r"/usr/lib/x86_64-linux-gnu/libcuda\.so\.[0-9.]+ resolves",
+                            libcuda), (f"node {T4}, claim {claim}: expected libcuda.so to lead "
+                                       f"to the driver's libcuda.so.<version>, observed "
+                                       f"{libcuda!r}")
     bare = unique("bare")
     run_pod(core, cleanup, pod_doc(bare, T4, {}))
     none = seen(core, bare)["DEV"]
@@ -603,9 +652,52 @@ def test_an_unchanged_pod_asking_for_nvidia_gpu_is_served_by_dra(
         f"node, observed claim {claim}, nodes {devs}")
 
 
+def restart_plugin(core: client.CoreV1Api, node: str) -> None:
+    """The node's DRA plugin pod deleted; back when its successor runs and is registered."""
+    plugin_pods = [p for p in agent.agent_pods(node) if p.startswith(DRA_APP)]
+    for p in plugin_pods:
+        core.delete_namespaced_pod(p, "gpukit-system")
+    wait_for(f"node {node}: the old DRA plugin pod gone", lambda: not set(plugin_pods) & set(
+        agent.agent_pods(node)), timeout=120)
+    new = wait_for(f"node {node}: a new DRA plugin pod running", lambda: [
+        p.metadata.name for p in core.list_namespaced_pod(
+            "gpukit-system", field_selector=f"spec.nodeName={node}").items
+        if p.metadata.name.startswith(DRA_APP) and p.status.phase == "Running"], timeout=120)
+
+    def registered() -> bool:
+        try:
+            log = core.read_namespaced_pod_log(new[0], "gpukit-system")
+        except ApiException:
+            return False
+        return "the kubelet registered DRA driver" in log
+
+    wait_for(f"node {node}: the new DRA plugin registered", registered, timeout=60,
+             explain=lambda: diagnose(node))
+
+
+def as_nvidias(resource: client.ResourceV1Api, node: str, claim: str, uid: str) -> str:
+    """The claim's checkpoint.json as NVIDIA's DRA plugin writes it (its v2, this boot) for the
+    device it was allocated."""
+    doc = json.loads(resource.read_namespaced_resource_claim(claim, NS,
+                                                             _preload_content=False).data)
+    (result,) = doc["status"]["allocation"]["devices"]["results"]
+    device = slice_devices(resource, node)[result["device"]]
+    status = {"allocation": {"devices": {"results": [result]}}}
+    entry = nvidia_dra_fixtures.claim([nvidia_dra_fixtures.group(nvidia_dra_fixtures.gpu(
+        uid, result["device"], device["attributes"]["uuid"]["string"], node,
+        requests=[result["request"]]))], status, name=claim, namespace=NS)
+    return str(nvidia_dra_fixtures.render({uid: entry},
+                                          node_sh(node, "cat /proc/sys/kernel/random/boot_id")))
+
+
 def test_an_agent_restart_between_prepare_and_unprepare_loses_nothing(
         deployed: AgentDeployment, core: client.CoreV1Api, resource: client.ResourceV1Api,
         cleanup: list[str]) -> None:
+    """A prepared claim outlives two plugin restarts: the first on a node upgraded from an
+    earlier gpukit (its checkpoint.json in gpukit's format: moved to gpukit-checkpoint.json,
+    the claim kept), the second on a node NVIDIA's DRA driver served (the claim in NVIDIA's
+    checkpoint.json and CDI spec: taken over, said in the log and an Event, NVIDIA's file
+    renamed); the spec untouched by both, removed with the pod."""
     claim = create_claim(resource, cleanup, claim_doc(unique("restart")))
     pod = unique("restart")
     run_pod(core, cleanup, pod_doc(pod, T4, {"gpu": claim}))
@@ -614,29 +706,46 @@ def test_an_agent_restart_between_prepare_and_unprepare_loses_nothing(
     assert uid in checkpoint(T4) and before, f"node {T4}, claim {claim}: expected a " \
         f"checkpoint entry and its CDI spec, observed entries {sorted(checkpoint(T4))}, " \
         f"spec time {before!r}"
-    old = agent.agent_pods(T4)
-    plugin_pods = [p for p in old if p.startswith(DRA_APP)]
-    for p in plugin_pods:
-        core.delete_namespaced_pod(p, "gpukit-system")
-    wait_for(f"node {T4}: a new DRA plugin pod running", lambda: [
-        p for p in core.list_namespaced_pod(
-            "gpukit-system", field_selector=f"spec.nodeName={T4}").items
-        if p.metadata.name not in plugin_pods and p.status.phase == "Running"], timeout=120)
+    node_sh(T4, f"mv {PLUGIN_DIR}/gpukit-checkpoint.json {PLUGIN_DIR}/checkpoint.json")
+    restart_plugin(core, T4)
     running = core.read_namespaced_pod(pod, NS)
     assert running.status.phase == "Running", f"node {T4}, claim {claim}: pod {pod} " \
         f"expected Running after the agent restart, observed {running.status.phase}"
-    wait_for(f"node {T4}: the new DRA plugin registered",
-             lambda: "the kubelet registered DRA driver" in plugin_log(T4), timeout=60)
     entries = [u for u in checkpoint(T4) if u == uid]
     after = cdi_spec_mtime(T4, uid)
-    assert entries == [uid] and after == before, (
-        f"node {T4}, claim {claim}: expected one checkpoint entry and the spec untouched, "
-        f"observed {entries}, spec time {before!r} -> {after!r}")
+    left = node_sh(T4, f"ls {PLUGIN_DIR}")
+    assert entries == [uid] and after == before and "checkpoint.json" not in left.split(), (
+        f"node {T4}, claim {claim}: expected one checkpoint entry moved from an earlier "
+        f"gpukit's checkpoint.json and the spec untouched, observed {entries}, spec time "
+        f"{before!r} -> {after!r}, files {left.split()}")
+    # The claim as NVIDIA's DRA driver leaves it: in its checkpoint with its CDI spec, not in
+    # gpukit's (the files through the node's root, as a host process sees them; /var/run is a
+    # link to the node's own /run: moved inside the node).
+    init = cluster.init_proc(load_spec().node(T4))
+    assert init is not None, f"node {T4}: not running"
+    root = Path(f"/proc/{init.pid}/root")
+    (root / PLUGIN_DIR.lstrip("/") / "checkpoint.json").write_text(
+        as_nvidias(resource, T4, claim, uid))
+    Checkpoint(root / PLUGIN_DIR.lstrip("/") / "gpukit-checkpoint.json").remove(uid)
+    node_sh(T4, f"mv {CDI_SPEC.format(uid=uid, ext='json')} {CDI_SPEC.format(uid=uid, ext='yaml')}")
+    restart_plugin(core, T4)
+    taken = cdi_spec_mtime(T4, uid, "yaml")
+    events = core.list_namespaced_event("default", field_selector=f"involvedObject.name={T4},"
+                                                                  "reason=NvidiaClaimsTakenOver")
+    assert uid in checkpoint(T4) and taken == before and f"{NS}/{claim} (uid {uid}" in \
+        plugin_log(T4) and "checkpoint.json.taken-over-by-gpukit" in node_sh(
+            T4, f"ls {PLUGIN_DIR}").split() and events.items, (
+        f"node {T4}, claim {claim}: expected NVIDIA's claim taken over (in gpukit's "
+        f"checkpoint, NVIDIA's spec untouched, its file renamed, an Event), observed entries "
+        f"{sorted(checkpoint(T4))}, spec time {before!r} -> {taken!r}, files "
+        f"{node_sh(T4, f'ls {PLUGIN_DIR}').split()}, events {len(events.items)}\n"
+        f"{diagnose(T4)}")
     core.delete_namespaced_pod(pod, NS, grace_period_seconds=0)
     wait_for(f"node {T4}, claim {claim}: CDI spec and checkpoint entry gone after the pod",
-             lambda: not cdi_spec_mtime(T4, uid) and uid not in checkpoint(T4), timeout=90,
-             explain=lambda: f"spec time {cdi_spec_mtime(T4, uid)!r}, checkpoint: "
-                             f"{sorted(checkpoint(T4))}\n{diagnose(T4)}")
+             lambda: not cdi_spec_mtime(T4, uid, "yaml") and uid not in checkpoint(T4),
+             timeout=90, explain=lambda: f"spec time {cdi_spec_mtime(T4, uid, 'yaml')!r}, "
+                                         f"checkpoint: {sorted(checkpoint(T4))}\n{diagnose(T4)}")
+    node_sh(T4, f"rm -f {PLUGIN_DIR}/checkpoint.json.taken-over-by-gpukit")
 
 
 def test_nvidias_time_slicing_config_reaches_the_container_and_a_bad_one_names_the_field(
@@ -938,7 +1047,7 @@ def mig_cli(node: str, selected: str) -> tuple[int, dict[str, Any]]:
         [sys.executable, "-m", "gpukit.plugin.mig", "apply", "--configs-json",
          json.dumps(MIG_LAYOUTS), "--selected", selected, "--pause-file", "", "--json",
          "--dra-checkpoint",
-         f"/proc/{init.pid}/root/var/lib/kubelet/plugins/{DRIVER}/checkpoint.json"],
+         f"/proc/{init.pid}/root{PLUGIN_DIR}/gpukit-checkpoint.json"],
         env=env, capture_output=True, text=True, timeout=180)
     try:
         doc: dict[str, Any] = json.loads(proc.stdout)

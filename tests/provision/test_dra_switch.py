@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from nvidia_dra_fixtures import allocation, claim, gpu, group, render
 
 from gpukit.provision import dra_switch
 
@@ -104,7 +105,7 @@ def test_claims_left_on_a_node_leaving_dra() -> None:
     assert dra_switch.prepared_claims(_plugin_checkpoint()) == []
     assert dra_switch.prepared_claims("") == []
     assert dra_switch.prepared_claims("{cut") == [
-        "(unreadable /var/lib/kubelet/plugins/gpu.nvidia.com/checkpoint.json)"]
+        "(unreadable /var/lib/kubelet/plugins/gpu.nvidia.com/gpukit-checkpoint.json)"]
     claims = [_claim("here", "gpu-t4"), _claim("idle", "gpu-t4", reserved=False),
               _claim("there", "gpu-a100"), _claim("nic", "gpu-t4", driver="example.com")]
     assert dra_switch.allocated_claims(claims, "gpu-t4") == ["team-a/here"]
@@ -119,6 +120,23 @@ def test_claims_left_on_a_node_leaving_dra() -> None:
     assert filters.allocation_switch_claims(left, None, "gpu-t4") == [
         "team-a/deleted", "team-a/idle"]
     assert filters.allocation_switch_claims("{cut", [], "gpu-t4") == [
+        "(unreadable /var/lib/kubelet/plugins/gpu.nvidia.com/gpukit-checkpoint.json)"]
+
+
+def test_nvidias_and_an_earlier_gpukits_checkpoint_hold_the_node_too() -> None:
+    """The role passes gpukit's file and checkpoint.json beside it: NVIDIA's completed claims
+    (not taken over by gpukit's plugin) and an earlier gpukit's count as gpukit's do."""
+    nvidia = render({"uid-n": claim([group(gpu("uid-n", "gpu-0", "GPU-0", "gpu-t4"))],
+                                    allocation("gpu-t4", ("gpu", "gpu-0")), name="idle",
+                                    namespace="team-a"),
+                     "uid-s": claim([], {}, name="half", state="PrepareStarted")})
+    claims = [_claim("idle", "gpu-t4", reserved=False)]
+    assert filters.allocation_switch_claims(["", nvidia], claims, "gpu-t4") == ["team-a/idle"]
+    assert filters.allocation_switch_claims(
+        [_plugin_checkpoint(("team-a", "idle")), _plugin_checkpoint(("b", "old"))], None,
+        "gpu-t4") == ["b/old", "team-a/idle"]
+    assert filters.allocation_switch_claims(["", nvidia.replace("gpu-0", "gpu-1")], [],
+                                            "gpu-t4") == [
         "(unreadable /var/lib/kubelet/plugins/gpu.nvidia.com/checkpoint.json)"]
 
 

@@ -9,7 +9,8 @@ branch pin, install, upgrade across branches, conflicts between flavours):
   driver installs it: `libnvidia-ml.so.<version>` (the mock NVML) and `libcuda.so.<version>`
   (a stand-in built from gpukit/lab/cuda/libcuda.c: cuInit, cuDriverGetVersion, cuDeviceGetCount
   answer from the device nodes the process may open) with their `.so.1` soname links;
-  `nvidia-smi` (the lab's, over a vendored pynvml), `nvidia-cuda-mps-control` and
+  `nvidia-smi` (a binary loading libnvidia-ml.so.1, as the driver's: `-L` answered by it, the
+  rest by the lab's nvidia-smi over a vendored pynvml), `nvidia-cuda-mps-control` and
   `nvidia-cuda-mps-server` (gpukit.lab.mps: NVIDIA's MPS interfaces over the mock NVML) and
   a stand-in of `nvidia-debugdump` (it says it is one).
 * `nvidia-kernel-open-<branch>`, `nvidia-kernel-<branch>` (`<driver version>-1`): the
@@ -35,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpukit.lab.packages import cuda_lib
+from gpukit.lab.packages import cuda_lib, nvidia_smi_bin
 from gpukit.lab.packages.deb import File, Package, symlink, text
 
 LIB_DIR = "/usr/lib/x86_64-linux-gnu"
@@ -113,11 +114,6 @@ if [ "$1" = remove ] || [ "$1" = purge ]; then
 fi
 """
 
-NVIDIA_SMI = """\
-#!/bin/sh
-# nvidia-smi of the gpukit lab: a read-only nvidia-smi over NVML (vendored pynvml).
-exec /usr/bin/python3 {lab}/nvidia_smi.py "$@"
-"""
 
 PERSISTENCED = """\
 #!/bin/sh
@@ -245,6 +241,13 @@ class Sources:
 
         return cuda_lib.build(branch.cuda_version, Path(tempfile.gettempdir()) / "gpukit-cuda")
 
+    def nvidia_smi_binary(self) -> Path:
+        """gpukit/lab/nvidia_smi.c built (-L itself, the rest through nvidia_smi.py)."""
+        import tempfile
+
+        out = self.build_dir or Path(tempfile.gettempdir()) / "gpukit-cuda"
+        return nvidia_smi_bin.build(out, LAB_DIR)
+
 
 def driver_packages(branch: Branch, src: Sources) -> list[Package]:
     """The packages of one driver branch."""
@@ -292,7 +295,7 @@ def driver_packages(branch: Branch, src: Sources) -> list[Package]:
             NVML_LIB_PATH: symlink(f"libnvidia-ml.so.{branch.driver_version}"),
             f"{LIB_DIR}/libcuda.so.{branch.driver_version}": File(source=src.libcuda(branch)),
             LIBCUDA_PATH: symlink(f"libcuda.so.{branch.driver_version}"),
-            "/usr/bin/nvidia-smi": text(NVIDIA_SMI.format(lab=LAB_DIR), 0o755),
+            "/usr/bin/nvidia-smi": File(source=src.nvidia_smi_binary(), mode=0o755),
             **{f"/usr/bin/{tool}": text(STANDIN_TOOL.format(what=what), 0o755)
                for tool, what in STANDIN_TOOLS.items()},
             **{f"/usr/bin/{tool}": text(MPS_TOOL.format(tool=tool, lab=LAB_DIR, role=role), 0o755)

@@ -1,21 +1,31 @@
 """Prepared claims, kept on the node in one JSON file so an agent restart neither forgets a
 claim (its CDI spec would outlive it) nor prepares it twice.
 
-Written atomically (temporary file, fsync, rename) after every change, with a checksum over
-the claims: a file that does not match it is refused by name rather than trusted.
+Written atomically (temporary file, fsync, rename, the directory fsynced) after every change,
+with a checksum over the claims: a file that does not match it is refused by name rather than
+trusted. The file is gpukit's own, `gpukit-checkpoint.json` beside NVIDIA's `checkpoint.json`
+(which NVIDIA's plugin, and only it, reads: gpukit.contracts.dra); `open_checkpoint` first moves
+what an earlier gpukit wrote to `checkpoint.json` in this format to the own file, so a node
+upgraded from it keeps its prepared claims. It also lists the claims of NVIDIA's checkpoint that
+gpukit took over (`taken_over`, nvidia_claims.py), so a later start does not take them again.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import tempfile
 import threading
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from gpukit.contracts.dra import CHECKPOINT_FILE, GPUKIT_CHECKPOINT_FILE
+
+log = logging.getLogger(__name__)
 VERSION = 1
 
 
@@ -55,8 +65,15 @@ class PreparedClaim:
         return cls(doc["uid"], doc["namespace"], doc["name"], devices, doc["spec_file"])
 
 
-def _checksum(claims: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(claims, sort_keys=True).encode()).hexdigest()
+def _checksum(claims: dict[str, Any], taken_over: list[str] | None = None) -> str:
+    """Over the claims (and, once there are any, the UIDs taken over from NVIDIA's file)."""
+    body: Any = {"claims": claims, "taken_over": taken_over} if taken_over else claims
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def is_gpukit_format(doc: object) -> bool:
+    """The shape of this module's file (whatever its version), not NVIDIA's."""
+    return isinstance(doc, dict) and "claims" in doc and "version" in doc
 
 
 class Checkpoint:
@@ -65,24 +82,28 @@ class Checkpoint:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
-        self._claims = self._load()
+        self._claims, self._taken_over = self._load()
 
-    def _load(self) -> dict[str, PreparedClaim]:
+    def _load(self) -> tuple[dict[str, PreparedClaim], set[str]]:
         try:
             text = self.path.read_text()
         except FileNotFoundError:
-            return {}
+            return {}, set()
         try:
             doc = json.loads(text)
             claims = doc["claims"]
+            taken = doc.get("taken_over") or []
             if doc.get("version") != VERSION:
                 raise CheckpointError(f"{self.path}: version {doc.get('version')!r}, this agent "
                                       f"reads {VERSION}")
-            if doc.get("checksum") != _checksum(claims):
+            if doc.get("checksum") != _checksum(claims, taken):
                 raise CheckpointError(f"{self.path}: checksum mismatch (the file was changed "
                                       "or cut short)")
-            return {uid: PreparedClaim.from_json(c) for uid, c in claims.items()}
-        except (ValueError, KeyError, TypeError) as exc:
+            if not all(isinstance(u, str) for u in taken):
+                raise CheckpointError(f"{self.path}: taken_over: expected claim UIDs, found "
+                                      f"{taken!r}")
+            return {uid: PreparedClaim.from_json(c) for uid, c in claims.items()}, set(taken)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CheckpointError(f"{self.path}: not a checkpoint of prepared claims: "
                                   f"{exc}") from exc
 
@@ -107,18 +128,96 @@ class Checkpoint:
             self._write()
             return True
 
+    def taken_over(self) -> set[str]:
+        """UIDs of NVIDIA's checkpoint's claims gpukit took over (nvidia_claims.py)."""
+        with self._lock:
+            return set(self._taken_over)
+
+    def take_over(self, claims: Iterable[PreparedClaim], taken_over: Iterable[str]) -> None:
+        """Record claims taken over from NVIDIA's checkpoint and the UIDs of all its claims
+        gpukit took over so far, in one write."""
+        with self._lock:
+            for claim in claims:
+                self._claims[claim.uid] = claim
+            self._taken_over = set(taken_over)
+            self._write()
+
+    def replace(self, claims: Iterable[PreparedClaim], taken_over: Iterable[str] = ()) -> None:
+        """Everything the file holds, in one write (a migration)."""
+        with self._lock:
+            self._claims = {c.uid: c for c in claims}
+            self._taken_over = set(taken_over)
+            self._write()
+
     def _write(self) -> None:
         claims = {uid: c.to_json() for uid, c in sorted(self._claims.items())}
-        doc = {"version": VERSION, "checksum": _checksum(claims), "claims": claims}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.",
-                                   suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as fh:
-                json.dump(doc, fh, indent=1, sort_keys=True)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        taken = sorted(self._taken_over)
+        doc: dict[str, Any] = {"version": VERSION, "checksum": _checksum(claims, taken),
+                               "claims": claims}
+        if taken:
+            doc["taken_over"] = taken
+        write_atomically(self.path, json.dumps(doc, indent=1, sort_keys=True))
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """`path` holds `text` or what it held before, also across a crash or power loss."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    sync_dir(path.parent)
+
+
+def sync_dir(directory: Path) -> None:
+    """A rename or unlink in `directory` made durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def open_checkpoint(plugin_dir: Path) -> Checkpoint:
+    """gpukit's checkpoint in its own file (GPUKIT_CHECKPOINT_FILE), after moving there what
+    an earlier gpukit wrote to checkpoint.json in this format. NVIDIA's file there (any other
+    content) is left as it is. CheckpointError when gpukit's file, either one, cannot be
+    trusted."""
+    own, legacy = plugin_dir / GPUKIT_CHECKPOINT_FILE, plugin_dir / CHECKPOINT_FILE
+    migrate_legacy(legacy, own)
+    return Checkpoint(own)
+
+
+def migrate_legacy(legacy: Path, own: Path) -> bool:
+    """Move gpukit's claims from `legacy` (checkpoint.json in gpukit's format) to `own`:
+    `own` written and synced first, `legacy` removed after, so a crash between leaves both and
+    the next start ends the move. Where both exist, the later written is the node's state (an
+    earlier gpukit run again after this one, then this one). True when a move happened."""
+    try:
+        text = legacy.read_text()
+        legacy_mtime = legacy.stat().st_mtime_ns
+    except FileNotFoundError:
+        return False
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return False  # not gpukit's (nvidia_claims.py says what it is)
+    if not is_gpukit_format(doc):
+        return False
+    previous = Checkpoint(legacy)  # CheckpointError when it cannot be trusted
+    if own.exists() and own.stat().st_mtime_ns >= legacy_mtime:
+        log.info("%s: gpukit's earlier checkpoint, already moved to %s: removed", legacy, own)
+    else:
+        target = Checkpoint(own)
+        target.replace(previous.all().values(), target.taken_over())
+        log.info("moved gpukit's prepared claims (%d) from %s to %s", len(previous.all()),
+                 legacy, own)
+    legacy.unlink()
+    sync_dir(legacy.parent)
+    return True

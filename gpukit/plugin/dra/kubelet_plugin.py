@@ -32,7 +32,6 @@ from kubernetes.client.exceptions import ApiException
 
 from gpukit.contracts.dra import (
     CDI_DIR,
-    CHECKPOINT_FILE,
     KUBELET_DIR,
     PLUGIN_DIR,
     PLUGIN_SOCKET,
@@ -41,7 +40,7 @@ from gpukit.contracts.dra import (
 )
 from gpukit.contracts.plugin_config import DEFAULT_MPS_ROOT, HealthSettings
 
-from .. import cdi, nvml, podresources
+from .. import cdi, node_api, nvml, podresources
 from ..devices import NodeDevices
 from ..gpu_metrics import GpuMetricsCollector, GpuMetricsSources
 from ..health import HealthMonitor, HealthTracker, effective_ignored_xids
@@ -50,8 +49,8 @@ from ..mps_requests import mps_control
 from ..nvml import compute_mode
 from ..nvml.mig import PynvmlBackend as MigReader
 from ..resources import Unit
-from . import device_taints
-from .checkpoint import Checkpoint
+from . import device_taints, nvidia_claims
+from .checkpoint import open_checkpoint
 from .health_stream import DeviceState, HealthBoard, HealthService
 from .node_shares import read_node_shares
 from .prepare import ClaimRef, Preparer
@@ -60,6 +59,7 @@ from .slice_devices import Placement, SliceDevice, node_slice_devices, shared
 from .slices import SlicePublisher
 
 log = logging.getLogger(__name__)
+COMPONENT = "gpukit-dra-plugin"  # its Events' source
 POD_RESOURCES_SOCKET = podresources.socket_path(f"{KUBELET_DIR}/device-plugins")
 
 
@@ -103,7 +103,8 @@ class DraKubeletPlugin:
         self.options = options
         self.api_client = api_client
         self.publisher = SlicePublisher(api_client, options.node)
-        self.checkpoint = Checkpoint(Path(options.plugin_dir) / CHECKPOINT_FILE)
+        # gpukit's own file; what an earlier gpukit wrote to NVIDIA's name moved there first.
+        self.checkpoint = open_checkpoint(Path(options.plugin_dir))
         self._devices: dict[str, SliceDevice] = {}
         self._node_devices = NodeDevices()
         self._lock = threading.Lock()
@@ -217,6 +218,7 @@ class DraKubeletPlugin:
         nvml.init()
         self._nvml_ready = True
         self.rescan()
+        self.take_over_nvidias_claims()  # before the kubelet can ask for any claim
         self.server.start()
         if self.health_enabled:
             self.health.start()
@@ -229,6 +231,32 @@ class DraKubeletPlugin:
         self.preparer.forget_gone(self._claim_exists)
         for key, problem in self.preparer.restore_mps().items():
             log.error("MPS daemon %s of a prepared claim is not serving: %s", key, problem)
+
+    def take_over_nvidias_claims(self) -> nvidia_claims.Takeover:
+        """The claims NVIDIA's DRA driver prepared here: taken over where safe, else refused
+        by name (nvidia_claims.py); either said in one log line and an Event on the node."""
+        found = nvidia_claims.take_over(Path(self.options.plugin_dir), self.checkpoint,
+                                        self.options.node, self.devices())
+        self.preparer.not_taken = dict(found.refused)
+        self.preparer.nvidia_problem = found.file_problem
+        taken, refused = found.summary()
+        if taken:
+            log.info("%s", taken)
+            self._event("NvidiaClaimsTakenOver", taken, "Normal")
+        if refused:
+            log.error("%s", refused)
+            self._event("NvidiaClaimsNotTakenOver", refused, "Warning")
+        return found
+
+    def _event(self, reason: str, message: str, type_: str) -> None:
+        if self.api_client is None:  # no API (a plugin under test)
+            return
+        try:
+            client.CoreV1Api(self.api_client).create_namespaced_event(
+                node_api.EVENT_NAMESPACE, node_api.node_event(self.options.node, reason,
+                                                              message, type_, COMPONENT))
+        except Exception as exc:  # the log line says it all the same
+            log.warning("cannot record Event %s on node %s: %s", reason, self.options.node, exc)
 
     def shares(self) -> int:
         """How many claims may share each device now (0 or 1: not shared)."""

@@ -9,6 +9,9 @@ spec file present) is returned as recorded: a restarted agent does not prepare i
 Unprepare removes the spec file, stops the claim's MPS daemon, then the checkpoint entry; a
 claim it does not know is
 already unprepared. Both are serialized: the kubelet may call for several pods at once.
+A claim NVIDIA's DRA driver prepared on the node and gpukit did not take over
+(nvidia_claims.py; its CDI spec is NVIDIA's) is neither prepared nor unprepared: both answer
+why, so the kubelet keeps it as it is.
 
 Every error names the claim (namespace/name, UID), what was expected and what was found; it
 goes back to the kubelet for that claim alone, which retries and shows it in the pod's events.
@@ -21,10 +24,11 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpukit.contracts import dra_checkpoint as nvidia_checkpoint
 from gpukit.contracts import dra_claim_config as opaque
 from gpukit.contracts.dra import DRIVER
 
@@ -64,9 +68,26 @@ class Preparer:
     device_root: str  # host paths of device nodes
     mps: MpsControl | None = None  # None: claims asking for MPS are refused
     mps_root: str = ""
+    # NVIDIA's DRA driver's claims not taken over at start: UID -> why (nvidia_claims.py),
+    # and why its checkpoint as a whole was not ('' when it was, or there was none).
+    not_taken: dict[str, str] = field(default_factory=dict)
+    nvidia_problem: str = ""
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
+
+    def _nvidias(self, ref: ClaimRef) -> str:
+        """Why this claim, not in gpukit's checkpoint, is NVIDIA's driver's to prepare and
+        unprepare ('' when it is not): refused at start, or its CDI spec is NVIDIA's."""
+        why = self.not_taken.get(ref.uid, "")
+        spec = Path(self.cdi_dir) / nvidia_checkpoint.spec_file(ref.uid)
+        if not why and spec.exists():
+            why = (f"{ref}: {self.nvidia_problem or 'not in NVIDIA checkpoint as prepared'} "
+                   f"(its CDI spec {spec} is there)")
+        if why:
+            return f"{why}; prepared by NVIDIA's DRA driver, not taken over by gpukit: " \
+                   "left to NVIDIA's plugin"
+        return ""
 
     # -- prepare ---------------------------------------------------------------------------
 
@@ -77,6 +98,8 @@ class Preparer:
                 log.info("%s: already prepared (%s)", ref, ", ".join(
                     d.device for d in known.devices))
                 return known
+            if known is None and (nvidias := self._nvidias(ref)):
+                raise PrepareError(nvidias)
             started = time.monotonic()
             claim = self.read_claim(ref.namespace, ref.name)
             prepared = self._prepare(ref, claim)
@@ -214,6 +237,8 @@ class Preparer:
         """True when the claim was prepared here (and now is not)."""
         with self._lock:
             known = self.checkpoint.get(ref.uid)
+            if known is None and (nvidias := self._nvidias(ref)):
+                raise PrepareError(nvidias)
             file_name = known.spec_file if known else claim_cdi.spec_file(ref.uid)
             try:
                 os.unlink(Path(self.cdi_dir) / file_name)

@@ -193,7 +193,7 @@ def _run(args: argparse.Namespace) -> int:
                                      plugin_pid_file=args.plugin_pid_file,
                                      ack_timeout=args.pause_ack_timeout)
         claims = (dra_claims.held_by_index(args.dra_checkpoint, discovery.gpu_minors())
-                  if args.dra_checkpoint.is_file() and not args.force else {})
+                  if str(args.dra_checkpoint) not in ("", ".") and not args.force else {})
         with deadline.Deadline(args.timeout, lambda: _timed_out(args, selected, reporter,
                                                                 pauser)):
             result = apply(configs, selected, backend, _reset_fn(args), force=args.force,

@@ -1,4 +1,6 @@
-"""gpukit.lab.nvidia_smi: nvidia-smi's -L, summary table, --query-gpu and topo -m over pynvml."""
+"""gpukit.lab.nvidia_smi: nvidia-smi's -L, summary table, --query-gpu and topo -m over pynvml;
+the stand-in driver's nvidia-smi binary (gpukit/lab/nvidia_smi.c): -L itself, the rest handed
+to nvidia_smi.py."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from nvmltest import enable_mig
 from gpukit.lab import nvidia_smi
 from gpukit.lab import nvml as mock
 from gpukit.lab.nvml.control import MockControl
+from gpukit.lab.packages import nvidia_smi_bin
 
 pytestmark = pytest.mark.nvml
 
@@ -170,3 +173,30 @@ def test_compute_mode_set_by_uuid_and_read_back_in_another_process(
     assert query()[1] == "1, Default"
     code, out = smi(capsys, "-i", "1", "-c", "BOGUS")
     assert code != 0 and "Invalid compute mode" in out
+
+
+def test_the_binary_lists_as_the_script_does_through_libnvidia_ml(
+        nvml: Any, ctl: MockControl, nvml_env: dict[str, str], capsys: Any,
+        tmp_path: Path) -> None:
+    """The package's nvidia-smi is a program loading libnvidia-ml.so.1 by soname (it runs in a
+    container with the driver's files and no Python): its -L is the script's, MIG devices
+    included; any other command line goes to <lab dir>/nvidia_smi.py with python3."""
+    _mig_node(nvml, ctl)
+    lab = tmp_path / "lab"
+    lab.mkdir()
+    (lab / "nvidia_smi.py").write_text("import sys; print('SCRIPT', sys.argv[1:])\n")
+    binary = nvidia_smi_bin.build(tmp_path / "bin", str(lab))
+    r = subprocess.run([str(binary), "-L"], env=nvml_env, capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == smi(capsys, "-L")[1]
+    assert "  MIG 3g.20gb     Device  1: (UUID: MIG-" in r.stdout
+    r = subprocess.run([str(binary), "--query-gpu=index", "-i", "0"], env=nvml_env,
+                       capture_output=True, text=True, timeout=30)
+    assert r.stdout == "SCRIPT ['--query-gpu=index', '-i', '0']\n"
+    cache = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout
+    if "libnvidia-ml.so.1 " not in cache:  # a host with a driver would find its library
+        env = {**nvml_env, "LD_LIBRARY_PATH": str(tmp_path)}
+        r = subprocess.run([str(binary), "-L"], env=env, capture_output=True, text=True,
+                           timeout=30)
+        assert r.returncode == 12 and "couldn't find libnvidia-ml.so" in r.stdout

@@ -32,13 +32,15 @@ def test_nvidias_device_classes_with_the_extended_resource() -> None:
     assert "extendedResourceName" not in no_ext
 
 
-def test_rbac_reads_claims_and_its_node_and_writes_slices_only() -> None:
+def test_rbac_reads_claims_and_its_node_and_writes_slices_and_events_only() -> None:
     rules = objects()[("ClusterRole", "gpukit-dra-plugin")]["rules"]
     assert rules == [
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},  # gpukit.io/dra.shares
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
-         "verbs": ["get", "list", "watch", "create", "update", "delete"]}]
+         "verbs": ["get", "list", "watch", "create", "update", "delete"]},
+        # NVIDIA's claims taken over or refused, on the node (nvidia_claims.py)
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
 
 
 def test_the_policy_binds_slices_to_the_tokens_node() -> None:
@@ -67,9 +69,18 @@ def test_the_daemonset_is_hardened_and_mounts_only_the_dra_paths() -> None:
     paths = {v["hostPath"]["path"] for v in ds["volumes"] if "hostPath" in v}
     assert paths == {"/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins/gpu.nvidia.com",
                      "/var/run/cdi", "/run/gpukit", "/dev", "/usr/lib/x86_64-linux-gnu",
-                     "/var/lib/kubelet/pod-resources"}
+                     "/usr/bin", "/var/lib/kubelet/pod-resources"}
     pod_resources = next(m for m in c["volumeMounts"] if m["name"] == "pod-resources")
     assert pod_resources["readOnly"] is True
+    # The driver's programs and nvidia-cdi-hook, for claims' CDI specs (as NVIDIA's): read-only
+    # under the driver root; the node agent does not mount them.
+    assert next(m for m in c["volumeMounts"] if m["name"] == "driver-bin") == {
+        "name": "driver-bin", "mountPath": "/driver-root/usr/bin", "readOnly": True,
+        "recursiveReadOnly": "IfPossible"}
+    agent = objects()[("DaemonSet", "gpukit-node-agent")]["spec"]["template"]["spec"]
+    assert "/usr/bin" not in {v["hostPath"]["path"] for v in agent["volumes"] if "hostPath" in v}
+    whole = objects(driver_root="/run/nvidia/driver")[("DaemonSet", "gpukit-dra-plugin")]
+    assert "driver-bin" not in {v["name"] for v in whole["spec"]["template"]["spec"]["volumes"]}
 
 
 def test_the_daemonset_serves_the_agents_metrics_and_readiness() -> None:

@@ -125,3 +125,50 @@ def test_the_nodes_shares_label_shares_every_device_and_follows_changes(
     a.options.shares = 2  # --shares wins over the label
     a.rescan()
     assert shares()["gpu-1"] == "2"
+
+
+def test_a_claims_spec_gets_the_drivers_programs_and_nvidias_hooks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver root as the DaemonSet shows it (the libraries' directory and /usr/bin):
+    a claim's spec binds the driver's programs and its `*.so.<version>` libraries and runs
+    nvidia-cdi-hook's create-symlinks (libcuda.so) and update-ldcache, as NVIDIA's DRA
+    driver's spec does; the host paths are the host's, not the plugin's view."""
+    import json
+
+    from gpukit.plugin.dra.prepare import ClaimRef
+
+    root = tmp_path / "driver-root"
+    libs, bins = root / "usr/lib/x86_64-linux-gnu", root / "usr/bin"
+    libs.mkdir(parents=True)
+    bins.mkdir(parents=True)
+    for lib in ("libcuda.so.550.54.15", "libnvidia-ml.so.550.54.15"):
+        (libs / lib).write_bytes(b"\x7fELF")
+    for prog in ("nvidia-smi", "nvidia-cdi-hook"):
+        (bins / prog).write_text("#!/bin/sh\n")
+        (bins / prog).chmod(0o755)
+    node = make_inventory([make_gpu(0, name="Tesla T4")])  # driver 550.54.15
+    monkeypatch.setattr(plugin_mod.nvml, "discover", lambda with_topology: node)
+    monkeypatch.setattr(plugin_mod, "placements", lambda devices, reader: {})
+    a = DraKubeletPlugin(KubeletPluginOptions(
+        node="n1", plugin_dir=str(tmp_path / "plugin"), cdi_dir=str(tmp_path / "cdi"),
+        device_root="/", device_root_in_plugin=str(root), shares=0), api_client=None)
+    a.publisher = SlicePublisher(None, "n1", api=FakeResourceApi())
+    a.rescan()
+    uid = "uid-1"
+    a.preparer.read_claim = lambda ns, name: {
+        "metadata": {"uid": uid}, "status": {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-0"}]}}}}
+    a.preparer.prepare(ClaimRef("ns", "c", uid))
+    spec = json.loads((tmp_path / "cdi" / f"k8s.gpu.nvidia.com-claim_{uid}.json").read_text())
+    edits = spec["containerEdits"]
+    assert {(m["hostPath"], m["containerPath"]) for m in edits["mounts"]} == {
+        ("/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15",
+         "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"),
+        ("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.15",
+         "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.15"),
+        ("/usr/bin/nvidia-smi", "/usr/bin/nvidia-smi")}
+    hooks = [h["args"][1:] for h in edits["hooks"]]
+    assert ["create-symlinks", "--link",
+            "libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so"] in hooks
+    assert ["update-ldcache", "--folder", "/usr/lib/x86_64-linux-gnu"] in hooks
+    assert {h["path"] for h in edits["hooks"]} == {"/usr/bin/nvidia-cdi-hook"}

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from migtest import MockNode, cli_json
+from nvidia_dra_fixtures import allocation, claim, gpu, group, render
 
 from gpukit.contracts import mig_parted as schema
 from gpukit.plugin.dra.checkpoint import Checkpoint, CheckpointError, PreparedClaim, PreparedDevice
@@ -36,6 +37,25 @@ def test_held_gpus_by_minor_and_index(tmp_path: Path) -> None:
                                             3: ("team-a/whole",)}
     # minors are not indices: GPU 3's minor is 7 here; a minor no GPU has holds nothing
     assert dra_claims.held_by_index(cp, {0: 0, 7: 3}) == {0: ("team-a/mig", "team-a/other")}
+
+
+def test_nvidias_and_an_earlier_gpukits_checkpoint_beside_it_hold_gpus_too(
+        tmp_path: Path) -> None:
+    """checkpoint.json beside gpukit's file: NVIDIA's completed claims (not taken over yet)
+    hold their GPUs as gpukit's do; so do an earlier gpukit's, not moved yet."""
+    own, beside = tmp_path / "gpukit-checkpoint.json", tmp_path / "checkpoint.json"
+    _prepare(own, "whole", "gpu-3")
+    beside.write_text(render({"uid-n": claim([group(gpu("uid-n", "gpu-1-mig-1g5gb-19-0",
+                                                        "MIG-x", "node-1"))],
+                                             allocation("node-1", ("gpu", "gpu-0")), name="n")}))
+    assert dra_claims.held_by_minor(own) == {1: ("ns/n (NVIDIA's DRA driver)",),
+                                             3: ("team-a/whole",)}
+    beside.unlink()
+    _prepare(beside, "earlier", "gpu-2")
+    assert dra_claims.held_by_minor(own) == {2: ("team-a/earlier",), 3: ("team-a/whole",)}
+    beside.write_text("{cut")
+    with pytest.raises(CheckpointError, match=r"checkpoint\.json: not a checkpoint"):
+        dra_claims.held_by_minor(own)
 
 
 def test_a_checkpoint_that_cannot_be_trusted_is_refused_by_name(tmp_path: Path) -> None:

@@ -27,8 +27,10 @@ def allocation_switch_checkpoint(text):
 
 
 @gk.gpukit_filter
-def allocation_switch_claims(text, claims, node_name):
-    return dra_switch.claims_left(text or "", claims, node_name)
+def allocation_switch_claims(texts, claims, node_name):
+    if isinstance(texts, str) or texts is None:
+        texts = [texts or ""]
+    return dra_switch.claims_left([t or "" for t in texts], claims, node_name)
 
 
 @gk.gpukit_filter
