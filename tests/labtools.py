@@ -272,6 +272,28 @@ def node_pynvml(node: str, code: str, *args: str) -> None:
 
 
 @contextmanager
+def _lab_package(node: str, package: str, force: str = "") -> Iterator[None]:
+    """The lab apt repository's `package` installed on `node` for the block (`force`: dpkg's
+    --force option), purged afterwards; a node that had it keeps it as it was."""
+    spec = load_spec().node(node)
+
+    def sh(command: str) -> subprocess.CompletedProcess[str]:
+        return cluster.node_exec(spec, ["sh", "-c", command], timeout=120)
+
+    if sh(f"dpkg -s {package} 2>/dev/null | grep -q '^Status: install ok installed'"
+          ).returncode == 0:
+        yield
+        return
+    flags = f" --force-{force}" if force else ""
+    r = sh(f"dpkg -i{flags} /opt/gpukit-lab/apt/{package}_*.deb")
+    assert r.returncode == 0, f"{node}: installing {package}: {r.stdout}{r.stderr}"
+    try:
+        yield
+    finally:
+        sh(f"dpkg --purge{flags} {package}")
+
+
+@contextmanager
 def driver_userspace(node: str) -> Iterator[None]:
     """The stand-in driver package's user space on `node` (nvidia-smi, the MPS tools,
     libcuda), as site.yml installs it, for the tests that need it on a bare lab node; then
@@ -279,25 +301,15 @@ def driver_userspace(node: str) -> Iterator[None]:
     package (an earlier site.yml) keeps it as it was."""
     from gpukit.lab.packages.catalog import BRANCHES
 
-    package = f"nvidia-driver-{BRANCHES[0].name}"
-    spec = load_spec().node(node)
-
-    def sh(command: str) -> subprocess.CompletedProcess[str]:
-        return cluster.node_exec(spec, ["sh", "-c", command], timeout=120)
-
-    if sh(f"dpkg -s {package} 2>/dev/null | grep -q '^Status: install ok installed'"
-          ).returncode == 0:
-        yield
-        return
-    nvml = nodes.root(spec) / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+    nvml = nodes.root(load_spec().node(node)) / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
     saved = nvml.read_bytes()
-    r = sh(f"dpkg -i --force-depends /opt/gpukit-lab/apt/{package}_*.deb")
-    assert r.returncode == 0, f"{node}: installing {package}: {r.stdout}{r.stderr}"
     try:
-        yield
+        with _lab_package(node, f"nvidia-driver-{BRANCHES[0].name}", force="depends"):
+            yield
     finally:
-        sh(f"dpkg --purge --force-depends {package}")
-        nvml.write_bytes(saved)
+        # The package replaces the mock NVML; its purge takes the library with it.
+        if not nvml.exists() or nvml.read_bytes() != saved:
+            nvml.write_bytes(saved)
 
 
 @contextmanager
@@ -305,22 +317,8 @@ def cdi_hook(node: str) -> Iterator[None]:
     """The stand-in toolkit's nvidia-cdi-hook on `node` (the package, as the container_toolkit
     role installs it), for the CDI specs that name its hooks; purged afterwards unless the
     node had it."""
-    package = "nvidia-container-toolkit"
-    spec = load_spec().node(node)
-
-    def sh(command: str) -> subprocess.CompletedProcess[str]:
-        return cluster.node_exec(spec, ["sh", "-c", command], timeout=120)
-
-    if sh(f"dpkg -s {package} 2>/dev/null | grep -q '^Status: install ok installed'"
-          ).returncode == 0:
+    with _lab_package(node, "nvidia-container-toolkit"):
         yield
-        return
-    r = sh(f"dpkg -i /opt/gpukit-lab/apt/{package}_*.deb")
-    assert r.returncode == 0, f"{node}: installing {package}: {r.stdout}{r.stderr}"
-    try:
-        yield
-    finally:
-        sh(f"dpkg --purge {package}")
 
 
 MPS_VIEW = r"""

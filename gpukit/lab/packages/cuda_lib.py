@@ -9,11 +9,10 @@ packages that ship it stay byte-identical between repository builds.
 from __future__ import annotations
 
 import hashlib
-import shutil
-import subprocess
 from pathlib import Path
 
 from gpukit.lab.packages.deb import PackageError
+from gpukit.lab.packages.gcc import compile_once
 
 SOURCE = Path(__file__).resolve().parent.parent / "cuda" / "libcuda.c"
 SONAME = "libcuda.so.1"
@@ -30,20 +29,7 @@ def encoded(cuda_version: str) -> int:
 def build(cuda_version: str, out_dir: Path) -> Path:
     """The stand-in libcuda for `cuda_version` (built into out_dir unless already there)."""
     digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
-    out = out_dir / f"libcuda-{cuda_version}-{digest}.so"
-    if out.exists():
-        return out
-    if shutil.which("gcc") is None:
-        raise PackageError("gcc is missing: the stand-in libcuda.so is built from gpukit/lab/cuda")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".partial")
-    r = subprocess.run(
-        ["gcc", "-shared", "-fPIC", "-O2", "-s", "-Wall", "-Werror",
-         f"-DSTANDIN_CUDA_VERSION={encoded(cuda_version)}", f"-Wl,-soname,{SONAME}",
-         "-o", str(tmp), str(SOURCE)],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    if r.returncode != 0:
-        raise PackageError(f"building the stand-in libcuda.so failed: {r.stderr.strip()}")
-    tmp.replace(out)
-    return out
+    return compile_once(SOURCE, out_dir / f"libcuda-{cuda_version}-{digest}.so",
+                        ["-shared", "-fPIC", "-O2", "-s", "-Wall", "-Werror",
+                         f"-DSTANDIN_CUDA_VERSION={encoded(cuda_version)}",
+                         f"-Wl,-soname,{SONAME}"], "the stand-in libcuda.so")  # fmt: skip

@@ -6,11 +6,9 @@ debug information gives the same bytes each time, so the package stays byte-iden
 from __future__ import annotations
 
 import hashlib
-import shutil
-import subprocess
 from pathlib import Path
 
-from gpukit.lab.packages.deb import PackageError
+from gpukit.lab.packages.gcc import compile_once
 
 SOURCE = Path(__file__).resolve().parent.parent / "nvidia_smi.c"
 
@@ -19,17 +17,6 @@ def build(out_dir: Path, lab_dir: str) -> Path:
     """The binary (built into out_dir unless already there); `lab_dir`: where the package puts
     gpukit/lab/nvidia_smi.py, run for what the binary does not answer itself."""
     digest = hashlib.sha256(SOURCE.read_bytes() + lab_dir.encode()).hexdigest()[:16]
-    out = out_dir / f"nvidia-smi-{digest}"
-    if out.exists():
-        return out
-    if shutil.which("gcc") is None:
-        raise PackageError("gcc is missing: the stand-in nvidia-smi is built from gpukit/lab")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".partial")
-    r = subprocess.run(["gcc", "-O2", "-s", "-Wall", "-Wextra", "-Werror",
-                        f'-DLAB_DIR="{lab_dir}"', "-o", str(tmp), str(SOURCE)],
-                       capture_output=True, text=True)  # fmt: skip
-    if r.returncode != 0:
-        raise PackageError(f"building the stand-in nvidia-smi failed: {r.stderr.strip()}")
-    tmp.replace(out)
-    return out
+    return compile_once(SOURCE, out_dir / f"nvidia-smi-{digest}",
+                        ["-O2", "-s", "-Wall", "-Wextra", "-Werror", f'-DLAB_DIR="{lab_dir}"'],
+                        "the stand-in nvidia-smi")
