@@ -177,6 +177,9 @@ class PluginManager:
     def start(self) -> None:
         """Load config, init NVML, serve and register. Raises ConfigError (with no last good
         config to fall back on) or InitError."""
+        # Fingerprinted before reading: a file rewritten while it is read (an editor's
+        # truncate, then write) differs at the next poll and is read again.
+        seen = self.source.fingerprint()
         try:
             loaded = self.source.load()
         except ConfigError as exc:
@@ -184,7 +187,7 @@ class PluginManager:
         else:
             self.configs.accepted(loaded)
         self._set_config(loaded)
-        self._config_fingerprint = self.source.fingerprint()
+        self._config_fingerprint = seen
         self.kubelet_dir_watch.ensure(self.kubelet_dir)
         self._init_nvml(startup=True)
         self.rescan(startup=True)
@@ -266,18 +269,21 @@ class PluginManager:
 
     def reload(self) -> bool:
         """Re-read the config; keep the running one if the new one is invalid."""
+        # Fingerprinted before reading (as at start): a write that ends after the read is a
+        # change the next poll sees, not the input just judged.
+        seen = self.source.fingerprint()
         try:
             loaded = self.source.load()
         except ConfigError as exc:
             self.metrics.config_reloads.labels(result="rejected").inc()
             # Noted as seen: the same bad input is not retried every poll, and a selection
             # back to the running config is a change that reloads (and clears the failure).
-            self._config_fingerprint = self.source.fingerprint()
+            self._config_fingerprint = seen
             self.configs.refused(exc, "keeping the current config")
             self.labels.publish(self._wanted_labels)
             return False
         self.configs.accepted(loaded)
-        self._config_fingerprint = self.source.fingerprint()
+        self._config_fingerprint = seen
         with self._lock:
             old = self.config
             self._set_config(loaded)

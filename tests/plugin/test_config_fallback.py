@@ -191,3 +191,34 @@ def test_labels_are_reasserted_periodically_without_a_watch(
         wait_until("re-asserted", lambda: node.labels_now.get(PRODUCT_LABEL) == "Tesla-T4")
     finally:
         m.stop()
+
+
+def test_a_config_rewritten_while_it_is_read_is_read_again(
+        kubelet: FakeKubelet, short_tmp: Path, configs: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An editor truncates, then writes: a read that lands between the two sees an empty
+    file. The write that follows is a change the agent reads, not the input it just refused
+    (seen under load in CI: the fixed config never served, state stuck at failed)."""
+    node = FakeNode({ln.DEVICE_PLUGIN_CONFIG: "shared"})
+    m = agent(short_tmp, node, None)
+    m.start()
+    try:
+        assert served(m) == {"nvidia.com/gpu": 8}
+        load = m.source.load
+        calls = []
+
+        def read_mid_write() -> object:
+            calls.append(1)
+            if len(calls) == 1:  # the write ends just after this read saw an empty file
+                (configs / "shared").write_text("version: v1\n")
+                raise ConfigError("<root>: the config is empty")
+            return load()
+
+        monkeypatch.setattr(m.source, "load", read_mid_write)
+        (configs / "shared").write_text("")
+        wait_until("the refused read", lambda: len(calls) >= 1)
+        wait_until("the rewritten config served", lambda: served(m) == {"nvidia.com/gpu": 2})
+        wait_until("state success", lambda: node.labels_now.get(
+            ln.DEVICE_PLUGIN_CONFIG_STATE) == "success")
+    finally:
+        m.stop()
