@@ -4,7 +4,9 @@ One place for the manifests: the device_plugin role renders them, the lab and th
 tests apply them. The agent runs unprivileged with a read-only root filesystem; its
 ServiceAccount may patch nodes, and an admission policy narrows that to the
 `nvidia.com/` labels of the node its own pod runs on; it may patch nodes/status, narrowed by a
-second policy to its own node's `GpuDeclarationMismatch` condition (served vs declared).
+second policy to its own node's `GpuDeclarationMismatch` condition (served vs declared); with
+`metrics_auth: kubernetes` it may create TokenReviews and SubjectAccessReviews, to check who
+scrapes its metrics (gpukit/plugin/metrics_auth.py; rendered `none` for now).
 
 The pod mounts only what the agent reads or writes (see `agent_mounts`): with the driver
 installed on the host (driver root `/`) that is the host's /dev and the NVML library's
@@ -44,6 +46,12 @@ from gpukit.contracts.plugin_config import (
     parse_host_port,
 )
 from gpukit.plugin.metrics import READY_PATH
+from gpukit.plugin.metrics_auth import (
+    AUTH_KUBERNETES,
+    AUTH_NONE,
+    METRICS_AUTH_ENV,
+    METRICS_AUTH_MODES,
+)
 
 APP = "gpukit-node-agent"
 DRA_APP = "gpukit-dra-plugin"
@@ -93,6 +101,12 @@ class AgentDeployment:
     # Every interface of the node (hostNetwork): a Prometheus off the node scrapes it; the
     # readiness probe still asks 127.0.0.1 (gpukit_metrics_listen_address narrows it).
     metrics_address: str = "0.0.0.0:9402"
+    # Who may scrape it (GPUKIT_METRICS_AUTH, gpukit/plugin/metrics_auth.py): "kubernetes" each
+    # scrape's bearer token reviewed by the API (get nodes/metrics on the node, as the
+    # kubelet's /metrics; the ClusterRole then may create token and access reviews), "none"
+    # anyone. Rendered "none" for now, though the agent's own default is "kubernetes": the
+    # roles' Prometheus config and the suite scrape without credentials until they move.
+    metrics_auth: str = AUTH_NONE
     node_labels: bool = True
     node_selector: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
@@ -119,24 +133,42 @@ def namespace(d: AgentDeployment) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": d.namespace}}
 
 
+def metrics_auth(d: AgentDeployment) -> str:
+    """The agent's GPUKIT_METRICS_AUTH (env: the later wins), checked."""
+    mode = d.env.get(METRICS_AUTH_ENV, d.metrics_auth)
+    if mode not in METRICS_AUTH_MODES:
+        raise ValueError(f"metrics auth: {mode!r} is not one of {', '.join(METRICS_AUTH_MODES)}")
+    return mode
+
+
 def rbac(d: AgentDeployment) -> list[dict[str, Any]]:
     sa = {
         "apiVersion": "v1",
         "kind": "ServiceAccount",
         "metadata": {"name": d.service_account, "namespace": d.namespace, "labels": _labels()},
     }
+    rules: list[dict[str, list[str]]] = [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
+        # Its served-vs-declared condition (own_node_condition_policy narrows it).
+        {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
+        # Events about its node (e.g. an invalid selected config); a Node's events live in
+        # the "default" namespace, so a Role in the agent's namespace would not do.
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+    ]
+    if metrics_auth(d) == AUTH_KUBERNETES:
+        # Each scrape's token and its right to get nodes/metrics (kube-rbac-proxy's, and the
+        # kubelet's with its delegated authentication: system:auth-delegator's two rules).
+        rules += [
+            {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"],
+             "verbs": ["create"]},
+            {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"],
+             "verbs": ["create"]},
+        ]
     role = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRole",
         "metadata": {"name": APP, "labels": _labels()},
-        "rules": [
-            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
-            # Its served-vs-declared condition (own_node_condition_policy narrows it).
-            {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
-            # Events about its node (e.g. an invalid selected config); a Node's events live in
-            # the "default" namespace, so a Role in the agent's namespace would not do.
-            {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
-        ],
+        "rules": rules,
     }
     binding = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -490,6 +522,7 @@ def daemonset(d: AgentDeployment) -> dict[str, Any]:
         {"name": "GPUKIT_DEVICE_ROOT", "value": d.driver_root},
         {"name": "GPUKIT_DEVICE_ROOT_IN_PLUGIN", "value": DRIVER_ROOT_IN_CONTAINER},
         {"name": "GPUKIT_METRICS_ADDRESS", "value": d.metrics_address},
+        {"name": METRICS_AUTH_ENV, "value": metrics_auth(d)},
         {"name": "GPUKIT_NODE_LABELS", "value": "true" if d.node_labels else "false"},
         {"name": "GPUKIT_LAST_GOOD_CONFIG", "value": LAST_GOOD_CONFIG},
         {"name": "GPUKIT_DECLARATION_DIR", "value": DECLARATION_DIR},

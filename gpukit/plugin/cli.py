@@ -25,6 +25,13 @@ from gpukit.contracts.plugin_config import ConfigError
 from .config_source import ConfigSource, Override, coerce, env_overrides
 from .manager import InitError, ManagerOptions, PluginManager, PynvmlBackend
 from .metrics import PluginMetrics
+from .metrics_auth import (
+    AUTH_KUBERNETES,
+    METRICS_AUTH_ENV,
+    METRICS_AUTH_MODES,
+    ReviewApi,
+    kubernetes_authorizer,
+)
 from .signals import INBOX, run_main
 
 log = logging.getLogger("gpukit.plugin")
@@ -111,6 +118,11 @@ def build_parser(prog: str = "gpukit-device-plugin") -> argparse.ArgumentParser:
                     help="who runs the MPS daemons of a config sharing with MPS: this process "
                          "(own: a host service) or gpukit's MPS control container (delegate: "
                          "the DaemonSet) [GPUKIT_MPS_DAEMONS]")
+    rt.add_argument("--metrics-auth", default=env(METRICS_AUTH_ENV) or AUTH_KUBERNETES,
+                    help="who may scrape /metrics: kubernetes (each scrape's bearer token "
+                         "reviewed by the API: TokenReview, then SubjectAccessReview for get "
+                         "nodes/metrics on this node, as the kubelet's /metrics) or none "
+                         f"(anyone; /readyz is always open) [{METRICS_AUTH_ENV}]")
     rt.add_argument("--check-config", action="store_true",
                     help="print the resolved config as JSON and exit (2 if invalid)")
     rt.add_argument("--log-level", default=env("GPUKIT_LOG_LEVEL", "INFO"))
@@ -140,6 +152,10 @@ def _main(argv: list[str] | None, prog: str) -> int:
     if args.mps_daemons not in ("own", "delegate"):
         print(f"error: --mps-daemons (GPUKIT_MPS_DAEMONS): {args.mps_daemons!r} is not one of "
               "own, delegate", file=sys.stderr)
+        return 2
+    if args.metrics_auth not in METRICS_AUTH_MODES:
+        print(f"error: --metrics-auth ({METRICS_AUTH_ENV}): {args.metrics_auth!r} is not one "
+              f"of {', '.join(METRICS_AUTH_MODES)}", file=sys.stderr)
         return 2
     source = ConfigSource(
         config_file=args.config_file, config_dir=args.config_dir,
@@ -184,6 +200,9 @@ def _main(argv: list[str] | None, prog: str) -> int:
         except InitError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
+        if args.metrics_auth == AUTH_KUBERNETES and manager.config.gpukit.metrics_address:
+            metrics.authorizer = kubernetes_authorizer(
+                args.node_name, lambda: _review_client(args.kubeconfig))
         try:
             metrics.serve(manager.config.gpukit.metrics_address)
         except (OSError, ValueError) as exc:
@@ -195,3 +214,9 @@ def _main(argv: list[str] | None, prog: str) -> int:
         INBOX.starting = False  # a second SIGTERM must not cut the cleanup short
         manager.stop()
     return 0
+
+
+def _review_client(kubeconfig: str | None) -> ReviewApi:
+    from .node_api import ReviewClient
+
+    return ReviewClient(kubeconfig)

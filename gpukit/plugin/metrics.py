@@ -8,6 +8,10 @@ the same registry, computed at each scrape.
 The same HTTP endpoint answers `/readyz` (the DaemonSet's readinessProbe): 200 when the
 `readiness` callable (set by the manager) says every resource is registered and served, else
 503; the body says why. Any other path is 404 (no exposition under every URL a scanner tries).
+
+With an `authorizer` (gpukit/plugin/metrics_auth.py: `--metrics-auth kubernetes`) each /metrics
+request is authenticated and authorised first (401, 403, or 503 when the API cannot say);
+/readyz never is (the kubelet's probe carries no token).
 """
 
 from __future__ import annotations
@@ -26,7 +30,10 @@ from prometheus_client.registry import Collector
 
 from gpukit.contracts.plugin_config import parse_host_port
 
+from .metrics_auth import Authorizer
+
 log = logging.getLogger(__name__)
+_STATUS_LINES = {401: "401 Unauthorized", 403: "403 Forbidden", 503: "503 Service Unavailable"}
 Readiness = Callable[[], tuple[bool, str]]  # (ready, why)
 READY_PATH = "/readyz"
 METRICS_PATH = "/metrics"
@@ -106,6 +113,8 @@ class PluginMetrics:
         # The last XID per device (GPU or MIG UUID), whatever its class: DCGM_FI_DEV_XID_ERRORS.
         self.last_xid: dict[str, int] = {}
         self.readiness: Readiness | None = None
+        # None: every scrape is served (--metrics-auth none); else each is checked first.
+        self.authorizer: Authorizer | None = None
         self._metrics_app = make_wsgi_app(self.registry)
         self._server: WSGIServer | None = None
 
@@ -154,20 +163,28 @@ class PluginMetrics:
             return False, f"readiness check failed: {exc}"
 
     def app(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterator[bytes]:
-        """WSGI: /metrics the Prometheus exposition, /readyz the readiness, else 404."""
+        """WSGI: /metrics the Prometheus exposition (once the authorizer, if any, allows the
+        request), /readyz the readiness, else 404."""
         path = environ.get("PATH_INFO")
+        headers = [("Content-Type", "text/plain; charset=utf-8")]
         if path == METRICS_PATH:
-            yield from self._metrics_app(environ, start_response)
-            return
-        if path == READY_PATH:
+            decision = (None if self.authorizer is None
+                        else self.authorizer.authorize(environ.get("HTTP_AUTHORIZATION")))
+            if decision is None or decision.allowed:
+                yield from self._metrics_app(environ, start_response)
+                return
+            status = _STATUS_LINES.get(decision.status, f"{decision.status} Error")
+            body = decision.why.encode()
+            if decision.status == 401:
+                headers.append(("WWW-Authenticate", 'Bearer realm="gpukit-node-agent"'))
+        elif path == READY_PATH:
             ok, why = self.ready()
             status = "200 OK" if ok else "503 Service Unavailable"
             body = f"{'ok' if ok else 'not ready'}: {why}\n".encode()
         else:
             status = "404 Not Found"
             body = f"not found; this endpoint serves {METRICS_PATH} and {READY_PATH}\n".encode()
-        start_response(status, [("Content-Type", "text/plain; charset=utf-8"),
-                                ("Content-Length", str(len(body)))])
+        start_response(status, [*headers, ("Content-Length", str(len(body)))])
         yield body
 
     def serve(self, address: str) -> tuple[str, int] | None:
@@ -179,7 +196,9 @@ class PluginMetrics:
         server = make_server(host, port, self.app, server_cls, handler_class=_QuietHandler)
         threading.Thread(target=server.serve_forever, name="gpukit-metrics", daemon=True).start()
         self._server = server
-        log.info("metrics on http://%s:%d/metrics, readiness on %s", host, server.server_port,
+        log.info("metrics on http://%s:%d/metrics (%s), readiness on %s", host,
+                 server.server_port,
+                 "open to anyone" if self.authorizer is None else "scrapes authorised",
                  READY_PATH)
         return host, server.server_port
 

@@ -1,5 +1,6 @@
 """The little the node agent asks of the Kubernetes API: read, watch and patch its own node's
-labels, set its served-vs-declared condition, and record Events on it.
+labels, set its served-vs-declared condition, and record Events on it; and review the tokens
+of its metrics' scrapers (ReviewClient, gpukit/plugin/metrics_auth.py).
 
 Uses the in-cluster ServiceAccount when running in a pod, else a kubeconfig (--kubeconfig or
 $KUBECONFIG), through gpukit.k8s like every gpukit program. The kubernetes client is imported
@@ -93,3 +94,27 @@ def node_event(node_name: str, reason: str, message: str, type_: str = "Warning"
         "reportingComponent": component, "reportingInstance": node_name,
         "firstTimestamp": now, "lastTimestamp": now, "count": 1,
     }
+
+
+class ReviewClient:
+    """TokenReviews and SubjectAccessReviews (metrics_auth.ReviewApi), answered as the API's
+    JSON. `timeout`: seconds for each call, so a scrape waits no longer for an answer."""
+
+    def __init__(self, kubeconfig: str | None = None, timeout: float = 5.0) -> None:
+        from kubernetes import client
+
+        from gpukit.k8s import connect
+
+        self._client: Any = connect.api_client(kubeconfig, in_cluster_first=True)
+        self._authn: Any = client.AuthenticationV1Api(self._client)
+        self._authz: Any = client.AuthorizationV1Api(self._client)
+        self._timeout = timeout
+
+    def token_review(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        got = self._authn.create_token_review(dict(body), _request_timeout=self._timeout)
+        return dict(self._client.sanitize_for_serialization(got))
+
+    def subject_access_review(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        got = self._authz.create_subject_access_review(dict(body),
+                                                       _request_timeout=self._timeout)
+        return dict(self._client.sanitize_for_serialization(got))

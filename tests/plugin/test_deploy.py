@@ -260,3 +260,38 @@ def test_mps_claims_under_dra_are_opt_in() -> None:
         "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert terms[1] == {"matchExpressions": [
         {"key": "gpukit.io/gpu.allocation", "operator": "In", "values": ["dra"]}]}
+
+
+def test_metrics_auth_renders_none_by_default_and_kubernetes_adds_the_reviews() -> None:
+    """Issue 30: the agent's own default is kubernetes (each scrape's token reviewed), but the
+    manifests render none until the roles' Prometheus and the suite send credentials."""
+    reviews = [
+        {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"],
+         "verbs": ["create"]},
+        {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"],
+         "verbs": ["create"]},
+    ]
+
+    def rules(d: AgentDeployment) -> list[dict[str, Any]]:
+        role = {o["kind"]: o for o in deploy.rbac(d)}["ClusterRole"]
+        got: list[dict[str, Any]] = role["rules"]
+        return got
+
+    plain = AgentDeployment(image="x")
+    assert plain.metrics_auth == "none"
+    assert env_of(plain)["GPUKIT_METRICS_AUTH"] == "none"
+    assert not any(r in rules(plain) for r in reviews)
+    auth = AgentDeployment(image="x", metrics_auth="kubernetes")
+    assert env_of(auth)["GPUKIT_METRICS_AUTH"] == "kubernetes"
+    assert rules(auth) == rules(plain) + reviews
+    # The deployment's env wins, as for GPUKIT_METRICS_ADDRESS; the RBAC follows it.
+    by_env = AgentDeployment(image="x", env={"GPUKIT_METRICS_AUTH": "kubernetes"})
+    assert [e["value"] for e in container_of(by_env)["env"]
+            if e["name"] == "GPUKIT_METRICS_AUTH"] == ["kubernetes", "kubernetes"]
+    assert rules(by_env) == rules(auth)
+    with pytest.raises(ValueError, match="metrics auth: 'tls' is not one of kubernetes, none"):
+        deploy.daemonset(AgentDeployment(image="x", metrics_auth="tls"))
+    # The DRA plugin's endpoint stays open: its DaemonSet gets no such variable of its own.
+    dra = deploy.dra_daemonset(AgentDeployment(image="x", dra=True))
+    assert "GPUKIT_METRICS_AUTH" not in {e["name"] for e in
+                                         dra["spec"]["template"]["spec"]["containers"][0]["env"]}
