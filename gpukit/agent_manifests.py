@@ -6,7 +6,7 @@ ServiceAccount may patch nodes, and an admission policy narrows that to the
 `nvidia.com/` labels of the node its own pod runs on; it may patch nodes/status, narrowed by a
 second policy to its own node's `GpuDeclarationMismatch` condition (served vs declared); with
 `metrics_auth: kubernetes` it may create TokenReviews and SubjectAccessReviews, to check who
-scrapes its metrics (gpukit/plugin/metrics_auth.py; rendered `none` for now).
+scrapes its metrics (gpukit/plugin/metrics_auth.py), the DRA plugin's too.
 
 The pod mounts only what the agent reads or writes (see `agent_mounts`): with the driver
 installed on the host (driver root `/`) that is the host's /dev and the NVML library's
@@ -104,8 +104,8 @@ class AgentDeployment:
     # Who may scrape it (GPUKIT_METRICS_AUTH, gpukit/plugin/metrics_auth.py): "kubernetes" each
     # scrape's bearer token reviewed by the API (get nodes/metrics on the node, as the
     # kubelet's /metrics; the ClusterRole then may create token and access reviews), "none"
-    # anyone. Rendered "none" for now, though the agent's own default is "kubernetes": the
-    # roles' Prometheus config and the suite scrape without credentials until they move.
+    # anyone (the roles render gpukit_metrics_auth, default "kubernetes"; the lab's own
+    # agents for tests keep "none", scraped from the node's loopback).
     metrics_auth: str = AUTH_NONE
     node_labels: bool = True
     node_selector: dict[str, str] = field(default_factory=dict)
@@ -141,6 +141,20 @@ def metrics_auth(d: AgentDeployment) -> str:
     return mode
 
 
+def scrape_review_rules(d: AgentDeployment) -> list[dict[str, Any]]:
+    """With metrics auth `kubernetes`: each scrape's token and its right to get nodes/metrics
+    (kube-rbac-proxy's, and the kubelet's with its delegated authentication:
+    system:auth-delegator's two rules); none otherwise."""
+    if metrics_auth(d) != AUTH_KUBERNETES:
+        return []
+    return [
+        {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"],
+         "verbs": ["create"]},
+        {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"],
+         "verbs": ["create"]},
+    ]
+
+
 def rbac(d: AgentDeployment) -> list[dict[str, Any]]:
     sa = {
         "apiVersion": "v1",
@@ -155,15 +169,7 @@ def rbac(d: AgentDeployment) -> list[dict[str, Any]]:
         # the "default" namespace, so a Role in the agent's namespace would not do.
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
     ]
-    if metrics_auth(d) == AUTH_KUBERNETES:
-        # Each scrape's token and its right to get nodes/metrics (kube-rbac-proxy's, and the
-        # kubelet's with its delegated authentication: system:auth-delegator's two rules).
-        rules += [
-            {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"],
-             "verbs": ["create"]},
-            {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"],
-             "verbs": ["create"]},
-        ]
+    rules += scrape_review_rules(d)
     role = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRole",
@@ -628,6 +634,8 @@ def dra_rbac(d: AgentDeployment) -> list[dict[str, Any]]:
              "verbs": ["get", "list", "watch", "create", "update", "delete"]},
             # A Node's events live in namespace default (gpukit.plugin.node_api.node_event).
             {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+            # Who scrapes the GPU metrics it serves on a DRA node.
+            *scrape_review_rules(d),
         ],
     }
     binding = {
@@ -709,6 +717,7 @@ def dra_daemonset(d: AgentDeployment) -> dict[str, Any]:
         # wins, as readiness_probe reads it).
         {"name": "GPUKIT_METRICS_ADDRESS",
          "value": d.env.get("GPUKIT_METRICS_ADDRESS", d.metrics_address)},
+        {"name": METRICS_AUTH_ENV, "value": metrics_auth(d)},
         {"name": "GPUKIT_MPS_DAEMONS", "value": "delegate" if d.dra_mps else "none"},
     ]
     env += [{"name": k, "value": v} for k, v in sorted(d.env.items())

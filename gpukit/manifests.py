@@ -61,6 +61,7 @@ ROLE_DEFAULTS: dict[str, Any] = {
 }
 DEFAULT_CONFIG = "device_plugin_default_config"  # 'default' when the host's configs have one
 METRICS_ADDRESS = "device_plugin_metrics_address"  # from gpukit_metrics_* (inventory.metrics)
+METRICS_AUTH = "device_plugin_metrics_auth"  # from gpukit_metrics_auth (inventory.metrics)
 # agent.render's arguments, as daemonset.yml passes them (configs: the merged ones).
 RENDER_ARGS = {
     "image": "device_plugin_image",
@@ -72,6 +73,7 @@ RENDER_ARGS = {
     "env": "device_plugin_env",
     "host_mounts": "device_plugin_host_mounts",
     "metrics_address": METRICS_ADDRESS,
+    "metrics_auth": METRICS_AUTH,
     "image_pull_policy": "device_plugin_image_pull_policy",
     "dra": "device_plugin_dra",
     "dra_node_selector": "device_plugin_dra_node_selector",
@@ -97,6 +99,7 @@ def role_vars(host: str, hostvars: Mapping[str, Any]) -> dict[str, Any]:
     try:
         out[METRICS_ADDRESS] = hostvars.get(METRICS_ADDRESS,
                                             telemetry.agent_address(host, hostvars))
+        out[METRICS_AUTH] = hostvars.get(METRICS_AUTH, telemetry.agent_auth(host, hostvars))
     except InventoryError as e:
         raise ManifestsError(str(e)) from e
     return out

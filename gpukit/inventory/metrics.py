@@ -9,6 +9,11 @@ Prometheus runs is `gpukit_metrics_prometheus`:
   dashboard's ConfigMap, from gpukit.telemetry_manifests);
 - `none`: gpukit deploys nothing of Prometheus (the agent still serves its series).
 
+Who may read the series is `gpukit_metrics_auth`: `kubernetes` (the default) has the agent
+review each scrape's bearer token with the API server (TokenReview, then SubjectAccessReview
+`get nodes/metrics` on its node, as the kubelet guards its own /metrics: a Prometheus allowed
+to scrape kubelets may scrape the agents); `none` answers anyone who reaches the port.
+
 Imports nothing of the model (the model imports this)."""
 
 from __future__ import annotations
@@ -19,9 +24,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpukit.contracts import metrics_auth
+
 from .problems import MISSING, Problem
 
 PROMETHEUS_MODES = ("host", "operator", "none")
+AUTH_MODES = metrics_auth.MODES
 DEFAULT_PORT = 9402
 DEFAULT_LISTEN = "0.0.0.0"  # every interface of the node: a Prometheus elsewhere reaches it
 DEFAULT_INTERVAL = "30s"
@@ -33,6 +41,7 @@ DEFAULTS: Mapping[str, Any] = {
     "gpukit_metrics_port": DEFAULT_PORT,
     "gpukit_metrics_scrape_interval": DEFAULT_INTERVAL,
     "gpukit_metrics_prometheus": "none",
+    "gpukit_metrics_auth": metrics_auth.AUTH_KUBERNETES,
 }
 VARIABLES = tuple(DEFAULTS)
 # Cluster-wide: the one DaemonSet and the one Prometheus serve every node alike.
@@ -49,6 +58,7 @@ class MetricsDecl:
     port: int = DEFAULT_PORT
     scrape_interval: str = DEFAULT_INTERVAL
     prometheus: str = "none"
+    auth: str = metrics_auth.AUTH_KUBERNETES
 
     @property
     def agent_address(self) -> str:
@@ -67,7 +77,7 @@ class MetricsDecl:
     def as_dict(self) -> dict[str, Any]:
         return {"enabled": self.enabled, "listen_address": self.listen_address,
                 "port": self.port, "scrape_interval": self.scrape_interval,
-                "prometheus": self.prometheus,
+                "prometheus": self.prometheus, "auth": self.auth,
                 "agent_address": self.agent_address}
 
 
@@ -107,6 +117,10 @@ def declared(host: str | None, raw: Mapping[str, Any]) -> tuple[MetricsDecl, lis
     if mode not in PROMETHEUS_MODES:
         fail("gpukit_metrics_prometheus", f"is not one of {', '.join(PROMETHEUS_MODES)}")
         mode = "none"
+    auth = get("gpukit_metrics_auth")
+    if auth not in AUTH_MODES:
+        fail("gpukit_metrics_auth", f"is not one of {', '.join(AUTH_MODES)}")
+        auth = metrics_auth.AUTH_KUBERNETES
     if ip is not None and ip.is_loopback and mode != "none" and enabled:
         fail("gpukit_metrics_listen_address", f"serves only the node itself, and Prometheus "
              f"({mode}) scrapes it from elsewhere: use 0.0.0.0 or the node's own address")
@@ -114,7 +128,8 @@ def declared(host: str | None, raw: Mapping[str, Any]) -> tuple[MetricsDecl, lis
         fail("gpukit_metrics_enabled", f"is false, yet gpukit_metrics_prometheus is {mode}: "
              "there would be nothing to scrape")
     return MetricsDecl(enabled=enabled, listen_address=str(listen), port=port,
-                       scrape_interval=interval, prometheus=str(mode)), problems
+                       scrape_interval=interval, prometheus=str(mode),
+                       auth=str(auth)), problems
 
 
 def cluster_problems(nodes: Sequence[tuple[str, MetricsDecl]]) -> list[Problem]:

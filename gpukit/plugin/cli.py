@@ -22,16 +22,10 @@ from pathlib import Path
 from gpukit import __version__
 from gpukit.contracts.plugin_config import ConfigError
 
+from . import metrics_auth
 from .config_source import ConfigSource, Override, coerce, env_overrides
 from .manager import InitError, ManagerOptions, PluginManager, PynvmlBackend
 from .metrics import PluginMetrics
-from .metrics_auth import (
-    AUTH_KUBERNETES,
-    METRICS_AUTH_ENV,
-    METRICS_AUTH_MODES,
-    ReviewApi,
-    kubernetes_authorizer,
-)
 from .signals import INBOX, run_main
 
 log = logging.getLogger("gpukit.plugin")
@@ -118,11 +112,7 @@ def build_parser(prog: str = "gpukit-device-plugin") -> argparse.ArgumentParser:
                     help="who runs the MPS daemons of a config sharing with MPS: this process "
                          "(own: a host service) or gpukit's MPS control container (delegate: "
                          "the DaemonSet) [GPUKIT_MPS_DAEMONS]")
-    rt.add_argument("--metrics-auth", default=env(METRICS_AUTH_ENV) or AUTH_KUBERNETES,
-                    help="who may scrape /metrics: kubernetes (each scrape's bearer token "
-                         "reviewed by the API: TokenReview, then SubjectAccessReview for get "
-                         "nodes/metrics on this node, as the kubelet's /metrics) or none "
-                         f"(anyone; /readyz is always open) [{METRICS_AUTH_ENV}]")
+    metrics_auth.add_flag(rt, env)
     rt.add_argument("--check-config", action="store_true",
                     help="print the resolved config as JSON and exit (2 if invalid)")
     rt.add_argument("--log-level", default=env("GPUKIT_LOG_LEVEL", "INFO"))
@@ -153,9 +143,8 @@ def _main(argv: list[str] | None, prog: str) -> int:
         print(f"error: --mps-daemons (GPUKIT_MPS_DAEMONS): {args.mps_daemons!r} is not one of "
               "own, delegate", file=sys.stderr)
         return 2
-    if args.metrics_auth not in METRICS_AUTH_MODES:
-        print(f"error: --metrics-auth ({METRICS_AUTH_ENV}): {args.metrics_auth!r} is not one "
-              f"of {', '.join(METRICS_AUTH_MODES)}", file=sys.stderr)
+    if (refused := metrics_auth.flag_error(args.metrics_auth)) is not None:
+        print(refused, file=sys.stderr)
         return 2
     source = ConfigSource(
         config_file=args.config_file, config_dir=args.config_dir,
@@ -200,9 +189,9 @@ def _main(argv: list[str] | None, prog: str) -> int:
         except InitError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
-        if args.metrics_auth == AUTH_KUBERNETES and manager.config.gpukit.metrics_address:
-            metrics.authorizer = kubernetes_authorizer(
-                args.node_name, lambda: _review_client(args.kubeconfig))
+        if manager.config.gpukit.metrics_address:
+            metrics.authorizer = metrics_auth.for_mode(args.metrics_auth, args.node_name,
+                                                       args.kubeconfig)
         try:
             metrics.serve(manager.config.gpukit.metrics_address)
         except (OSError, ValueError) as exc:
@@ -214,9 +203,3 @@ def _main(argv: list[str] | None, prog: str) -> int:
         INBOX.starting = False  # a second SIGTERM must not cut the cleanup short
         manager.stop()
     return 0
-
-
-def _review_client(kubeconfig: str | None) -> ReviewApi:
-    from .node_api import ReviewClient
-
-    return ReviewClient(kubeconfig)

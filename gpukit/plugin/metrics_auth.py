@@ -27,16 +27,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gpukit.contracts.metrics_auth import AUTH_KUBERNETES as AUTH_KUBERNETES
+from gpukit.contracts.metrics_auth import AUTH_NONE as AUTH_NONE
+from gpukit.contracts.metrics_auth import ENV, MODES, RESOURCE, SUBRESOURCE, VERB
+
 log = logging.getLogger(__name__)
 
-AUTH_KUBERNETES = "kubernetes"
-AUTH_NONE = "none"
-METRICS_AUTH_MODES = (AUTH_KUBERNETES, AUTH_NONE)
-METRICS_AUTH_ENV = "GPUKIT_METRICS_AUTH"
-# What a scraper must be allowed (the kubelet's attributes for its own /metrics).
-VERB = "get"
-RESOURCE = "nodes"
-SUBRESOURCE = "metrics"
+METRICS_AUTH_MODES = MODES
+METRICS_AUTH_ENV = ENV
 
 
 class ReviewApi(Protocol):
@@ -208,6 +206,38 @@ class KubernetesAuthorizer:
 def _one_line(exc: Exception) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text[:300]
+
+
+def add_flag(parser: Any, env: Callable[[str], str | None]) -> None:
+    """`--metrics-auth`, as the agent and the DRA plugin take it (`env`: reads GPUKIT_*)."""
+    parser.add_argument(
+        "--metrics-auth", default=env(METRICS_AUTH_ENV) or AUTH_KUBERNETES,
+        help="who may scrape /metrics: kubernetes (each scrape's bearer token reviewed by the "
+             "API: TokenReview, then SubjectAccessReview for get nodes/metrics on this node, as "
+             "the kubelet's /metrics) or none (anyone; /readyz is always open) "
+             f"[{METRICS_AUTH_ENV}]")
+
+
+def flag_error(mode: str) -> str | None:
+    """The one line refusing a `--metrics-auth` value, None when it is valid."""
+    if mode in METRICS_AUTH_MODES:
+        return None
+    return (f"error: --metrics-auth ({METRICS_AUTH_ENV}): {mode!r} is not one of "
+            f"{', '.join(METRICS_AUTH_MODES)}")
+
+
+def for_mode(mode: str, node_name: str | None, kubeconfig: str | None) -> Authorizer | None:
+    """The authorizer `--metrics-auth mode` asks for (None: every scrape is answered), the
+    API reached through `kubeconfig` (None: in-cluster first)."""
+    if mode != AUTH_KUBERNETES:
+        return None
+
+    def connect() -> ReviewApi:
+        from .node_api import ReviewClient
+
+        return ReviewClient(kubeconfig)
+
+    return kubernetes_authorizer(node_name, connect)
 
 
 def kubernetes_authorizer(node_name: str | None, connect: Callable[[], ReviewApi],

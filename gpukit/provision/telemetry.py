@@ -32,7 +32,7 @@ def host_metrics(host: str, hostvars: Mapping[str, Any]) -> inv_metrics.MetricsD
         return inv_metrics.MetricsDecl(
             enabled=bool(m["enabled"]), listen_address=str(m["listen_address"]),
             port=int(m["port"]), scrape_interval=str(m["scrape_interval"]),
-            prometheus=str(m["prometheus"]))
+            prometheus=str(m["prometheus"]), auth=str(m["auth"]))
     decl, problems = inv_metrics.declared(host, hostvars)
     if problems:
         raise InventoryError(problems)
@@ -42,6 +42,11 @@ def host_metrics(host: str, hostvars: Mapping[str, Any]) -> inv_metrics.MetricsD
 def agent_address(host: str, hostvars: Mapping[str, Any]) -> str:
     """GPUKIT_METRICS_ADDRESS of the agent DaemonSet ('' when metrics are off)."""
     return host_metrics(host, hostvars).agent_address
+
+
+def agent_auth(host: str, hostvars: Mapping[str, Any]) -> str:
+    """GPUKIT_METRICS_AUTH of the agent DaemonSet: who may read its metrics."""
+    return host_metrics(host, hostvars).auth
 
 
 def targets(gpu_hosts: Sequence[str], hostvars: Mapping[str, Mapping[str, Any]]

@@ -263,8 +263,8 @@ def test_mps_claims_under_dra_are_opt_in() -> None:
 
 
 def test_metrics_auth_renders_none_by_default_and_kubernetes_adds_the_reviews() -> None:
-    """Issue 30: the agent's own default is kubernetes (each scrape's token reviewed), but the
-    manifests render none until the roles' Prometheus and the suite send credentials."""
+    """Issue 30: AgentDeployment's own default is none (the lab's test agents, scraped from
+    the node's loopback); the roles render gpukit_metrics_auth (default kubernetes)."""
     reviews = [
         {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"],
          "verbs": ["create"]},
@@ -291,7 +291,11 @@ def test_metrics_auth_renders_none_by_default_and_kubernetes_adds_the_reviews() 
     assert rules(by_env) == rules(auth)
     with pytest.raises(ValueError, match="metrics auth: 'tls' is not one of kubernetes, none"):
         deploy.daemonset(AgentDeployment(image="x", metrics_auth="tls"))
-    # The DRA plugin's endpoint stays open: its DaemonSet gets no such variable of its own.
-    dra = deploy.dra_daemonset(AgentDeployment(image="x", dra=True))
-    assert "GPUKIT_METRICS_AUTH" not in {e["name"] for e in
-                                         dra["spec"]["template"]["spec"]["containers"][0]["env"]}
+    # A DRA node's GPU metrics come from the DRA plugin: the same mode, the same reviews.
+    for mode in ("none", "kubernetes"):
+        d = AgentDeployment(image="x", dra=True, metrics_auth=mode)
+        dra = deploy.dra_daemonset(d)
+        assert {"name": "GPUKIT_METRICS_AUTH", "value": mode} in (
+            dra["spec"]["template"]["spec"]["containers"][0]["env"])
+        dra_rules = {o["kind"]: o for o in deploy.dra_rbac(d)}["ClusterRole"]["rules"]
+        assert all((r in dra_rules) == (mode == "kubernetes") for r in reviews)

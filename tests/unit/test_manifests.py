@@ -73,6 +73,7 @@ def test_the_lab_inventory_gives_the_objects_its_variables_declare() -> None:
                                            m["read_only"])
                           for m in v["gpukit_device_plugin_host_mounts"]),
         image_pull_policy=v["gpukit_device_plugin_image_pull_policy"],
+        metrics_auth="kubernetes",  # gpukit_metrics_auth's default
         dra=True,
         dra_node_selector={"gpukit.io/gpu.allocation": "dra"},
         # What each node must serve: the declaration check's (the suite's oracle's) answer.
@@ -91,11 +92,9 @@ def test_the_lab_inventory_gives_the_objects_its_variables_declare() -> None:
     assert {"name": "GPUKIT_NVML_PROFILE", "value": "/etc/gpukit-lab/nvml/profile.yaml"} in (
         ds["containers"][0]["env"])
     assert sorted(by_kind(got)["ConfigMap"]["data"]) == ["default", "mig-mixed", "time-sliced"]
-    # The suite scrapes through the API server's node proxy, without credentials: the lab's
-    # agents keep their metrics open (issue 30) until the suite and the roles move.
-    assert {"name": "GPUKIT_METRICS_AUTH", "value": "none"} in ds["containers"][0]["env"]
-    assert not [r for r in by_kind(got)["ClusterRole"]["rules"]
-                if "tokenreviews" in r["resources"]]
+    # Metrics only for authorised scrapers by default: the agent may review their tokens.
+    assert {"name": "GPUKIT_METRICS_AUTH", "value": "kubernetes"} in ds["containers"][0]["env"]
+    assert [r for r in by_kind(got)["ClusterRole"]["rules"] if "tokenreviews" in r["resources"]]
 
 
 def test_the_example_fleet_and_a_limit() -> None:

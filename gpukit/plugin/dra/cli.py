@@ -28,6 +28,7 @@ from gpukit.contracts.plugin_config import (
     parse_host_port,
 )
 
+from .. import metrics_auth
 from ..mps_requests import MPS_DAEMON_MODES
 from ..signals import INBOX, StopRequested, run_main
 
@@ -75,6 +76,7 @@ def build_parser(prog: str = "gpukit-dra-plugin") -> argparse.ArgumentParser:
                    default=env("GPUKIT_METRICS_ADDRESS", DEFAULT_METRICS_ADDRESS),
                    help="the GPU metrics and /readyz, as the node agent serves them; '' "
                         "disables [GPUKIT_METRICS_ADDRESS]")
+    metrics_auth.add_flag(p, env)
     p.add_argument("--pod-resources-socket",
                    default=env("GPUKIT_POD_RESOURCES_SOCKET") or None,
                    help="the kubelet's PodResources socket (the metrics' pod labels; default "
@@ -123,6 +125,9 @@ def _main(argv: list[str] | None, prog: str) -> int:
             print(f"error: --metrics-address: {exc} (use host:port, or '' to disable)",
                   file=sys.stderr)
             return 1
+    if (refused := metrics_auth.flag_error(args.metrics_auth)) is not None:
+        print(refused, file=sys.stderr)
+        return 1
     from gpukit.k8s import connect
 
     from .kubelet_plugin import DraKubeletPlugin, KubeletPluginOptions
@@ -149,6 +154,9 @@ def _main(argv: list[str] | None, prog: str) -> int:
         return 1
     loop = threading.Thread(target=plugin.run, name="gpukit-dra", daemon=True)
     loop.start()
+    if args.metrics_address:
+        plugin.metrics.authorizer = metrics_auth.for_mode(args.metrics_auth, args.node_name,
+                                                          args.kubeconfig)
     try:
         plugin.metrics.serve(args.metrics_address)
     except OSError as exc:  # claims are served all the same; only the metrics are missing

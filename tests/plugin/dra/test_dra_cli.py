@@ -16,6 +16,8 @@ from gpukit.plugin.dra import cli
     (["--node-name", "n", "--metrics-address", "9402"],
      "--metrics-address: '9402' is not host:port (use host:port, or '' to disable)"),
     (["--node-name", "n", "--shares", "1"], "--shares: 1 is not 0 or an integer from 2 to 64"),
+    (["--node-name", "n", "--metrics-auth", "tls"],
+     "--metrics-auth (GPUKIT_METRICS_AUTH): 'tls' is not one of kubernetes, none"),
 ])
 def test_bad_arguments_are_refused_by_name(argv: list[str], message: str,
                                            monkeypatch: pytest.MonkeyPatch,
@@ -23,3 +25,11 @@ def test_bad_arguments_are_refused_by_name(argv: list[str], message: str,
     monkeypatch.delenv("NODE_NAME", raising=False)
     assert cli.main(argv) == 1
     assert message in capsys.readouterr().err
+
+
+def test_metrics_auth_defaults_to_kubernetes_and_reads_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GPUKIT_METRICS_AUTH", raising=False)
+    assert cli.build_parser().parse_args([]).metrics_auth == "kubernetes"
+    monkeypatch.setenv("GPUKIT_METRICS_AUTH", "none")
+    assert cli.build_parser().parse_args([]).metrics_auth == "none"

@@ -15,6 +15,11 @@ def metrics_agent_address(hostvars, host):
 
 
 @gk.gpukit_filter
+def metrics_agent_auth(hostvars, host):
+    return telemetry.agent_auth(host, hostvars or {})
+
+
+@gk.gpukit_filter
 def metrics_prometheus_config(gpu_hosts, hostvars, rules_dir="/etc/prometheus"):
     return telemetry.prometheus_config(list(gpu_hosts or []), hostvars, rules_dir)
 
@@ -36,5 +41,6 @@ def metrics_operator_manifests(namespace, mode, port, interval):
 
 class FilterModule:
     def filters(self):
-        return gk.filter_map(metrics_agent_address, metrics_prometheus_config, metrics_alert_rules,
+        return gk.filter_map(metrics_agent_address, metrics_agent_auth,
+                             metrics_prometheus_config, metrics_alert_rules,
                           metrics_cluster, metrics_operator_manifests)

@@ -64,6 +64,12 @@ options:
     description: host:port of the agent's metrics endpoint, '' for none.
     type: str
     default: "0.0.0.0:9402"
+  metrics_auth:
+    description: >-
+      Who may read the metrics, kubernetes (a bearer token the API server accepts and allows
+      get nodes/metrics on the node) or none (anyone).
+    type: str
+    default: kubernetes
   image_pull_policy:
     description: Image pull policy.
     type: str
