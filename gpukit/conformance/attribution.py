@@ -18,7 +18,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpukit.conformance.common import allocated_units
-from gpukit.inventory.metrics import DEFAULT_PORT
+from gpukit.conformance.scraper import ScrapeError
 
 Sample = tuple[str, dict[str, str], float]
 FB_USED = "DCGM_FI_DEV_FB_USED"
@@ -26,25 +26,16 @@ WAIT_S = 20.0  # the agent reads the kubelet's PodResources at most every 5 s
 PODS_PER_RESOURCE = 4  # a few pods prove the attribution
 
 
-class ScrapeError(Exception):
-    """The agent's metrics could not be read (the message names node and port)."""
-
-
-def port(suite: Any, node: str) -> int:
-    decl = suite.decl(node)
-    return decl.metrics.port if decl is not None else DEFAULT_PORT
-
-
 def scrape(suite: Any, node: str) -> list[Sample]:
-    """The agent's /metrics through the API server's node proxy."""
-    p = port(suite, node)
-    try:
-        body = suite.kube.core.connect_get_node_proxy_with_path(f"{node}:{p}", "metrics")
-    except Exception as exc:  # any failure is the observation
-        raise ScrapeError(f"agent metrics at {node}:{p} (API server node proxy): "
-                          f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from exc
-    return [(s.name, dict(s.labels), s.value) for f in text_string_to_metric_families(body)
-            for s in f.samples]
+    """The agent's /metrics as an authorised scraper (conformance.scraper); ScrapeError names
+    node, address and what answered."""
+    answer = suite.scrape(node)
+    if answer.status != 200:
+        _, url = suite.scraper(node)
+        raise ScrapeError(f"agent metrics at {url} on node {node}: HTTP {answer.status} for the "
+                          f"scraper's token (allowed get nodes/metrics): {answer.body[:200]!r}")
+    return [(s.name, dict(s.labels), s.value)
+            for f in text_string_to_metric_families(answer.body) for s in f.samples]
 
 
 @dataclass

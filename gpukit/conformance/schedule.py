@@ -25,7 +25,8 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 # What a test's marker `stages(...)` may name, in no particular order (the plan orders them).
-STAGES = ("probe", "host", "helper", "fill", "attribution", "release", "gt1", "workload")
+STAGES = ("probe", "host", "helper", "scraper", "fill", "attribution", "release", "gt1",
+          "workload")
 # Stages done per (node, resource); the others once per node.
 PER_RESOURCE = frozenset({"gt1", "workload"})
 # What each stage needs of a node besides its API object: a cluster of API-only nodes (a
@@ -34,6 +35,7 @@ NEEDS = {
     "probe": "NVML on the host over SSH",
     "host": "the host over SSH",
     "helper": "the kubelet's PodResources API (a pod on the node)",
+    "scraper": "a pod on the node and the agent's metrics",
     "fill": "pods running on the node",
     "attribution": "pods running on the node and the agent's metrics",
     "release": "pods running on the node",

@@ -13,14 +13,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
+
 from gpukit import inventory as inv
 from gpukit.conformance import expect
+from gpukit.inventory.metrics import DEFAULT_PORT as DEFAULT_METRICS_PORT
 from gpukit.k8s.names import dns_name
 from gpukit.k8s.nodes import allocatable
 
 from . import attribution as attribution_mod
 from . import exclusive
 from . import fill as fill_mod
+from . import scraper as scraper_mod
 from .cluster import Kube, load_api_client, pod_manifest
 from .host import HostView, NvmlSeen, connect, read_view, run_probe
 from .schedule import DEFAULT_NODE_PARALLELISM, StageKey, Stages, key_for
@@ -358,6 +362,45 @@ class Suite:
         except (ValueError, IndexError, KeyError) as exc:
             return None, f"PodResources API on {node}: unreadable answer {res.stdout!r}: {exc}"
 
+    # ---- the agent's metrics, read from a pod on the node (conformance.scraper)
+
+    def scraper(self, node: str) -> tuple[str, str]:
+        """(the node's scraper pod, the agent's /metrics URL)."""
+        return self.stages.once(node, key_for("scraper"), lambda: self._start_scraper(node))
+
+    def _start_scraper(self, node: str) -> tuple[str, str]:
+        try:
+            scraper_mod.ensure_account(self.kube, self.namespace)
+            address = scraper_mod.node_address(self.kube, node)
+        except ApiException as exc:
+            raise scraper_mod.ScrapeError(
+                f"the scraper's account or node {node}'s address: HTTP {exc.status} "
+                f"{exc.reason}") from exc
+        decl = self.decl(node)
+        target = (decl.metrics.target(address) if decl is not None
+                  else f"{address}:{DEFAULT_METRICS_PORT}")
+        name = self.pod_name("scraper", node)
+        self.kube.create_pod(self.namespace, scraper_mod.pod(
+            name, run_id=self.kube.run_id, node=node, image=self.options.shell_image,
+            host_network=self.options.host_network))
+        state = self.kube.wait_pods(self.namespace, [name], self.options.pod_timeout,
+                                    node=node)[name]
+        if state.state != "Running":
+            raise scraper_mod.ScrapeError(f"scraper pod {name} on node {node} is {state} "
+                                          "(expected Running)")
+        return name, f"http://{target}/metrics"
+
+    def scrape(self, node: str, authorised: bool = True) -> scraper_mod.Answer:
+        """GET the agent's /metrics on `node`, with the scraper's token or without any."""
+        pod, url = self.scraper(node)
+        return scraper_mod.get(self.kube, self.namespace, pod, node, url, authorised)
+
+    def scrape_path(self, node: str, path: str) -> scraper_mod.Answer:
+        """GET another path of the agent's endpoint, with the scraper's token."""
+        pod, url = self.scraper(node)
+        return scraper_mod.get(self.kube, self.namespace, pod, node,
+                               url.removesuffix("/metrics") + path, True)
+
     # ---- filled nodes
 
     def fill(self, node: str) -> fill_mod.NodeFill:
@@ -422,6 +465,8 @@ class Suite:
             return self.host_view(node)
         if key.stage == "helper":
             return self.helper(node)
+        if key.stage == "scraper":
+            return self.scraper(node)
         if key.stage == "fill":
             return self.fill(node)
         if key.stage == "attribution":

@@ -1,13 +1,14 @@
 """Accelerator metrics (CNCF accelerator_metrics): every declared GPU and MIG device of a node has
 dcgm-exporter's series on the node's gpukit agent, a running GPU pod's series carry its pod,
-namespace and container, and the values agree with NVML on the node.
+namespace and container, and the values agree with NVML on the node; and only an authorised
+scraper reads them (gpukit_metrics_auth: kubernetes, the default).
 
-The agent is scraped through the API server's node proxy (`/api/v1/nodes/<node>:<port>/proxy/
-metrics`): the suite needs no route to the nodes' network, only what it already has (the API
-and, for the NVML side, SSH); the API server reaches the node's InternalIP as it does for the
-kubelet's logs and exec, so the agent must listen there (gpukit_metrics_listen_address 0.0.0.0,
-the default; a loopback-only agent fails here, naming the node and port). The port is the
-inventory's gpukit_metrics_port (9402 without --inventory)."""
+The agent is scraped from a small pod on its node (conformance.scraper: busybox's wget) running
+as the run's scraper ServiceAccount, allowed `get nodes/metrics` as a Prometheus scraping
+kubelets is: the API server's node proxy forwards no credentials. The pod reaches the node's
+InternalIP, so the agent must listen there (gpukit_metrics_listen_address 0.0.0.0, the default;
+a loopback-only agent fails here, naming the node and address). The port is the inventory's
+gpukit_metrics_port (9402 without --inventory)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from gpukit.conformance import attribution
 from gpukit.conformance.attribution import FB_USED, Sample
 from gpukit.conformance.checks import Check
 from gpukit.conformance.common import need_probe
+from gpukit.conformance.scraper import ScrapeError
 
 pytestmark = pytest.mark.metrics
 
@@ -27,13 +29,44 @@ FB_FREE = "DCGM_FI_DEV_FB_FREE"
 
 
 def scrape(suite: Any, node: str, check: Check) -> list[Sample]:
-    """The agent's /metrics through the API server's node proxy (fails naming node and port)."""
+    """The agent's /metrics as an authorised scraper (fails naming node and address)."""
     try:
         return attribution.scrape(suite, node)
-    except attribution.ScrapeError as exc:
-        check.record("agent metrics (API server node proxy)", "served", str(exc), False)
+    except ScrapeError as exc:
+        check.record("agent metrics (authorised scraper)", "served", str(exc), False)
         check.verify()
         raise AssertionError("unreachable") from exc
+
+
+@pytest.mark.stages("scraper")
+def test_only_an_authorised_scraper_reads_the_metrics(gpukit_suite: Any, node: str,
+                                                      check: Check) -> None:
+    """With gpukit_metrics_auth kubernetes (the default) a scrape without a token is refused
+    (401, or 403) and one with a token allowed `get nodes/metrics` on the node is answered
+    (200); with none, both are answered. Any other path is not found (404)."""
+    decl = gpukit_suite.decl(node)
+    if decl is None:
+        check.skip("who may scrape is declared by the inventory's gpukit_metrics_auth "
+                   "(run with --inventory)")
+    if not decl.metrics.enabled:
+        check.skip("gpukit_metrics_enabled is false: no metrics endpoint is declared")
+    try:
+        anonymous = gpukit_suite.scrape(node, authorised=False)
+        authorised = gpukit_suite.scrape(node)
+        _, url = gpukit_suite.scraper(node)
+        other = gpukit_suite.scrape_path(node, "/debug")
+    except ScrapeError as exc:
+        check.record("agent metrics", "answered", str(exc), False)
+        check.verify()
+        raise AssertionError("unreachable") from exc
+    open_port = decl.metrics.auth == "none"
+    check.true(f"{url} without a token (gpukit_metrics_auth {decl.metrics.auth})",
+               anonymous.status == 200 if open_port else anonymous.status in (401, 403),
+               "200" if open_port else "401 or 403", anonymous.status)
+    check.equal(f"{url} with the scraper's token (allowed get nodes/metrics)", 200,
+                authorised.status)
+    check.equal(f"{url.removesuffix('/metrics')}/debug with the token", 404, other.status)
+    check.verify()
 
 
 def _series(samples: list[Sample], name: str) -> list[Sample]:

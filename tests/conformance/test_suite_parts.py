@@ -367,12 +367,12 @@ def test_job_manifests() -> None:
     docs = list(yaml.safe_load_all((DEPLOY / "job.yaml").read_text()))
     kinds = [d["kind"] for d in docs]
     assert kinds == ["Namespace", "ServiceAccount", "ServiceAccount", "ClusterRole",
-                     "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Job"]
-    # Cluster-wide: reads only, and the node proxy's GET (the metrics area's scrape).
+                     "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ClusterRole",
+                     "ClusterRoleBinding", "Role", "RoleBinding", "Job"]
+    # Cluster-wide: reads only (no node proxy: the metrics area scrapes from a pod).
     cluster_role = docs[3]
     assert cluster_role["rules"] == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
-        {"apiGroups": [""], "resources": ["nodes/proxy"], "verbs": ["get"]},
         {"apiGroups": [""], "resources": ["resourcequotas", "limitranges"],
          "verbs": ["get", "list"]},
         {"apiGroups": ["scheduling.k8s.io"], "resources": ["priorityclasses"],
@@ -380,14 +380,24 @@ def test_job_manifests() -> None:
         {"apiGroups": ["node.k8s.io"], "resources": ["runtimeclasses"], "verbs": ["get", "list"]},
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices", "deviceclasses"],
          "verbs": ["get", "list", "watch"]}]
+    # The metrics area's scraper pods: get nodes/metrics and nothing else, as the suite
+    # itself binds it when it runs from outside (conformance.scraper).
+    from gpukit.conformance import scraper
+
+    assert docs[4]["metadata"]["name"] == scraper.SCRAPER_SA
+    assert docs[5]["metadata"]["name"] == scraper.SCRAPER_ROLE
+    assert docs[5]["rules"] == [scraper.SCRAPER_RULE]
+    assert docs[6]["roleRef"]["name"] == scraper.SCRAPER_ROLE
+    assert docs[6]["subjects"] == [{"kind": "ServiceAccount", "name": scraper.SCRAPER_SA,
+                                    "namespace": "gpukit-conformance"}]
     # Pods in the quota namespaces only where the user binds this role (not bound here).
-    tenancy = docs[4]
+    tenancy = docs[7]
     assert tenancy["metadata"]["name"] == "gpukit-conformance-tenancy"
     assert tenancy["rules"] == [{"apiGroups": [""], "resources": ["pods"],
                                  "verbs": ["create", "delete", "get", "list", "watch"]}]
     bound = {d["roleRef"]["name"] for d in docs if d["kind"].endswith("Binding")}
     assert "gpukit-conformance-tenancy" not in bound
-    role = docs[6]
+    role = docs[9]
     assert all(r["verbs"] != ["*"] for r in role["rules"])
     assert {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"],
             "verbs": ["create", "delete", "get", "list", "watch"]} in role["rules"]
