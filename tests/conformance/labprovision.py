@@ -158,7 +158,9 @@ def deployment(fleet: inv.GpuInventory) -> AgentDeployment:
     declarations = {decl.node_name: NodeDeclaration(
         decl.node_name, expect.expected_resources(decl), decl.plugin_config_name or "").as_dict()
         for decl in fleet.nodes if not decl.dra}
-    return replace(d, declarations=declarations)
+    # Who may scrape, as the role renders gpukit_metrics_auth (cluster-wide: one DaemonSet).
+    auth = fleet.nodes[0].metrics.auth if fleet.nodes else d.metrics_auth
+    return replace(d, declarations=declarations, metrics_auth=auth)
 
 
 def declare(fleet: inv.GpuInventory, node: str, timeout: float = 150) -> None:

@@ -21,9 +21,10 @@ from pathlib import Path
 import labprovision as lp
 import pytest
 import yaml
+from kubernetes import client
 
 from gpukit import inventory as inv
-from gpukit.conformance import expect
+from gpukit.conformance import expect, scraper
 from gpukit.lab import agent, cluster
 from gpukit.lab.config import LabSpec, load_spec
 from gpukit.lab.inventory import for_instance
@@ -102,6 +103,8 @@ def test_suite_passes_on_the_provisioned_lab(lab: Lab, tmp_path: Path) -> None:
     run = run_suite(tmp_path)
     for node in lab.fleet.node_names():  # the agent says it serves its declaration (issue 30)
         assert f"test_the_agent_s_declaration_condition_agrees[{node}]" in run.passed, node
+        # ... and answers only an authorised scraper (gpukit_metrics_auth's default)
+        assert f"test_only_an_authorised_scraper_reads_the_metrics[{node}]" in run.passed, node
     print(f"conformance suite on the {len(lab.fleet.nodes)}-node lab: {run.seconds:.1f}s, "
           f"{len(run.passed)} passed, {len(run.skipped)} skipped")
     assert run.rc == 0, run.output
@@ -124,6 +127,17 @@ def test_suite_passes_on_the_provisioned_lab(lab: Lab, tmp_path: Path) -> None:
     api = lp.core()
     for ns in api.list_namespace(label_selector=MANAGED).items:
         assert lp.wait_gone_namespace(ns.metadata.name, timeout=60), ns.metadata.name
+    # ... and with it the scraper's ClusterRoleBinding (owned by the namespace)
+    rbac = client.RbacAuthorizationV1Api(api.api_client)
+
+    def bindings() -> list[str]:
+        return [b.metadata.name for b in rbac.list_cluster_role_binding().items
+                if b.metadata.name.startswith(f"{scraper.SCRAPER_ROLE}-")]
+
+    deadline = time.monotonic() + 60
+    while bindings() and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not bindings(), bindings()
 
 
 def test_job_manifests_are_accepted_by_the_apiserver(lab: Lab) -> None:

@@ -14,7 +14,7 @@ from gpukit.conformance import scraper
 
 
 class _Agent(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         if self.path != "/metrics":
             self.send_response(404)
         elif self.headers.get("Authorization") == "Bearer s3cret":
