@@ -37,6 +37,9 @@ LIBRARY_CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
     ),
     ("device_plugin", "device_plugin_image_pull_policy"): ("gpukit.provision.agent:PULL_POLICIES",),
     ("device_plugin", "device_plugin_gpu_allocation"): ("gpukit.inventory.model:GPU_ALLOCATIONS",),
+    ("device_plugin", "device_plugin_metrics_auth"): (
+        "gpukit.inventory.metrics:AUTH_MODES", "gpukit.contracts.metrics_auth:MODES",
+    ),
     ("gpu_quotas", "gpu_quotas_priority_classes.preemption_policy"): (
         "gpukit.inventory.quotas:PREEMPTION_POLICIES",
     ),
