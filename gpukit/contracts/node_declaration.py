@@ -31,7 +31,7 @@ does not serve its declaration, "False" with reason `ServesDeclaration` once it 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,7 +63,7 @@ def dra_kind(device_type: str, profile: str | None = None) -> str:
     return f"{DRA_KIND_PREFIX}{device_type or TYPE_GPU}"
 
 
-def dra_counts(devices: Any) -> dict[str, int]:
+def dra_counts(devices: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     """Kind -> count of devices given as the oracle's expected_dra_devices (dicts with `type`
     and `profile`)."""
     out: dict[str, int] = {}

@@ -14,8 +14,9 @@ declared config. Config names are not compared: rollouts select versioned names 
 declaration.
 
 On a DRA node "served" counts the healthy devices the DRA plugin publishes per kind
-(node_declaration.dra_kind: whole GPUs, MIG devices per profile; dra_served): a device tainted
-unhealthy (a lost GPU, a critical XID) stays published but counts as not served.
+(node_declaration.dra_kind: whole GPUs, MIG devices per profile; dra_served): a device
+published tainted unhealthy (a critical XID, a lost GPU) or no longer published counts as not
+served.
 """
 
 from __future__ import annotations
