@@ -30,7 +30,7 @@ its DaemonSet on the nodes labelled gpukit.io/gpu.allocation=dra (gpukit_gpu_all
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -228,11 +228,15 @@ def own_node_policy(d: AgentDeployment) -> list[dict[str, Any]]:
 
 
 def _node_agent_policy(d: AgentDeployment, name: str, resource: str,
-                       validations: list[dict[str, str]]) -> list[dict[str, Any]]:
-    """A ValidatingAdmissionPolicy and its binding on the node agent's UPDATEs of `resource`:
-    only the node its pod runs on (the pod-bound token's `authentication.kubernetes.io/
-    node-name`), then `validations`."""
-    user = f"system:serviceaccount:{d.namespace}:{d.service_account}"
+                       validations: list[dict[str, str]],
+                       accounts: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """A ValidatingAdmissionPolicy and its binding on the node agent's UPDATEs of `resource`
+    (and those of the ServiceAccounts `accounts` of its namespace): only the node its pod runs
+    on (the pod-bound token's `authentication.kubernetes.io/node-name`), then `validations`."""
+    users = [f"system:serviceaccount:{d.namespace}:{a}"
+             for a in (d.service_account, *accounts)]
+    who = (f"request.userInfo.username == '{users[0]}'" if len(users) == 1 else
+           "request.userInfo.username in [" + ", ".join(f"'{u}'" for u in users) + "]")
     node_key = "authentication.kubernetes.io/node-name"
     policy = {
         "apiVersion": "admissionregistration.k8s.io/v1",
@@ -251,7 +255,7 @@ def _node_agent_policy(d: AgentDeployment, name: str, resource: str,
                 ]
             },
             "matchConditions": [
-                {"name": "is-node-agent", "expression": f"request.userInfo.username == '{user}'"}
+                {"name": "is-node-agent", "expression": who}
             ],
             "validations": [
                 {
@@ -281,7 +285,8 @@ _STATUS_FIELDS = ("capacity", "allocatable", "phase", "addresses", "daemonEndpoi
 
 
 def own_node_condition_policy(d: AgentDeployment) -> list[dict[str, Any]]:
-    """The agent's status patches (nodes/status, which own_node_policy does not match): only
+    """The agent's status patches (nodes/status, which own_node_policy does not match), and
+    the DRA plugin's where it is deployed (it reports served vs declared on a DRA node): only
     its own node, and only the condition `GpuDeclarationMismatch` (served vs declared):
     every other condition, every other status field and the node's metadata stay as they
     were."""
@@ -303,7 +308,7 @@ def own_node_condition_policy(d: AgentDeployment) -> list[dict[str, Any]]:
                            "labels", "annotations", "finalizers", "ownerReferences")),
          "message": "the gpukit node agent may change nothing of a node's status "
                     f"but its {ours} condition"},
-    ])
+    ], accounts=(DRA_APP,) if d.dra else ())
 
 
 def declarations_map(d: AgentDeployment) -> dict[str, Any]:
@@ -619,7 +624,9 @@ def device_classes(d: AgentDeployment) -> list[dict[str, Any]]:
 def dra_rbac(d: AgentDeployment) -> list[dict[str, Any]]:
     """Read the claims it prepares and its node (the label gpukit.io/dra.shares), write its
     node's ResourceSlices (the policy below narrows that to its own node), record Events on
-    its node (claims of NVIDIA's DRA driver taken over or not)."""
+    its node (claims of NVIDIA's DRA driver taken over or not, served vs declared), patch its
+    node's status (its GpuDeclarationMismatch condition: own_node_condition_policy narrows
+    that as for the agent)."""
     sa = {"apiVersion": "v1", "kind": "ServiceAccount",
           "metadata": {"name": DRA_APP, "namespace": d.namespace, "labels": _labels(DRA_APP)}}
     role = {
@@ -630,6 +637,7 @@ def dra_rbac(d: AgentDeployment) -> list[dict[str, Any]]:
             {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"],
              "verbs": ["get"]},
             {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+            {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
             {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
              "verbs": ["get", "list", "watch", "create", "update", "delete"]},
             # A Node's events live in namespace default (gpukit.plugin.node_api.node_event).
@@ -706,7 +714,8 @@ def dra_daemonset(d: AgentDeployment) -> dict[str, Any]:
     and plugins/gpu.nvidia.com/ (sockets, checkpoints), the CDI spec directory containerd
     reads, the driver as the agent mounts it and, with the host's root as driver root, the
     host's /usr/bin read-only (the driver's programs and nvidia-cdi-hook, which a claim's CDI
-    spec binds and runs, as NVIDIA's); nothing else of the host."""
+    spec binds and runs, as NVIDIA's); nothing else of the host. And the nodes' declarations
+    ConfigMap, as the agent's (served vs declared)."""
     env: list[dict[str, Any]] = [
         {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": "GPUKIT_DEVICE_ROOT", "value": d.driver_root},
@@ -719,6 +728,8 @@ def dra_daemonset(d: AgentDeployment) -> dict[str, Any]:
          "value": d.env.get("GPUKIT_METRICS_ADDRESS", d.metrics_address)},
         {"name": METRICS_AUTH_ENV, "value": metrics_auth(d)},
         {"name": "GPUKIT_MPS_DAEMONS", "value": "delegate" if d.dra_mps else "none"},
+        # Served vs declared: its node's entry of the declarations ConfigMap.
+        {"name": "GPUKIT_DECLARATION_DIR", "value": DECLARATION_DIR},
     ]
     env += [{"name": k, "value": v} for k, v in sorted(d.env.items())
             if k not in {e["name"] for e in env}]
@@ -729,6 +740,7 @@ def dra_daemonset(d: AgentDeployment) -> dict[str, Any]:
         {"name": "run-gpukit", "mountPath": "/tmp", "subPath": "dra-tmp"},
         # The GPU metrics' pod attribution (PodResources), as the agent's.
         {"name": "pod-resources", "mountPath": POD_RESOURCES_DIR, "readOnly": True},
+        {"name": "declarations", "mountPath": DECLARATION_DIR, "readOnly": True},
     ]
     volumes = [
         _host_path("plugins-registry", dra_names.REGISTRY_DIR, "DirectoryOrCreate"),
@@ -736,6 +748,9 @@ def dra_daemonset(d: AgentDeployment) -> dict[str, Any]:
         _host_path("cdi-specs", dra_names.CDI_DIR, "DirectoryOrCreate"),
         _host_path("run-gpukit", "/run/gpukit", "DirectoryOrCreate"),
         _host_path("pod-resources", POD_RESOURCES_DIR, "DirectoryOrCreate"),
+        # Optional: the plugin serves claims without it (no entry: nothing compared), and
+        # dra_manifests, applied alone, does not carry it.
+        {"name": "declarations", "configMap": {"name": DECLARATIONS, "optional": True}},
     ]
     if d.dra_mps:
         mounts.append(_mps_root_mount())

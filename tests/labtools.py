@@ -21,6 +21,7 @@ from labplay import PlayResult, run_playbook
 
 from gpukit.contracts import dra
 from gpukit.contracts import label_names as ln
+from gpukit.contracts import node_declaration as nd
 from gpukit.k8s.objects import delete_if_there
 from gpukit.lab import cluster, network, nodes
 from gpukit.lab.config import LabSpec, NodeSpec, load_spec
@@ -271,6 +272,13 @@ def node_pynvml(node: str, code: str, *args: str) -> None:
     subprocess.run([sys.executable, "-c", code, *args], env=env, check=True)
 
 
+def installed(node: str, package: str) -> bool:
+    """Whether `package` is installed on `node` (dpkg's status)."""
+    return cluster.node_exec(load_spec().node(node), ["sh", "-c", (
+        f"dpkg -s {package} 2>/dev/null | grep -q '^Status: install ok installed'")],
+        timeout=120).returncode == 0
+
+
 @contextmanager
 def _lab_package(node: str, package: str, force: str = "") -> Iterator[None]:
     """The lab apt repository's `package` installed on `node` for the block (`force`: dpkg's
@@ -280,8 +288,7 @@ def _lab_package(node: str, package: str, force: str = "") -> Iterator[None]:
     def sh(command: str) -> subprocess.CompletedProcess[str]:
         return cluster.node_exec(spec, ["sh", "-c", command], timeout=120)
 
-    if sh(f"dpkg -s {package} 2>/dev/null | grep -q '^Status: install ok installed'"
-          ).returncode == 0:
+    if installed(node, package):
         yield
         return
     flags = f" --force-{force}" if force else ""
@@ -297,10 +304,14 @@ def _lab_package(node: str, package: str, force: str = "") -> Iterator[None]:
 def driver_userspace(node: str) -> Iterator[None]:
     """The stand-in driver package's user space on `node` (nvidia-smi, the MPS tools,
     libcuda), as site.yml installs it, for the tests that need it on a bare lab node; then
-    purged and the lab's mock NVML (which the package replaces) restored. A node that had the
-    package (an earlier site.yml) keeps it as it was."""
+    purged and the lab's mock NVML (which the package replaces) restored. A node that had a
+    driver package of any branch (an earlier site.yml or upgrade) keeps it as it was: the
+    branches conflict, so another could not be installed beside it."""
     from gpukit.lab.packages.catalog import BRANCHES
 
+    if any(installed(node, f"nvidia-driver-{b.name}") for b in BRANCHES):
+        yield
+        return
     nvml = nodes.root(load_spec().node(node)) / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
     saved = nvml.read_bytes()
     try:
@@ -364,3 +375,28 @@ class ApiLab(SiteLab):
 
     def gpu_status(self, node: str) -> dict[str, str]:
         return gpu_status(self.core, node)
+
+
+def declaration_condition(core: client.CoreV1Api, node: str) -> client.V1NodeCondition | None:
+    """The node's served-vs-declared condition (GpuDeclarationMismatch), if any."""
+    for c in core.read_node(node).status.conditions or []:
+        if c.type == nd.CONDITION_TYPE:
+            return c
+    return None
+
+
+def clear_declaration_condition(core: client.CoreV1Api, node: str) -> None:
+    """The condition outlives the agent and the DRA plugin (as node-problem-detector's do): a
+    test leaves none."""
+    conditions = core.read_node(node).status.conditions or []
+    for i, c in enumerate(conditions):
+        if c.type == nd.CONDITION_TYPE:
+            core.patch_node_status(node, [{"op": "remove", "path": f"/status/conditions/{i}"}])
+            return
+
+
+def declaration_events(core: client.CoreV1Api, node: str, reason: str) -> list[str]:
+    """Messages of the node's served-vs-declared Events of `reason`."""
+    found = core.list_namespaced_event(
+        "default", field_selector=f"involvedObject.name={node},reason={reason}")
+    return [e.message or "" for e in found.items]

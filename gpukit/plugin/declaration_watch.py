@@ -1,17 +1,20 @@
-"""The agent's served-vs-declared watchdog: reads its node's declaration (the device_plugin
-role's ConfigMap entry, gpukit.contracts.node_declaration), compares it with what the agent
-serves (served.py) at every manager tick, and reports the verdict where operators look:
+"""The served-vs-declared watchdog of the agent and of the DRA plugin: reads its node's
+declaration (the device_plugin role's ConfigMap entry, gpukit.contracts.node_declaration),
+compares it with what it serves (served.py) at every manager tick (the DRA plugin: every loop
+turn, so after every republish) and reports the verdict where operators look:
 
 - the node condition `GpuDeclarationMismatch` (node-problem-detector's shape: True with a
   reason and a message naming declared and served per resource, False with reason
   `ServesDeclaration` once the node serves its declaration again), through a status patch the
-  agent's admission policy narrows to this one condition on its own node;
+  admission policy narrows to this one condition on its own node;
 - one Event on the node per distinct mismatch, and one when it is served again;
 - the gauges gpukit_node_gpus_declared / gpukit_node_gpus_served per resource.
 
 Without a declaration entry (a node the play did not declare, a plain host process) nothing is
-reported and the gauges are absent. A report that fails (API down) is tried again at the next
-tick; it never stops the agent serving.
+reported and the gauges are absent; so too with an entry of the other kind (a DRA node's entry
+for the agent, a device plugin node's for the DRA plugin: whoever serves the node reports).
+A report that fails (API down) is tried again at the next tick; it never stops the node
+serving.
 """
 
 from __future__ import annotations
@@ -58,8 +61,9 @@ def condition(verdict: Verdict, now: datetime.datetime,
 class DeclarationWatch:
     def __init__(self, directory: str | None, node_name: str, metrics: PluginMetrics,
                  sink: ConditionSink | None, reread_seconds: float = 2.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, dra: bool = False) -> None:
         self.path = Path(directory, node_name) if directory and node_name else None
+        self.dra = dra  # the DRA plugin's watch: compares only a DRA node's entry
         self.node_name = node_name
         self.metrics = metrics
         self.sink = sink
@@ -125,6 +129,12 @@ class DeclarationWatch:
             self.declaration = None
             return None
         self._problem = None
+        if decl.dra != self.dra:
+            log.info("node %s is declared %s: not comparing here", self.node_name,
+                     "a DRA node (the DRA plugin compares)" if decl.dra
+                     else "a device plugin node (the node agent compares)")
+            self.declaration = None
+            return None
         self.declaration = decl
         return decl
 

@@ -1,6 +1,7 @@
 """The little the node agent asks of the Kubernetes API: read, watch and patch its own node's
-labels, set its served-vs-declared condition, and record Events on it; and review the tokens
-of its metrics' scrapers (ReviewClient, gpukit/plugin/metrics_auth.py).
+labels, set its served-vs-declared condition (so does the DRA plugin), and record Events on
+it; and review the tokens of its metrics' scrapers (ReviewClient,
+gpukit/plugin/metrics_auth.py).
 
 Uses the in-cluster ServiceAccount when running in a pod, else a kubeconfig (--kubeconfig or
 $KUBECONFIG), through gpukit.k8s like every gpukit program. The kubernetes client is imported
@@ -25,10 +26,16 @@ LabelsSeen = Callable[[dict[str, str]], None]
 
 
 class NodeClient:
-    def __init__(self, kubeconfig: str | None = None) -> None:
-        from gpukit.k8s import connect
+    """`core`: a CoreV1Api to use (the DRA plugin's, whose Events name it as `component`)."""
 
-        self._api: Any = connect.core(kubeconfig, in_cluster_first=True)
+    def __init__(self, kubeconfig: str | None = None, core: Any = None,
+                 component: str = COMPONENT) -> None:
+        if core is None:
+            from gpukit.k8s import connect
+
+            core = connect.core(kubeconfig, in_cluster_first=True)
+        self._api: Any = core
+        self.component = component
 
     def labels(self, node_name: str) -> dict[str, str]:
         node = self._api.read_node(node_name)
@@ -51,8 +58,8 @@ class NodeClient:
 
     def event(self, node_name: str, reason: str, message: str, type_: str = "Warning") -> None:
         """Record an Event on the node, where `kubectl describe node` shows it."""
-        self._api.create_namespaced_event(EVENT_NAMESPACE,
-                                          node_event(node_name, reason, message, type_))
+        self._api.create_namespaced_event(EVENT_NAMESPACE, node_event(
+            node_name, reason, message, type_, self.component))
 
     def watch_labels(self, node_name: str, seen: LabelsSeen, stop: threading.Event,
                      timeout_seconds: int = 60, retry_seconds: float = 5.0) -> None:

@@ -178,10 +178,10 @@ def check_declarations(declarations: Mapping[str, Mapping[str, Any]],
 
 def node_declaration(known: Any, host_vars: Mapping[str, Any], host: str
                      ) -> dict[str, Any] | None:
-    """What the node's agent must serve (a NodeDeclaration's entry) for its served-vs-declared
-    watchdog: the declaration check's answer (the preflight's `known`, the host's
-    gpukit_declaration, when it validated these very variables, else validated now). None
-    for a DRA node: no device plugin agent runs there. InventoryError: invalid."""
+    """What the node's agent (on a DRA node: its DRA plugin) must serve (a NodeDeclaration's
+    entry) for its served-vs-declared watchdog: the declaration check's answer (the
+    preflight's `known`, the host's gpukit_declaration, when it validated these very
+    variables, else validated now). InventoryError: invalid."""
     from gpukit import inventory
     from gpukit.provision import declaration
 
@@ -193,17 +193,20 @@ def node_declaration(known: Any, host_vars: Mapping[str, Any], host: str
 
 
 def declaration_entry(fact: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The agent's declaration entry from a host's gpukit_declaration (None on a DRA node)."""
+    """The node's declaration entry from a host's gpukit_declaration: on a DRA node the
+    devices its ResourceSlices must publish, counted by kind (the oracle's
+    expected_dra_devices), for the DRA plugin; else the agent's resources and config."""
     if fact.get("gpu_allocation") == "dra":
-        return None
+        return nd.NodeDeclaration(str(fact["node_name"]), dra_devices=nd.dra_counts(
+            fact.get("expected_dra_devices") or [])).as_dict()
     return nd.NodeDeclaration(str(fact["node_name"]), dict(fact["expected_resources"]),
                               str(fact.get("device_plugin_config") or "")).as_dict()
 
 
 def merge_declarations(per_host: Mapping[str, Mapping[str, Any] | None]
                        ) -> dict[str, dict[str, Any]]:
-    """Node name -> declaration from each host's (None: a DRA node, left out). Two hosts
-    declaring one node differently is an error naming both."""
+    """Node name -> declaration from each host's (None: none, left out). Two hosts declaring
+    one node differently is an error naming both."""
     out: dict[str, dict[str, Any]] = {}
     owner: dict[str, str] = {}
     for host, decl in per_host.items():
@@ -234,6 +237,15 @@ def node_serves_declared(
     if any(labels.get(k) != str(v) for k, v in selector.items()):
         return True
     return node_serves(node, expected) and declaration_served(node, expected)
+
+
+def dra_declaration_served(node: Mapping[str, Any], expected: Sequence[Mapping[str, Any]]
+                           ) -> bool:
+    """site.yml's last wait on a DRA node, after its slices: its DRA plugin says it serves its
+    declaration (the condition GpuDeclarationMismatch False, naming the devices of `expected`,
+    the oracle's expected_dra_devices, by kind), so it has read the declaration the play
+    rendered (a changed ConfigMap reaches a running plugin with the kubelet's next refresh)."""
+    return declaration_served(node, nd.dra_counts(expected))
 
 
 def expected_dra_devices(known: Any, host_vars: Mapping[str, Any], host: str

@@ -73,8 +73,8 @@ def declarations_kept(found: Sequence[Mapping[str, Any]], declarations: Mapping[
 
 def declaration_update(found: Sequence[Mapping[str, Any]], node: str,
                        decl: Mapping[str, Any] | None, namespace: str) -> dict[str, Any] | None:
-    """The agents' declarations ConfigMap with `node`'s entry set to `decl` (removed when None:
-    a DRA node runs no agent), for a rollout that changes what the node serves; the other
+    """The agents' declarations ConfigMap with `node`'s entry set to `decl` (removed when
+    None), for a rollout that changes what the node serves; the other
     nodes' entries as the cluster has them (`found`: k8s_info's resources). None: the
     cluster's ConfigMap already says so."""
     from gpukit import agent_manifests

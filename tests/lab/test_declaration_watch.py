@@ -19,7 +19,13 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from labtools import agent_http, wait_for
+from labtools import (
+    agent_http,
+    clear_declaration_condition,
+    declaration_condition,
+    declaration_events,
+    wait_for,
+)
 
 from gpukit.agent_manifests import AgentDeployment
 from gpukit.contracts import label_names as ln
@@ -45,15 +51,6 @@ def core(lab_cluster: object) -> client.CoreV1Api:
     return connect.core(paths().admin_kubeconfig)
 
 
-def _clear_condition(core: client.CoreV1Api) -> None:
-    """The condition outlives the agent (as node-problem-detector's do): a test leaves none."""
-    conditions = core.read_node(NODE).status.conditions or []
-    for i, c in enumerate(conditions):
-        if c.type == nd.CONDITION_TYPE:
-            core.patch_node_status(NODE, [{"op": "remove", "path": f"/status/conditions/{i}"}])
-            return
-
-
 @pytest.fixture(scope="module")
 def deployed(core: client.CoreV1Api) -> Iterator[AgentDeployment]:
     spec = load_spec()
@@ -61,7 +58,7 @@ def deployed(core: client.CoreV1Api) -> Iterator[AgentDeployment]:
                              GPUKIT_HEALTH_PROBE_INTERVAL_SECONDS="1",
                              GPUKIT_RECOVERY_SECONDS="2")
     d = replace(d, declarations=DECLARED, node_selector={"kubernetes.io/hostname": NODE})
-    _clear_condition(core)
+    clear_declaration_condition(core, NODE)
     # The declared config selected (a site.yml run before leaves the lab's `time-sliced`).
     before = (core.read_node(NODE).metadata.labels or {}).get(ln.DEVICE_PLUGIN_CONFIG)
     set_config(core, "default")
@@ -72,7 +69,7 @@ def deployed(core: client.CoreV1Api) -> Iterator[AgentDeployment]:
     finally:
         agent.remove(spec, d)
         set_config(core, before)
-        _clear_condition(core)
+        clear_declaration_condition(core, NODE)
 
 
 def set_config(core: client.CoreV1Api, name: str | None) -> None:
@@ -80,10 +77,7 @@ def set_config(core: client.CoreV1Api, name: str | None) -> None:
 
 
 def condition(core: client.CoreV1Api) -> client.V1NodeCondition | None:
-    for c in core.read_node(NODE).status.conditions or []:
-        if c.type == nd.CONDITION_TYPE:
-            return c
-    return None
+    return declaration_condition(core, NODE)
 
 
 def reason_is(core: client.CoreV1Api, status: str, reason: str) -> client.V1NodeCondition | None:
@@ -92,9 +86,7 @@ def reason_is(core: client.CoreV1Api, status: str, reason: str) -> client.V1Node
 
 
 def events(core: client.CoreV1Api, reason: str) -> list[str]:
-    found = core.list_namespaced_event(
-        "default", field_selector=f"involvedObject.name={NODE},reason={reason}")
-    return [e.message or "" for e in found.items]
+    return declaration_events(core, NODE, reason)
 
 
 def gauges() -> tuple[float | None, float | None]:

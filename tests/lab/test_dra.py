@@ -17,8 +17,10 @@ admission policy refuses another node's slice; the plugin serves the node agent'
 and /readyz (a DRA node runs no agent): series for every GPU and MIG device, a claim's device
 carrying its pod; the MIG manager's CLI changes a layout on a DRA node while no claim holds the
 GPU (the slices follow) and refuses, naming the claim, while one does; the kubelet shows a
-claim's device health (the plugin's DRA health stream) in its pod's status. Every failure names
-node, claim, expected and observed.
+claim's device health (the plugin's DRA health stream) in its pod's status; the plugin says
+whether its node serves its declaration (the node condition GpuDeclarationMismatch False naming
+the declared counts) and a lost GPU raises the condition, an Event and the gauge within seconds,
+all cleared on recovery. Every failure names node, claim, expected and observed.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -40,11 +43,20 @@ import nvidia_dra_fixtures
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from labtools import MIG_MODE, agent_http, node_pynvml, wait_for
+from labtools import (
+    MIG_MODE,
+    agent_http,
+    clear_declaration_condition,
+    declaration_condition,
+    declaration_events,
+    node_pynvml,
+    wait_for,
+)
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpukit import agent_manifests
 from gpukit.agent_manifests import DRA_APP, MPS_APP, AgentDeployment
+from gpukit.contracts import node_declaration as nd
 from gpukit.k8s import connect, objects, waits
 from gpukit.k8s.nodes import reported_after
 from gpukit.k8s.objects import delete_if_there
@@ -88,8 +100,20 @@ def resource(api: Any) -> client.ResourceV1Api:
 
 
 def dra_objects(d: AgentDeployment) -> list[dict[str, Any]]:
+    """The DRA plugin's objects, with the nodes' declarations (its served-vs-declared
+    watchdog) and the MPS control DaemonSet."""
     mps = [agent_manifests.mps_daemonset(d)] if d.dra_mps else []
-    return [agent_manifests.namespace(d), *agent_manifests.dra_manifests(d), *mps]
+    return [agent_manifests.namespace(d), agent_manifests.declarations_map(d),
+            *agent_manifests.dra_manifests(d), *mps]
+
+
+GPU_KIND = nd.dra_kind("gpu")
+
+
+def declared(node: str) -> nd.NodeDeclaration:
+    """What a lab node must publish: every GPU whole (the lab's GPUs, MIG off at the start)."""
+    return nd.NodeDeclaration(node, dra_devices={GPU_KIND: len(nodes.gpu_uuids(
+        load_spec().node(node)))})
 
 
 KUBELET_DP_CHECKPOINT = dra_switch.KUBELET_DEVICE_PLUGIN_CHECKPOINT
@@ -132,8 +156,10 @@ def deployed(api: Any, core: client.CoreV1Api, resource: client.ResourceV1Api
         leave_the_device_plugin(core, node)
     d = replace(agent.lab_deployment({}, GPUKIT_RECOVERY_SECONDS=str(RECOVERY_S),
                                      GPUKIT_HEALTH_PROBE_INTERVAL_SECONDS="1"), dra=True,
-                dra_mps=True)
+                dra_mps=True, declarations={n: declared(n).as_dict() for n in (A100, T4)})
     docs = dra_objects(d)
+    for node in (A100, T4):  # a condition an earlier module left would answer for the plugin
+        clear_declaration_condition(core, node)
     try:
         objects.apply(api, docs, field_manager="gpukit-lab")
         waits.daemonset_rolled_out(api, d.namespace, DRA_APP, 180)
@@ -144,6 +170,8 @@ def deployed(api: Any, core: client.CoreV1Api, resource: client.ResourceV1Api
         yield d
     finally:
         objects.delete(api, docs, wait=120)
+        for node in (A100, T4):  # the plugin is gone: nobody would keep it true
+            clear_declaration_condition(core, node)
 
 
 @pytest.fixture
@@ -1023,6 +1051,79 @@ def test_the_plugin_serves_every_gpus_metrics_and_a_claims_pod_labels(
         f"(namespace {NS}, container c0), observed {labels}"
     others = [x for _, x, _ in plugin_metrics(T4) if x["UUID"] != uuid and "pod" in x]
     assert not others, f"node {T4}: expected no pod on other GPUs, observed {others}"
+
+
+def declaration_gauges(node: str, kind: str = GPU_KIND) -> tuple[float | None, float | None]:
+    """(gpukit_node_gpus_declared, gpukit_node_gpus_served) of `kind` on the plugin's metrics."""
+    status, body = agent_http(node, "/metrics")
+    assert status == 200, f"node {node}: DRA plugin /metrics expected 200, observed {status}"
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(body):
+        for s in family.samples:
+            if s.name in ("gpukit_node_gpus_declared", "gpukit_node_gpus_served") and \
+                    s.labels.get("resource") == kind:
+                found[s.name] = s.value
+    return found.get("gpukit_node_gpus_declared"), found.get("gpukit_node_gpus_served")
+
+
+def serves_declared(core: client.CoreV1Api, node: str) -> client.V1NodeCondition | None:
+    """The node's condition when it is False and names the node's declared counts."""
+    c = declaration_condition(core, node)
+    counts = declared(node).counts()
+    if c is None or not nd.serves({"status": c.status, "message": c.message}, node, counts):
+        return None
+    return c
+
+
+def test_the_plugin_says_its_node_serves_its_declaration_and_a_lost_gpu_at_once(
+        deployed: AgentDeployment, core: client.CoreV1Api,
+        resource: client.ResourceV1Api) -> None:
+    """Served vs declared on a DRA node (issue 30), through the plugin's own status patch
+    (the agent's condition policy admits it): after setup each node's condition is False with
+    reason ServesDeclaration and names its declared counts, and the gauges agree; gpu-1 of
+    gpu-t4 lost (the mock's `lose`: NVML_ERROR_GPU_IS_LOST) raises the condition True with the
+    declared and served counts, a Warning Event and the served gauge within seconds; restored,
+    all clear: condition False again, a Normal Event, the gauges equal."""
+    for node in (A100, T4):
+        n = declared(node).counts()[GPU_KIND]
+        c = wait_for(f"node {node}: condition {nd.CONDITION_TYPE} False naming {GPU_KIND} {n}",
+                     lambda n_=node: serves_declared(core, n_), timeout=60,
+                     explain=lambda n_=node: f"observed {declaration_condition(core, n_)}\n"
+                                             f"{diagnose(n_)}")
+        assert c.reason == nd.REASON_OK, f"node {node}: reason expected {nd.REASON_OK}, " \
+            f"observed {c.reason}"
+        assert declaration_gauges(node) == (n, n), f"node {node}: gauges declared/served " \
+            f"expected ({n}, {n}), observed {declaration_gauges(node)}"
+    lab_node, gpu, n = load_spec().node(T4), 1, declared(T4).counts()[GPU_KIND]
+    cleared_before = len(declaration_events(core, T4, nd.EVENT_CLEARED))
+    lost = f"node {T4}: {GPU_KIND} declared {n}, served {n - 1}"
+    start = time.monotonic()
+    nodes.nvml_cli(lab_node, "lose", "--gpu", str(gpu))
+    try:
+        c = wait_for(f"node {T4}: condition True after GPU {gpu} lost",
+                     lambda: (x := declaration_condition(core, T4)) is not None
+                     and x.status == "True" and x, timeout=30,
+                     explain=lambda: f"observed {declaration_condition(core, T4)}\n"
+                                     f"{diagnose(T4)}")
+        raised = time.monotonic() - start
+        assert (c.reason, c.message) == (nd.REASON_DEVICES, lost), f"node {T4}: expected " \
+            f"{nd.REASON_DEVICES}: {lost!r}, observed {c.reason}: {c.message!r}"
+        wait_for(f"node {T4}: Warning Event {nd.EVENT_MISMATCH}",
+                 lambda: lost in declaration_events(core, T4, nd.EVENT_MISMATCH), timeout=10)
+        assert declaration_gauges(T4) == (n, n - 1), f"node {T4}: gauges expected " \
+            f"({n}, {n - 1}), observed {declaration_gauges(T4)}"
+        assert raised < 15, f"node {T4}: the condition took {raised:.1f} s"
+    finally:
+        nodes.nvml_cli(lab_node, "restore", "--gpu", str(gpu))
+    wait_for(f"node {T4}: condition False again naming {GPU_KIND} {n}",
+             lambda: serves_declared(core, T4), timeout=60,
+             explain=lambda: f"observed {declaration_condition(core, T4)}\n"
+                             f"{slice_devices(resource, T4).keys()}")
+    wait_for(f"node {T4}: Normal Event {nd.EVENT_CLEARED}",
+             lambda: len(declaration_events(core, T4, nd.EVENT_CLEARED)) > cleared_before,
+             timeout=10)
+    wait_for(f"node {T4}: gauges ({n}, {n}) again", lambda: declaration_gauges(T4) == (n, n),
+             timeout=10, explain=lambda: f"observed {declaration_gauges(T4)}")
 
 
 # The MIG manager's layouts for gpu-a100's GPU 0 (the inventory's gpukit_mig_configs shape).

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from gpukit import inventory
+from gpukit import agent_manifests, inventory
+from gpukit.contracts import node_declaration as nd
 from gpukit.contracts import plugin_config
 from gpukit.inventory import validate
 from gpukit.provision import agent, declaration, nodes, sharing, toolkit_config
@@ -165,10 +166,41 @@ def test_each_agent_s_declaration_is_the_check_s_answer_and_nodes_merge_by_name(
     assert agent.node_declaration(None, inputs(fact), "gpu-t4-01") == entry
     merged = agent.merge_declarations({h: agent.declaration_entry(f)
                                        for h, f in example.items()})
-    assert len(merged) == len([f for f in example.values() if f["gpu_allocation"] != "dra"])
+    assert len(merged) == len(example)
     other = {**entry, "resources": {"nvidia.com/gpu": 1}}
     with pytest.raises(agent.AgentSpecError, match="hosts a and b both declare node"):
         agent.merge_declarations({"a": entry, "b": other})
+
+
+def test_a_dra_node_s_declaration_counts_the_oracle_s_devices_by_kind(tmp_path: Path) -> None:
+    """A DRA node's entry (for its DRA plugin's watchdog): the oracle's expected_dra_devices
+    counted by kind, whole GPUs and MIG devices per profile; no resources, no config."""
+    inv = tmp_path / "inv"
+    (inv / "group_vars").mkdir(parents=True)
+    (inv / "hosts.yml").write_text("all:\n  children:\n    gpu_nodes:\n      hosts:\n        n1:\n")
+    (inv / "group_vars/gpu_nodes.yml").write_text(
+        "gpukit_gpu: {product: NVIDIA A100-SXM4-40GB, count: 2}\n"
+        "gpukit_gpu_allocation: dra\n"
+        "gpukit_mig_config: mixed\n"
+        "gpukit_mig_configs: {mixed: [{devices: [0], mig-enabled: true,\n"
+        "  mig-devices: {1g.5gb: 2, 3g.20gb: 1}}, {devices: [1], mig-enabled: false}]}\n")
+    fact = declaration.facts(inventory.check(inv))["n1"]
+    entry = agent.node_declaration(fact, inputs(fact), "n1")
+    assert entry == {"version": "v1", "node": "n1", "devicePluginConfig": "", "resources": {},
+                     "draDevices": {"gpu.nvidia.com/gpu": 1, "gpu.nvidia.com/mig-1g.5gb": 2,
+                                    "gpu.nvidia.com/mig-3g.20gb": 1}}
+    assert agent.merge_declarations({"n1": entry}) == {"n1": entry}
+    rendered = agent_manifests.declarations_config_map({"n1": entry}, "ns")["data"]["n1"]
+    assert nd.parse(rendered).dra_devices == entry["draDevices"]
+    # site.yml's last wait: the DRA plugin's condition names exactly these counts.
+    said = {"type": nd.CONDITION_TYPE, "status": "False",
+            "message": nd.served_message("n1", entry["draDevices"])}
+    node = {"metadata": {"name": "n1"}, "status": {"conditions": [said]}}
+    assert agent.dra_declaration_served(node, fact["expected_dra_devices"])
+    assert not agent.dra_declaration_served(node, fact["expected_dra_devices"][1:])
+    assert not agent.dra_declaration_served(
+        {**node, "status": {"conditions": [{**said, "status": "True"}]}},
+        fact["expected_dra_devices"])
 
 
 def test_a_limited_run_keeps_the_other_nodes_declarations() -> None:

@@ -84,15 +84,18 @@ def _conditions(t: dt.datetime) -> list[dict[str, str]]:
 
 def node_status(decl: inv.NodeDecl, address: str, t: dt.datetime) -> dict[str, Any]:
     gpus = {r: str(n) for r, n in expect.expected_resources(decl).items() if n > 0}
+    served = (nd.dra_counts(inv.expected_dra_devices(decl)) if decl.dra
+              else {r: int(n) for r, n in gpus.items()})
     return {
         "capacity": {**HOST_RESOURCES, **gpus},
         "allocatable": {**HOST_RESOURCES, **gpus},
-        # As the node agent sets it where the node serves its declaration (served vs declared);
-        # a DRA node runs no agent.
-        "conditions": _conditions(t) + ([] if decl.dra else [
+        # As the node agent (a DRA node's DRA plugin, counting its devices by kind) sets it
+        # where the node serves its declaration (served vs declared).
+        "conditions": [
+            *_conditions(t),
             {"type": nd.CONDITION_TYPE, "status": "False", "reason": nd.REASON_OK,
-             "message": nd.served_message(decl.node_name, {r: int(n) for r, n in gpus.items()}),
-             "lastHeartbeatTime": _stamp(t), "lastTransitionTime": _stamp(t)}]),
+             "message": nd.served_message(decl.node_name, served),
+             "lastHeartbeatTime": _stamp(t), "lastTransitionTime": _stamp(t)}],
         "addresses": [
             {"type": "InternalIP", "address": address},
             {"type": "Hostname", "address": decl.node_name},

@@ -5,7 +5,8 @@ It needs the node's name (NODE_NAME), a Kubernetes API (in-cluster ServiceAccoun
 --kubeconfig) to read ResourceClaims and write the node's ResourceSlices, the kubelet's
 plugins_registry/ and plugins/gpu.nvidia.com/ directories, and the CDI spec directory
 containerd reads. On a DRA node it also serves the node agent's GPU metrics and /readyz
-(--metrics-address; the kubelet's pod-resources socket for their pod labels). Signals:
+(--metrics-address; the kubelet's pod-resources socket for their pod labels) and reports, as
+the agent does, whether the node serves its declaration (--declaration-dir). Signals:
 SIGUSR1 rescans the GPUs (e.g. after a MIG change), SIGTERM/SIGINT stop cleanly (sockets
 removed; prepared claims and their CDI specs stay for the next start).
 Exit codes: 0 stopped, 1 startup failed.
@@ -89,6 +90,10 @@ def build_parser(prog: str = "gpukit-dra-plugin") -> argparse.ArgumentParser:
     p.add_argument("--shares", type=int, default=env("GPUKIT_DRA_SHARES") or None,
                    help="claims sharing each device (consumable capacity), 0 for none; default: "
                         f"the node's label {DRA_SHARES} (gpukit_dra_shares) [GPUKIT_DRA_SHARES]")
+    p.add_argument("--declaration-dir", default=env("GPUKIT_DECLARATION_DIR") or None,
+                   help="directory of the nodes' declarations (a mounted ConfigMap, one entry "
+                        "per node name): the plugin compares the healthy devices it publishes "
+                        "with its own node's and reports a mismatch [GPUKIT_DECLARATION_DIR]")
     p.add_argument("--log-level", default=env("GPUKIT_LOG_LEVEL", "INFO"))
     return p
 
@@ -139,7 +144,8 @@ def _main(argv: list[str] | None, prog: str) -> int:
         cdi_dir=args.cdi_spec_dir, rescan_interval=args.rescan_interval,
         health=HealthSettings(recovery_seconds=args.health_recovery_seconds,
                               probe_interval_seconds=args.health_probe_interval),
-        mps_daemons=args.mps_daemons, shares=args.shares)
+        mps_daemons=args.mps_daemons, shares=args.shares,
+        declaration_dir=args.declaration_dir)
     if args.pod_resources_socket:
         options.pod_resources_socket = args.pod_resources_socket
     try:

@@ -9,7 +9,11 @@ list changed; every `resync_interval` it makes sure the API still holds its slic
 kubelet wipes a driver's slices when its plugin was gone for a while). The gRPC sockets are
 served again when someone removed them.
 
-A DRA node runs no node agent, so this process serves the agent's GPU metrics (dcgm-exporter's
+A DRA node runs no node agent, so this process runs the agent's served-vs-declared watchdog
+(gpukit/plugin/declaration_watch.py: its node's declaration entry, `declaration_dir`, against
+the healthy devices it publishes, after every loop turn: the node condition
+GpuDeclarationMismatch, an Event, the gauges gpukit_node_gpus_declared/served) and serves the
+agent's GPU metrics (dcgm-exporter's
 names, gpukit/plugin/gpu_metrics.py; a MIG device a claim holds attributed through the names it
 publishes) and its /readyz (`metrics`, served by the CLI). Scrapes run on the HTTP server's
 threads and take the agent's lock only to copy the device lists: a slow NVML query or
@@ -41,6 +45,7 @@ from gpukit.contracts.dra import (
 from gpukit.contracts.plugin_config import DEFAULT_MPS_ROOT, HealthSettings
 
 from .. import cdi, node_api, nvml, podresources
+from ..declaration_watch import DeclarationWatch
 from ..devices import NodeDevices
 from ..gpu_metrics import GpuMetricsCollector, GpuMetricsSources
 from ..health import HealthMonitor, HealthTracker, effective_ignored_xids
@@ -49,6 +54,7 @@ from ..mps_requests import mps_control
 from ..nvml import compute_mode
 from ..nvml.mig import PynvmlBackend as MigReader
 from ..resources import Unit
+from ..served import Served, Verdict, dra_served
 from . import device_taints, nvidia_claims
 from .checkpoint import open_checkpoint
 from .health_stream import DeviceState, HealthBoard, HealthService
@@ -85,6 +91,8 @@ class KubeletPluginOptions:
     # gpukit.io/dra.shares says (gpukit_dra_shares, set by the node_labels role), re-read at
     # every rescan; 0: not shared, whatever the label says.
     shares: int | None = None
+    # The nodes' declarations (a mounted ConfigMap, one entry per node): served vs declared.
+    declaration_dir: str | None = None
 
 
 def placements(devices: NodeDevices, reader: MigReader) -> dict[tuple[str, int], Placement]:
@@ -139,6 +147,11 @@ class DraKubeletPlugin:
                                if options.health_stream else None)
         self.server = self._new_server()
         self._published: list[dict[str, Any]] | None = None
+        self._healthy: list[dict[str, Any]] = []  # bodies of the healthy devices published
+        self.declaration = DeclarationWatch(
+            options.declaration_dir, options.node, self.metrics,
+            None if api_client is None else node_api.NodeClient(
+                core=client.CoreV1Api(api_client), component=COMPONENT), dra=True)
         self._mig_reader = MigReader()
         self._shares = 0  # the node label's last good value
         self.taint_clock = device_taints.TaintClock()
@@ -177,6 +190,19 @@ class DraKubeletPlugin:
         if problems:
             return False, "; ".join(problems)
         return True, f"registered, {len(published or [])} device(s) published"
+
+    def served(self) -> Served:
+        """What the node serves for the served-vs-declared watchdog: the healthy devices of
+        the last publication, by kind (a tainted device is published but not served)."""
+        with self._lock:
+            return dra_served(self._healthy)
+
+    def check_declaration(self) -> Verdict | None:
+        """Served vs declared, reported (declaration_watch.py); once the slices are published,
+        as they are what the node serves."""
+        if self._published is None:
+            return None
+        return self.declaration.check(self.served)
 
     def _units(self) -> Mapping[str, Unit]:
         with self._lock:
@@ -302,6 +328,8 @@ class DraKubeletPlugin:
                     self._why_unhealthy(d))
         self.publisher.sync(bodies)
         self._published = bodies
+        with self._lock:
+            self._healthy = [d.body for d in current if d.name in names]
         self.metrics.set_unit_health((d.unit.uuid, d.name in names) for d in current)
 
     def _why_unhealthy(self, d: SliceDevice) -> str:
@@ -346,6 +374,10 @@ class DraKubeletPlugin:
                     self.server.start()
             except Exception:  # the agent keeps serving prepared claims whatever fails here
                 log.exception("DRA agent loop")
+            try:  # also when a rescan failed: the slices published are still what is served
+                self.check_declaration()
+            except Exception:
+                log.exception("served vs declared")
             self._rescan.wait(1.0)
 
     def stop(self) -> None:

@@ -37,6 +37,8 @@ def test_rbac_reads_claims_and_its_node_and_writes_slices_and_events_only() -> N
     assert rules == [
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},  # gpukit.io/dra.shares
+        # Its served-vs-declared condition (the agent's condition policy narrows it).
+        {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
          "verbs": ["get", "list", "watch", "create", "update", "delete"]},
         # NVIDIA's claims taken over or refused, on the node (nvidia_claims.py)
@@ -81,6 +83,28 @@ def test_the_daemonset_is_hardened_and_mounts_only_the_dra_paths() -> None:
     assert "/usr/bin" not in {v["hostPath"]["path"] for v in agent["volumes"] if "hostPath" in v}
     whole = objects(driver_root="/run/nvidia/driver")[("DaemonSet", "gpukit-dra-plugin")]
     assert "driver-bin" not in {v["name"] for v in whole["spec"]["template"]["spec"]["volumes"]}
+
+
+def test_the_plugin_reads_the_declarations_and_may_set_only_its_nodes_condition() -> None:
+    """Served vs declared on a DRA node: the declarations ConfigMap mounted read-only (optional:
+    the plugin starts without it) and named to the plugin; the agent's condition policy admits
+    the plugin's ServiceAccount too, and only where the DRA objects are deployed."""
+    ds = objects()[("DaemonSet", "gpukit-dra-plugin")]["spec"]["template"]["spec"]
+    c = ds["containers"][0]
+    assert {"name": "declarations", "configMap": {
+        "name": "gpukit-node-agent-declarations", "optional": True}} in ds["volumes"]
+    assert {"name": "declarations", "mountPath": "/etc/gpukit/declarations",
+            "readOnly": True} in c["volumeMounts"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["GPUKIT_DECLARATION_DIR"] == "/etc/gpukit/declarations"
+    policy = ("ValidatingAdmissionPolicy", "gpukit-node-agent-own-node-condition")
+    who = objects()[policy]["spec"]["matchConditions"][0]["expression"]
+    assert who == ("request.userInfo.username in ["
+                   "'system:serviceaccount:gpukit-system:gpukit-node-agent', "
+                   "'system:serviceaccount:gpukit-system:gpukit-dra-plugin']")
+    plain = {(o["kind"], o["metadata"]["name"]): o
+             for o in deploy.manifests(deploy.AgentDeployment(image="img:1"))}
+    assert "gpukit-dra-plugin" not in plain[policy]["spec"]["matchConditions"][0]["expression"]
 
 
 def test_the_daemonset_serves_the_agents_metrics_and_readiness() -> None:

@@ -40,6 +40,11 @@ def dra_node_serves(slices, expected):
 
 
 @gk.gpukit_filter
+def dra_declaration_served(node, expected):
+    return agent.dra_declaration_served(node or {}, expected or [])
+
+
+@gk.gpukit_filter
 def expected_dra_devices(hostvars, host, *, declaration=None):
     return agent.expected_dra_devices(declaration, hostvars, host)
 
@@ -48,4 +53,5 @@ class FilterModule:
     def filters(self):
         return gk.filter_map(merge_plugin_configs, merge_agent_declarations,
                              keep_other_declarations, agent_declaration,
-                             device_plugin_node_serves, dra_node_serves, expected_dra_devices)
+                             device_plugin_node_serves, dra_node_serves, dra_declaration_served,
+                             expected_dra_devices)
