@@ -79,7 +79,8 @@ def test_the_agent_s_declaration_condition_agrees(gpukit_suite: Any, node: str,
     exactly while the node's allocatable differs from the declaration or its selected config is
     refused (nvidia.com/device-plugin.config.state=failed), False otherwise."""
     if need_decl(gpukit_suite, node).dra:
-        check.skip("gpukit_gpu_allocation dra: no node agent, no GpuDeclarationMismatch condition")
+        check.skip("gpukit_gpu_allocation dra: no node agent (the dra area checks the DRA "
+                   "plugin's GpuDeclarationMismatch condition)")
     expected = need_expected(gpukit_suite, node)
     obj = gpukit_suite.kube.node(node)
     served = {r: n for r, n in allocatable(obj).items() if n > 0}

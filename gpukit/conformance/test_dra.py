@@ -29,6 +29,7 @@ from gpukit.conformance import expect
 from gpukit.conformance.checks import Check
 from gpukit.conformance.cluster import PodState, pod_manifest
 from gpukit.conformance.common import need_decl
+from gpukit.contracts import node_declaration as nd
 from gpukit.contracts.cncf_ai_conformance import SECURE_ACCELERATOR_ACCESS
 from gpukit.contracts.dra import (
     GPU_CLASS,
@@ -118,6 +119,35 @@ def test_slices_equal_the_declaration(gpukit_suite: Any, node: str, check: Check
                    attrs.get("uuid", "absent"), DRIVER)
         capacity = {k: v.get("value") for k, v in (device.get("capacity") or {}).items()}
         check.subset(f"{what} capacity", w.capacity(), capacity, DRIVER)
+    check.verify()
+
+
+def test_the_dra_plugin_s_declaration_condition_agrees(gpukit_suite: Any, node: str,
+                                                       check: Check) -> None:
+    """On a DRA node the DRA plugin reports served vs declared as the agent does elsewhere:
+    its condition GpuDeclarationMismatch is True exactly while the devices it publishes
+    untainted (by kind: whole GPUs, MIG devices per profile) differ from the declaration,
+    False otherwise."""
+    decl = _need_dra(gpukit_suite, node, check)
+    declared = nd.dra_counts({"type": d.type, "profile": d.profile}
+                             for d in expect.expected_dra_devices(decl))
+    served: Counter[str] = Counter()
+    for d in slice_devices(node_slices(gpukit_suite.kube.api_client, node)):
+        if any(t.get("effect") in ("NoSchedule", "NoExecute") for t in d.get("taints") or []):
+            continue
+        attrs = d.get("attributes") or {}
+        served[nd.dra_kind(str((attrs.get("type") or {}).get("string") or ""),
+                           str((attrs.get("profile") or {}).get("string") or "") or None)] += 1
+    want = "True" if dict(served) != declared else "False"
+    found = f"published {dict(sorted(served.items()))}, declared {declared}"
+    obj = gpukit_suite.kube.node(node)
+    cond = next((c for c in (obj.status.conditions or []) if c.type == nd.CONDITION_TYPE), None)
+    what = f"condition {nd.CONDITION_TYPE}"
+    if cond is None:
+        check.record(what, f"{want} ({found})", "absent: the DRA plugin reports none", False)
+    else:
+        check.true(what, cond.status == want, f"{want} ({found})",
+                   f"{cond.status} ({cond.reason}: {cond.message})")
     check.verify()
 
 
