@@ -11,6 +11,10 @@ over the lab bridge at their declared addresses, with gpukit's alert rules.
 - a pod working on a GPU: the PromQL query for its pod answers its utilisation with its
   pod, namespace and container;
 - an XID injected into gpu-t4's driver: GpuCriticalXid fires in Prometheus (ALERTS);
+- the scraper's ServiceAccount deleted (its token Secret with it, the token revoked: both agents
+  down in Prometheus): --check --diff reports the identity, the Secret and the token file
+  changed without waiting for a token check mode does not make, and changes nothing; a run
+  makes a new token, writes it, and Prometheus has both agents up again without a reload;
 - site.yml again changes nothing (the token is the one it wrote); --check --diff with another
   scrape interval, and with `gpukit_metrics_auth: none`, reports the config (the token file's
   removal) and the reload changed and leaves the files as they were; a bad gpukit_metrics_port is
@@ -20,6 +24,7 @@ over the lab bridge at their declared addresses, with gpukit's alert rules.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import re
 import time
@@ -90,8 +95,25 @@ def scrape_status(spec: LabSpec, target: str, token: str | None) -> int:
 
 
 def scraper_token(core: client.CoreV1Api) -> str:
+    """A digest of the scraper's token (a failing assert never prints the token itself)."""
     secret = core.read_namespaced_secret(telemetry_manifests.TOKEN_SECRET, AGENT_NS)
-    return base64.b64decode(secret.data["token"]).decode()
+    return digest(base64.b64decode(secret.data["token"]).decode())
+
+
+def digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def token_file(spec: LabSpec) -> str:
+    """A digest of the token file on gpu-t4."""
+    return digest(node_sh(spec, T4, f"cat {TOKEN_FILE}"))
+
+
+def leaked(result: PlayResult, core: client.CoreV1Api) -> bool:
+    """Whether the scraper's token is anywhere in a play's task results or messages."""
+    secret = core.read_namespaced_secret(telemetry_manifests.TOKEN_SECRET, AGENT_NS)
+    token = base64.b64decode(secret.data["token"]).decode()
+    return token in json.dumps(result.results) + result.stderr
 
 
 def add_monitoring_host(inventory: Path) -> None:
@@ -148,8 +170,9 @@ def test_prometheus_scrapes_with_the_scraper_s_token_and_nothing_else_would_do(l
               ["scrape_configs"] if j["job_name"] == "gpukit-node-agent"]
     assert job["authorization"] == {"type": "Bearer", "credentials_file": TOKEN_FILE}, job
     assert node_sh(lab.spec, T4, f"stat -c '%U:%G %a' {TOKEN_FILE}").strip() == "root:prometheus 640"
-    token = scraper_token(lab.core)
-    assert node_sh(lab.spec, T4, f"cat {TOKEN_FILE}") == token
+    assert token_file(lab.spec) == scraper_token(lab.core)
+    secret = lab.core.read_namespaced_secret(telemetry_manifests.TOKEN_SECRET, AGENT_NS)
+    token = base64.b64decode(secret.data["token"]).decode()
     # The scraper may get nodes/metrics and nothing more.
     rbac = client.RbacAuthorizationV1Api()
     role = rbac.read_cluster_role(telemetry_manifests.SCRAPER)
@@ -165,7 +188,7 @@ def test_prometheus_scrapes_with_the_scraper_s_token_and_nothing_else_would_do(l
         assert scrape_status(lab.spec, target, None) == 401, target
         assert scrape_status(lab.spec, target, token) == 200, target
     # No task's output carries the token (no_log on every task that holds it).
-    assert token not in json.dumps(lab.first.results) + lab.first.stderr
+    assert not leaked(lab.first, lab.core)
 
 
 def test_promql_answers_a_working_pod_s_utilisation_with_its_labels(
@@ -206,13 +229,55 @@ def test_an_injected_xid_fires_gpu_critical_xid_in_prometheus(lab: Lab) -> None:
         nodes.nvml_cli(node, "reset", "--gpu", "1")
 
 
+def agents_up(spec: LabSpec) -> dict[str, str]:
+    return {r["metric"]["node"]: r["value"][1]
+            for r in promql(spec, 'up{job="gpukit-node-agent"}')}
+
+
+def test_a_new_scraper_is_planned_then_made_and_its_token_written(lab: Lab) -> None:
+    # The ServiceAccount deleted: the token controller deletes its token Secret, the token dies
+    # with them, and both agents refuse Prometheus' next scrapes. (A Secret re-made for the same
+    # ServiceAccount would get the very same token: the legacy token names only the account,
+    # its uid and the Secret.)
+    old = scraper_token(lab.core)
+    lab.core.delete_namespaced_service_account(telemetry_manifests.SCRAPER, AGENT_NS)
+    wait_for("the scraper's token Secret gone with its ServiceAccount",
+             lambda: telemetry_manifests.TOKEN_SECRET not in {
+                 s.metadata.name for s in lab.core.list_namespaced_secret(AGENT_NS).items},
+             timeout=60)
+    wait_for("both agents down without a valid token",
+             lambda: agents_up(lab.spec) == {A100: "0", T4: "0"}, timeout=120, every=2,
+             retry_on=NOT_YET)
+    # Check mode: what a run would make, without waiting for a token it does not make. The
+    # token file is reported as it would change (the new token is not known before it exists).
+    plan = lab.play("--check", "--diff", "--tags", "gpu_telemetry")
+    assert plan.rc == 0, plan.describe()
+    assert sorted(t for tasks in plan.changed.values() for t in tasks) == [
+        "Apply the scraper's ServiceAccount, ClusterRole and binding",
+        "Apply the scraper's token Secret", "Write the scraper's token for Prometheus"], \
+        plan.describe()
+    assert token_file(lab.spec) == old
+    assert telemetry_manifests.SCRAPER not in {
+        a.metadata.name for a in lab.core.list_namespaced_service_account(AGENT_NS).items}
+    made = lab.play("--tags", "gpu_telemetry")
+    assert made.rc == 0, made.describe()
+    new = scraper_token(lab.core)
+    assert new != old and token_file(lab.spec) == new
+    assert "Reload prometheus" not in made.changed.get(T4, []), made.describe()
+    # Prometheus reads the file at each scrape: up again with no reload.
+    wait_for("both agents up with the new token",
+             lambda: agents_up(lab.spec) == {A100: "1", T4: "1"}, timeout=120, every=2,
+             retry_on=NOT_YET)
+    assert not leaked(made, lab.core)
+
+
 def test_a_second_run_changes_nothing(lab: Lab) -> None:
     token = scraper_token(lab.core)
     again = lab.play()
     assert again.rc == 0, again.describe()
     assert {h: t for h, t in again.changed.items() if t} == {}, again.describe()
-    assert scraper_token(lab.core) == token == node_sh(lab.spec, T4, f"cat {TOKEN_FILE}")
-    assert token not in json.dumps(again.results) + again.stderr
+    assert scraper_token(lab.core) == token == token_file(lab.spec)
+    assert not leaked(again, lab.core)
 
 
 def test_check_mode_reports_drift_and_bad_input_is_refused(lab: Lab) -> None:
@@ -226,7 +291,7 @@ def test_check_mode_reports_drift_and_bad_input_is_refused(lab: Lab) -> None:
         drift.describe()
     assert node_sh(lab.spec, T4, config) == before == "  scrape_interval: 5s\n"
     # auth none: the config without the token, and no token file left behind; nothing yet.
-    token_before = node_sh(lab.spec, T4, f"cat {TOKEN_FILE}")
+    token_before = token_file(lab.spec)
     open_ = lab.play("--check", "--diff", "--tags", "gpu_telemetry", gpukit_metrics_auth="none")
     assert open_.rc == 0, open_.describe()
     assert {h: t for h, t in open_.changed.items() if t} == {T4: [
@@ -234,7 +299,7 @@ def test_check_mode_reports_drift_and_bad_input_is_refused(lab: Lab) -> None:
         "Remove the scraper's token when no token is sent", "Reload prometheus"]}, \
         open_.describe()
     assert "credentials_file" in node_sh(lab.spec, T4, "cat /etc/prometheus/prometheus.yml")
-    assert node_sh(lab.spec, T4, f"cat {TOKEN_FILE}") == token_before
+    assert token_file(lab.spec) == token_before
     bad = lab.play("--tags", "gpu_telemetry", gpukit_metrics_port="x")
     assert bad.rc != 0
     message = " ".join(" ".join(t) for t in bad.failed.values())
