@@ -1,6 +1,7 @@
 """The telemetry role's inputs from the play: the agent's metrics address, and the config of a
 Prometheus on the monitoring hosts (`gpukit_metrics_prometheus: host`) that scrapes every GPU
-node's agent where the inventory declares it.
+node's agent where the inventory declares it, with the scraper's token (read from a file beside
+the config, TOKEN_FILE) when `gpukit_metrics_auth` is `kubernetes`.
 
 Each GPU host's `gpukit_metrics_*` are read from the preflight's `gpukit_declaration` fact when
 it has them, otherwise validated now by the inventory model (gpukit.inventory.metrics)."""
@@ -14,6 +15,7 @@ import yaml
 
 from gpukit import monitoring, telemetry_manifests
 from gpukit.agent_manifests import APP
+from gpukit.contracts import metrics_auth
 from gpukit.inventory import InventoryError
 from gpukit.inventory import metrics as inv_metrics
 from gpukit.inventory.problems import MISSING, Problem
@@ -22,6 +24,7 @@ from gpukit.provision.declaration import FACT
 VARIABLES = inv_metrics.VARIABLES
 JOB = APP  # the job the alert rules select: up{job="gpukit-node-agent"}
 RULES_FILE = "gpukit-gpu-alerts.rules.yml"  # beside prometheus.yml
+TOKEN_FILE = f"{telemetry_manifests.SCRAPER}.token"  # beside prometheus.yml: the scraper's token
 
 
 def host_metrics(host: str, hostvars: Mapping[str, Any]) -> inv_metrics.MetricsDecl:
@@ -77,27 +80,53 @@ def cluster(gpu_hosts: Sequence[str], hostvars: Mapping[str, Mapping[str, Any]]
     return (decls[0][1] if decls else inv_metrics.MetricsDecl()).as_dict()
 
 
-def operator_manifests(namespace: str, mode: str, port: int, interval: str
-                       ) -> list[dict[str, Any]]:
-    """The Prometheus operator's objects (telemetry_manifests), bad input named."""
+def _refused(e: ValueError) -> InventoryError:
+    return InventoryError([Problem(None, "gpu_telemetry", MISSING, str(e))])
+
+
+def operator_manifests(namespace: str, mode: str, port: int, interval: str,
+                       auth: str = metrics_auth.AUTH_KUBERNETES) -> list[dict[str, Any]]:
+    """The Prometheus operator's objects (telemetry_manifests.operator_objects), bad input
+    named. With auth `kubernetes` they read the token of scraper(namespace)'s Secret."""
     try:
-        return telemetry_manifests.manifests(namespace, mode, port, interval)
+        return telemetry_manifests.operator_objects(namespace, mode, port, interval, auth)
     except ValueError as e:
-        raise InventoryError([Problem(None, "gpu_telemetry", MISSING, str(e))]) from e
+        raise _refused(e) from e
+
+
+def scraper(namespace: str) -> list[dict[str, Any]]:
+    """The scraper's ServiceAccount, ClusterRole, binding and token Secret, bad input named."""
+    try:
+        return telemetry_manifests.scraper(namespace)
+    except ValueError as e:
+        raise _refused(e) from e
 
 
 def prometheus_config(gpu_hosts: Sequence[str], hostvars: Mapping[str, Mapping[str, Any]],
-                      rules_dir: str = "/etc/prometheus") -> str:
-    """prometheus.yml: gpukit's alert rules and one job over every GPU node's agent."""
+                      rules_dir: str = "/etc/prometheus", auth: str | None = None) -> str:
+    """prometheus.yml: gpukit's alert rules and one job over every GPU node's agent. `auth`
+    (default: the GPU hosts' gpukit_metrics_auth) `kubernetes` sends the bearer token read from
+    TOKEN_FILE in `rules_dir` (Prometheus reads it at each scrape: a new token needs no reload;
+    promtool's config check needs the file to exist)."""
     static = targets(gpu_hosts, hostvars)
-    interval = (host_metrics(gpu_hosts[0], hostvars[gpu_hosts[0]]).scrape_interval
-                if gpu_hosts else inv_metrics.DEFAULT_INTERVAL)
+    first = host_metrics(gpu_hosts[0], hostvars[gpu_hosts[0]]) if gpu_hosts else None
+    interval = first.scrape_interval if first else inv_metrics.DEFAULT_INTERVAL
+    if auth is None:
+        auth = first.auth if first else metrics_auth.AUTH_KUBERNETES
+    if auth not in metrics_auth.MODES:
+        raise _refused(ValueError(f"auth {auth!r} is not one of {', '.join(metrics_auth.MODES)}"))
+    config_dir = rules_dir.rstrip("/")
+    job: dict[str, Any] = {"job_name": JOB, "metrics_path": "/metrics"}
+    if auth == metrics_auth.AUTH_KUBERNETES:
+        job["authorization"] = {"type": "Bearer",
+                                "credentials_file": f"{config_dir}/{TOKEN_FILE}"}
+    job["static_configs"] = static
     doc = {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
-        "rule_files": [f"{rules_dir.rstrip('/')}/{RULES_FILE}"],
+        "rule_files": [f"{config_dir}/{RULES_FILE}"],
         "scrape_configs": [
             {"job_name": "prometheus", "static_configs": [{"targets": ["localhost:9090"]}]},
-            {"job_name": JOB, "metrics_path": "/metrics", "static_configs": static},
+            job,
         ],
     }
     header = "# Written by gpukit.gpu.gpu_telemetry from the inventory's gpukit_metrics_*.\n"

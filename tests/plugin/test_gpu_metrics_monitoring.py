@@ -20,6 +20,7 @@ import yaml
 from prometheus_client import generate_latest
 
 from gpukit import monitoring, telemetry_manifests
+from gpukit.contracts import metrics_auth
 from gpukit.plugin import gpu_metrics
 from gpukit.plugin.metrics import PluginMetrics
 
@@ -176,22 +177,64 @@ def test_the_dashboard_names_only_metrics_the_agent_exports() -> None:
 
 
 def test_operator_objects_select_the_agent_and_carry_rules_and_dashboard() -> None:
-    pm, rule, dash = telemetry_manifests.manifests("gpu-ops")
+    pm, rule, dash = telemetry_manifests.operator_objects("gpu-ops", auth="none")
     assert pm["kind"] == "PodMonitor" and pm["metadata"]["namespace"] == "gpu-ops"
     assert pm["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name":
                                                      "gpukit-node-agent"}
     (endpoint,) = pm["spec"]["podMetricsEndpoints"]
     assert endpoint["port"] == "metrics" and endpoint["relabelings"][0]["targetLabel"] == "node"
+    assert "authorization" not in endpoint  # auth none: the agent answers anyone
     assert telemetry_manifests.JOB == "gpukit-node-agent"  # what the rules select
     assert any('job="gpukit-node-agent"' in r["expr"] for r in rules())
     assert rule["spec"]["groups"] == yaml.safe_load(monitoring.text(monitoring.RULES))["groups"]
     assert dash["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(dash["data"]["gpukit-gpus.json"]) == dashboard()
-    svc, sm, _, _ = telemetry_manifests.manifests(mode="servicemonitor", port=9500,
-                                                  interval="15s")
+    svc, sm, _, _ = telemetry_manifests.operator_objects(mode="servicemonitor", port=9500,
+                                                         interval="15s", auth="none")
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["ports"][0]["port"] == 9500
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     assert sm["spec"]["endpoints"][0]["interval"] == "15s"
+    assert "authorization" not in sm["spec"]["endpoints"][0]
+    assert telemetry_manifests.manifests("gpu-ops", auth="none") == [pm, rule, dash]
+
+
+def test_the_scraper_may_get_nodes_metrics_and_nothing_else() -> None:
+    sa, role, binding, secret = telemetry_manifests.scraper("gpu-ops")
+    assert (sa["kind"], sa["metadata"]["name"], sa["metadata"]["namespace"]) == (
+        "ServiceAccount", "gpukit-metrics-scraper", "gpu-ops")
+    # Exactly the attributes the agent's SubjectAccessReview asks (as the kubelet's /metrics).
+    assert role["kind"] == "ClusterRole"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes/metrics"],
+                              "verbs": ["get"]}]
+    assert (metrics_auth.VERB, f"{metrics_auth.RESOURCE}/{metrics_auth.SUBRESOURCE}") == (
+        "get", "nodes/metrics")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
+                                  "kind": "ClusterRole", "name": role["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpukit-metrics-scraper",
+                                    "namespace": "gpu-ops"}]
+    # A long-lived token the token controller writes under `token` (no data of its own: an
+    # apply never overwrites the token it holds).
+    assert secret["type"] == "kubernetes.io/service-account-token" and "data" not in secret
+    assert secret["metadata"]["annotations"] == {
+        "kubernetes.io/service-account.name": "gpukit-metrics-scraper"}
+    assert secret["metadata"]["namespace"] == "gpu-ops"
+
+
+@pytest.mark.parametrize(("mode", "endpoints"), [("podmonitor", "podMetricsEndpoints"),
+                                                 ("servicemonitor", "endpoints")])
+def test_with_kubernetes_auth_each_scrape_sends_the_scraper_s_token(
+        mode: str, endpoints: str) -> None:
+    objects = telemetry_manifests.manifests("gpu-ops", mode)  # auth kubernetes: the default
+    kinds = [o["kind"] for o in objects]
+    assert kinds[:4] == ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Secret"], kinds
+    secret = objects[3]
+    (monitor,) = [o for o in objects if o["kind"].endswith("Monitor")]
+    (endpoint,) = monitor["spec"][endpoints]
+    # The operator's SafeAuthorization: a key of a Secret in the monitor's own namespace.
+    assert endpoint["authorization"] == {
+        "type": "Bearer", "credentials": {"name": secret["metadata"]["name"], "key": "token"}}
+    assert monitor["metadata"]["namespace"] == secret["metadata"]["namespace"] == "gpu-ops"
+    assert objects[4:] == telemetry_manifests.operator_objects("gpu-ops", mode)
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -200,10 +243,16 @@ def test_operator_objects_select_the_agent_and_carry_rules_and_dashboard() -> No
     ({"port": "9402"}, "port '9402'"),
     ({"interval": "30"}, "interval '30'"),
     ({"mode": "scrape-config"}, "mode 'scrape-config'"),
+    ({"auth": "tls"}, "auth 'tls' is not one of kubernetes, none"),
 ])
 def test_bad_input_is_refused_naming_the_field(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         telemetry_manifests.manifests(**kwargs)
+
+
+def test_the_scraper_refuses_a_bad_namespace() -> None:
+    with pytest.raises(ValueError, match=re.escape("namespace 'GPU_ops'")):
+        telemetry_manifests.scraper("GPU_ops")
 
 
 def test_monitoring_names_its_files() -> None:

@@ -45,6 +45,9 @@ LIBRARY_CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
     ),
     ("gpu_telemetry", "gpu_telemetry_prometheus"): ("gpukit.inventory.metrics:PROMETHEUS_MODES",),
     ("gpu_telemetry", "gpu_telemetry_operator_scrape"): ("gpukit.telemetry_manifests:MODES",),
+    ("gpu_telemetry", "gpu_telemetry_auth"): (
+        "gpukit.inventory.metrics:AUTH_MODES", "gpukit.telemetry_manifests:AUTH_MODES",
+    ),
     ("node_labels", "node_labels_gpu_allocation"): (
         "gpukit.inventory.model:GPU_ALLOCATIONS", "gpukit.provision.nodes:GPU_ALLOCATIONS",
     ),

@@ -42,7 +42,8 @@ ALLOWED: dict[str, set[str]] = {
     # Alert rules and the dashboard (package data) over the agent's metrics; the Prometheus
     # operator's objects for them (PodMonitor, ServiceMonitor, PrometheusRule).
     "gpukit.monitoring": set(),
-    "gpukit.telemetry_manifests": {"gpukit.agent_manifests", "gpukit.monitoring"},
+    "gpukit.telemetry_manifests": {"gpukit.agent_manifests", "gpukit.contracts",
+                                   "gpukit.monitoring"},
     # The model refuses what the roles would through the rules both share below them
     # (contracts.nvidia_driver, contracts.runtime_hardening), never through provisioning.
     "gpukit.inventory": {"gpukit.contracts", "gpukit.mig"},
@@ -50,8 +51,10 @@ ALLOWED: dict[str, set[str]] = {
     "gpukit.inventory.check": {"gpukit.contracts", "gpukit.inventory", "gpukit.conformance.expect"},
     "gpukit.provision": {"gpukit.contracts", "gpukit.mig", "gpukit.plugin",
                          "gpukit.agent_manifests", "gpukit.inventory", "gpukit"},
-    # The telemetry role's Prometheus config carries the shipped alert rules.
-    "gpukit.provision.telemetry": {"gpukit.agent_manifests", "gpukit.inventory", "gpukit",
+    # The telemetry role's Prometheus config carries the shipped alert rules (and the scraper's
+    # token where the agents review it: contracts.metrics_auth).
+    "gpukit.provision.telemetry": {"gpukit.contracts", "gpukit.agent_manifests",
+                                   "gpukit.inventory", "gpukit",
                                    "gpukit.provision", "gpukit.monitoring",
                                    "gpukit.telemetry_manifests"},
     "gpukit.manifests": {"gpukit.contracts", "gpukit.inventory", "gpukit.provision"},

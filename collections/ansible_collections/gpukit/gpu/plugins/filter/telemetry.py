@@ -1,5 +1,6 @@
 """gpukit.gpu filters for the GPU telemetry (gpukit.provision.telemetry): the agent's metrics
-address for the device_plugin role's DaemonSet, and the Prometheus config of role gpu_telemetry.
+address and auth for the device_plugin role's DaemonSet; role gpu_telemetry's Prometheus config,
+operator objects and the scraper's identity.
 Documentation: <filter>.yml beside this file (ansible-doc -t filter gpukit.gpu.<filter>)."""
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ def metrics_agent_auth(hostvars, host):
 
 
 @gk.gpukit_filter
-def metrics_prometheus_config(gpu_hosts, hostvars, rules_dir="/etc/prometheus"):
-    return telemetry.prometheus_config(list(gpu_hosts or []), hostvars, rules_dir)
+def metrics_prometheus_config(gpu_hosts, hostvars, rules_dir="/etc/prometheus", auth=None):
+    return telemetry.prometheus_config(list(gpu_hosts or []), hostvars, rules_dir, auth)
 
 
 @gk.gpukit_filter
@@ -35,12 +36,17 @@ def metrics_cluster(gpu_hosts, hostvars):
 
 
 @gk.gpukit_filter
-def metrics_operator_manifests(namespace, mode, port, interval):
-    return telemetry.operator_manifests(namespace, mode, int(port), interval)
+def metrics_operator_manifests(namespace, mode, port, interval, auth="kubernetes"):
+    return telemetry.operator_manifests(namespace, mode, int(port), interval, auth)
+
+
+@gk.gpukit_filter
+def metrics_scraper(namespace):
+    return telemetry.scraper(namespace)
 
 
 class FilterModule:
     def filters(self):
         return gk.filter_map(metrics_agent_address, metrics_agent_auth,
                              metrics_prometheus_config, metrics_alert_rules,
-                          metrics_cluster, metrics_operator_manifests)
+                             metrics_cluster, metrics_operator_manifests, metrics_scraper)
