@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from gpukit import inventory as inv
+from gpukit.contracts import node_declaration as nd
 from gpukit.contracts.device_ids import strip_replica
 
 from .fill import Seen
@@ -64,3 +65,19 @@ def lab_mode(suite: Any, node: str) -> bool:
         if probe is not None:
             return bool(probe.mock)
     return bool(suite.options.lab)
+
+
+def check_declaration_condition(check: Any, node: Any, mismatch: bool, found: str,
+                                reporter: str) -> None:
+    """The node's GpuDeclarationMismatch condition is True exactly when the suite found a
+    `mismatch` (`found` says what it compared); `reporter`: who sets it (the node agent, the
+    DRA plugin), named when the condition is absent."""
+    want = "True" if mismatch else "False"
+    what = f"condition {nd.CONDITION_TYPE}"
+    cond = next((c for c in (node.status.conditions or []) if c.type == nd.CONDITION_TYPE),
+                None)
+    if cond is None:
+        check.record(what, f"{want} ({found})", f"absent: the {reporter} reports none", False)
+    else:
+        check.true(what, cond.status == want, f"{want} ({found})",
+                   f"{cond.status} ({cond.reason}: {cond.message})")

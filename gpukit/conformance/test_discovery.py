@@ -8,9 +8,8 @@ from typing import Any
 import pytest
 
 from gpukit.conformance.checks import Check, fmt
-from gpukit.conformance.common import need_decl, need_expected
+from gpukit.conformance.common import check_declaration_condition, need_decl, need_expected
 from gpukit.contracts import label_names as ln
-from gpukit.contracts import node_declaration as nd
 from gpukit.k8s.nodes import allocatable, capacity
 from gpukit.k8s.nodes import ready as node_ready
 
@@ -87,14 +86,7 @@ def test_the_agent_s_declaration_condition_agrees(gpukit_suite: Any, node: str,
     declared = {r: n for r, n in expected.items() if n > 0}
     refused = (obj.metadata.labels or {}).get(ln.DEVICE_PLUGIN_CONFIG_STATE) == (
         ln.CONFIG_STATE_FAILED)
-    want = "True" if served != declared or refused else "False"
     found = f"allocatable {fmt(served)}, declared {fmt(declared)}" + (
         ", config refused" if refused else "")
-    what = f"condition {nd.CONDITION_TYPE}"
-    cond = next((c for c in (obj.status.conditions or []) if c.type == nd.CONDITION_TYPE), None)
-    if cond is None:
-        check.record(what, f"{want} ({found})", "absent: the node agent reports none", False)
-    else:
-        check.true(what, cond.status == want, f"{want} ({found})",
-                   f"{cond.status} ({cond.reason}: {cond.message})")
+    check_declaration_condition(check, obj, served != declared or refused, found, "node agent")
     check.verify()

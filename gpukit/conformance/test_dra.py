@@ -28,7 +28,7 @@ from gpukit import inventory as inv
 from gpukit.conformance import expect
 from gpukit.conformance.checks import Check
 from gpukit.conformance.cluster import PodState, pod_manifest
-from gpukit.conformance.common import need_decl
+from gpukit.conformance.common import check_declaration_condition, need_decl
 from gpukit.contracts import node_declaration as nd
 from gpukit.contracts.cncf_ai_conformance import SECURE_ACCELERATOR_ACCESS
 from gpukit.contracts.dra import (
@@ -138,16 +138,9 @@ def test_the_dra_plugin_s_declaration_condition_agrees(gpukit_suite: Any, node: 
         attrs = d.get("attributes") or {}
         served[nd.dra_kind(str((attrs.get("type") or {}).get("string") or ""),
                            str((attrs.get("profile") or {}).get("string") or "") or None)] += 1
-    want = "True" if dict(served) != declared else "False"
-    found = f"published {dict(sorted(served.items()))}, declared {declared}"
-    obj = gpukit_suite.kube.node(node)
-    cond = next((c for c in (obj.status.conditions or []) if c.type == nd.CONDITION_TYPE), None)
-    what = f"condition {nd.CONDITION_TYPE}"
-    if cond is None:
-        check.record(what, f"{want} ({found})", "absent: the DRA plugin reports none", False)
-    else:
-        check.true(what, cond.status == want, f"{want} ({found})",
-                   f"{cond.status} ({cond.reason}: {cond.message})")
+    check_declaration_condition(
+        check, gpukit_suite.kube.node(node), dict(served) != declared,
+        f"published {dict(sorted(served.items()))}, declared {declared}", "DRA plugin")
     check.verify()
 
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from debian_tools import promtool
 from prometheus_client import generate_latest
 
 from gpukit import monitoring, telemetry_manifests
@@ -29,14 +29,6 @@ from gpukit.plugin.metrics import PluginMetrics
 OUTSIDE = {"up", "kube_node_status_capacity", "kube_node_status_allocatable"}
 KEYWORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left",
             "group_right", "bool", "offset", "inf", "nan"}
-
-
-def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.fail("promtool is missing: install Debian's prometheus package "
-                    "(gpukit/lab/scripts/install-deps.sh)")
-    return path
 
 
 def exported_names() -> set[str]:

@@ -5,13 +5,13 @@ test_gpu_metrics_monitoring.py."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from debian_tools import promtool
 
 from gpukit import inventory as inv
 from gpukit.provision import telemetry
@@ -25,20 +25,12 @@ def _job(text: str) -> dict[str, Any]:
     return dict(job)
 
 
-def _promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.fail("promtool is missing: install Debian's prometheus package "
-                    "(gpukit/lab/scripts/install-deps.sh)")
-    return path
-
-
 def _check(config_dir: Path, text: str) -> subprocess.CompletedProcess[str]:
     """promtool check config, as the role's copy validates it (the rules file beside it)."""
     (config_dir / telemetry.RULES_FILE).write_text(telemetry.alert_rules())
     config = config_dir / "prometheus.yml.new"
     config.write_text(text)
-    return subprocess.run([_promtool(), "check", "config", str(config)], capture_output=True,
+    return subprocess.run([promtool(), "check", "config", str(config)], capture_output=True,
                           text=True, timeout=60, check=False)
 
 

@@ -9,15 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dra_testlib import FakeResourceApi
-from plugin_testlib import FakeNode, make_gpu, make_inventory
+from dra_testlib import mig_and_whole_gpu_plugin
+from plugin_testlib import FakeNode
 
 from gpukit.contracts import node_declaration as nd
-from gpukit.contracts.plugin_config import HealthSettings
-from gpukit.plugin.dra import kubelet_plugin as plugin_mod
-from gpukit.plugin.dra.kubelet_plugin import DraKubeletPlugin, KubeletPluginOptions
-from gpukit.plugin.dra.slice_devices import Placement
-from gpukit.plugin.dra.slices import SlicePublisher
+from gpukit.plugin.dra.kubelet_plugin import DraKubeletPlugin
 from gpukit.provision.upgrade import declaration_served
 
 GPU = nd.dra_kind("gpu")
@@ -27,19 +23,8 @@ MIG = nd.dra_kind("mig", "3g.20gb")
 @pytest.fixture
 def dra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[DraKubeletPlugin, FakeNode]:
     """A node with a MIG device (3g.20gb on GPU 0) and a whole GPU 1, declared so."""
-    gpu0 = make_gpu(0, migs=("3g.20gb",))
-    node = make_inventory([gpu0, make_gpu(1)])
-    monkeypatch.setattr(plugin_mod.nvml, "discover", lambda with_topology: node)
-    monkeypatch.setattr(plugin_mod, "placements",
-                        lambda devices, reader: {(gpu0.uuid, 1): Placement(4, 4)})
     declare(tmp_path / "decl", {GPU: 1, MIG: 1})
-    options = KubeletPluginOptions(node="n1", plugin_dir=str(tmp_path / "plugin"),
-                                   registry_dir=str(tmp_path / "reg"),
-                                   cdi_dir=str(tmp_path / "cdi"),
-                                   health=HealthSettings(recovery_seconds=None),
-                                   declaration_dir=str(tmp_path / "decl"))
-    a = DraKubeletPlugin(options, api_client=None)
-    a.publisher = SlicePublisher(None, "n1", api=FakeResourceApi())
+    a = mig_and_whole_gpu_plugin(tmp_path, monkeypatch, declaration_dir=str(tmp_path / "decl"))
     sink = FakeNode({})
     a.declaration.sink, a.declaration.reread_seconds = sink, 0
     return a, sink

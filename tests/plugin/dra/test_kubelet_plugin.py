@@ -7,30 +7,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dra_testlib import FakeResourceApi
+from dra_testlib import FakeResourceApi, mig_and_whole_gpu_plugin
 from plugin_testlib import make_gpu, make_inventory
 
-from gpukit.contracts.plugin_config import HealthSettings
 from gpukit.plugin.dra import kubelet_plugin as plugin_mod
 from gpukit.plugin.dra.kubelet_plugin import DraKubeletPlugin, KubeletPluginOptions
-from gpukit.plugin.dra.slice_devices import Placement
 from gpukit.plugin.dra.slices import SlicePublisher
 
 
 @pytest.fixture
 def dra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[DraKubeletPlugin, FakeResourceApi]:
-    gpu0 = make_gpu(0, migs=("3g.20gb",))
-    node = make_inventory([gpu0, make_gpu(1)])
-    monkeypatch.setattr(plugin_mod.nvml, "discover", lambda with_topology: node)
-    monkeypatch.setattr(plugin_mod, "placements",
-                        lambda devices, reader: {(gpu0.uuid, 1): Placement(4, 4)})
-    options = KubeletPluginOptions(node="n1", plugin_dir=str(tmp_path / "plugin"),
-                           registry_dir=str(tmp_path / "reg"), cdi_dir=str(tmp_path / "cdi"),
-                           health=HealthSettings(recovery_seconds=None))
-    a = DraKubeletPlugin(options, api_client=None)
-    api = FakeResourceApi()
-    a.publisher = SlicePublisher(None, "n1", api=api)
-    return a, api
+    a = mig_and_whole_gpu_plugin(tmp_path, monkeypatch)
+    return a, a.publisher.api
 
 
 def published(api: FakeResourceApi) -> list[str]:
