@@ -115,6 +115,7 @@ class Suite:
         self._namespace: str | None = None
         self._own_namespace = False
         self._lock = threading.RLock()  # the run's own state; nodes' work is in self.stages
+        self._scraper_account = False  # conformance.scraper.ensure_account done
         self.stages = Stages()
         self._hosts: dict[str, Any] = {}
         self._names: dict[str, int] = {}
@@ -370,7 +371,10 @@ class Suite:
 
     def _start_scraper(self, node: str) -> tuple[str, str]:
         try:
-            scraper_mod.ensure_account(self.kube, self.namespace)
+            with self._lock:  # one account for the run, bound before any node's pod scrapes
+                if not self._scraper_account:
+                    scraper_mod.ensure_account(self.kube, self.namespace)
+                    self._scraper_account = True
             address = scraper_mod.node_address(self.kube, node)
         except ApiException as exc:
             raise scraper_mod.ScrapeError(
