@@ -38,6 +38,7 @@ import yaml
 
 from gpukit.contracts import dra as dra_names
 from gpukit.contracts import label_names
+from gpukit.contracts import metrics_auth as scrape_auth
 from gpukit.contracts import node_declaration as nd
 from gpukit.contracts.plugin_config import (
     DEFAULT_CDI_DIR,
@@ -46,12 +47,6 @@ from gpukit.contracts.plugin_config import (
     parse_host_port,
 )
 from gpukit.plugin.metrics import READY_PATH
-from gpukit.plugin.metrics_auth import (
-    AUTH_KUBERNETES,
-    AUTH_NONE,
-    METRICS_AUTH_ENV,
-    METRICS_AUTH_MODES,
-)
 
 APP = "gpukit-node-agent"
 DRA_APP = "gpukit-dra-plugin"
@@ -106,7 +101,7 @@ class AgentDeployment:
     # kubelet's /metrics; the ClusterRole then may create token and access reviews), "none"
     # anyone (the roles render gpukit_metrics_auth, default "kubernetes"; the lab's own
     # agents for tests keep "none", scraped from the node's loopback).
-    metrics_auth: str = AUTH_NONE
+    metrics_auth: str = scrape_auth.AUTH_NONE
     node_labels: bool = True
     node_selector: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
@@ -135,9 +130,9 @@ def namespace(d: AgentDeployment) -> dict[str, Any]:
 
 def metrics_auth(d: AgentDeployment) -> str:
     """The agent's GPUKIT_METRICS_AUTH (env: the later wins), checked."""
-    mode = d.env.get(METRICS_AUTH_ENV, d.metrics_auth)
-    if mode not in METRICS_AUTH_MODES:
-        raise ValueError(f"metrics auth: {mode!r} is not one of {', '.join(METRICS_AUTH_MODES)}")
+    mode = d.env.get(scrape_auth.ENV, d.metrics_auth)
+    if mode not in scrape_auth.MODES:
+        raise ValueError(f"metrics auth: {mode!r} is not one of {', '.join(scrape_auth.MODES)}")
     return mode
 
 
@@ -145,7 +140,7 @@ def scrape_review_rules(d: AgentDeployment) -> list[dict[str, Any]]:
     """With metrics auth `kubernetes`: each scrape's token and its right to get nodes/metrics
     (kube-rbac-proxy's, and the kubelet's with its delegated authentication:
     system:auth-delegator's two rules); none otherwise."""
-    if metrics_auth(d) != AUTH_KUBERNETES:
+    if metrics_auth(d) != scrape_auth.AUTH_KUBERNETES:
         return []
     return [
         {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"],
@@ -533,7 +528,7 @@ def daemonset(d: AgentDeployment) -> dict[str, Any]:
         {"name": "GPUKIT_DEVICE_ROOT", "value": d.driver_root},
         {"name": "GPUKIT_DEVICE_ROOT_IN_PLUGIN", "value": DRIVER_ROOT_IN_CONTAINER},
         {"name": "GPUKIT_METRICS_ADDRESS", "value": d.metrics_address},
-        {"name": METRICS_AUTH_ENV, "value": metrics_auth(d)},
+        {"name": scrape_auth.ENV, "value": metrics_auth(d)},
         {"name": "GPUKIT_NODE_LABELS", "value": "true" if d.node_labels else "false"},
         {"name": "GPUKIT_LAST_GOOD_CONFIG", "value": LAST_GOOD_CONFIG},
         {"name": "GPUKIT_DECLARATION_DIR", "value": DECLARATION_DIR},
@@ -726,7 +721,7 @@ def dra_daemonset(d: AgentDeployment) -> dict[str, Any]:
         # wins, as readiness_probe reads it).
         {"name": "GPUKIT_METRICS_ADDRESS",
          "value": d.env.get("GPUKIT_METRICS_ADDRESS", d.metrics_address)},
-        {"name": METRICS_AUTH_ENV, "value": metrics_auth(d)},
+        {"name": scrape_auth.ENV, "value": metrics_auth(d)},
         {"name": "GPUKIT_MPS_DAEMONS", "value": "delegate" if d.dra_mps else "none"},
         # Served vs declared: its node's entry of the declarations ConfigMap.
         {"name": "GPUKIT_DECLARATION_DIR", "value": DECLARATION_DIR},

@@ -34,7 +34,6 @@ DEFAULT_PORT = 9402
 _DURATION = re.compile(r"^([0-9]+(ms|s|m|h))+$")
 _OPERATOR_API = "monitoring.coreos.com/v1"
 _LABELS = {"app.kubernetes.io/name": APP, "app.kubernetes.io/part-of": "gpukit"}
-AUTH_MODES = metrics_auth.MODES
 # The scraper's ServiceAccount, ClusterRole and binding; its token Secret and the key the
 # token controller writes the token under.
 SCRAPER = "gpukit-metrics-scraper"
@@ -59,8 +58,8 @@ def _check(namespace: str, port: int, interval: str, mode: str, auth: str) -> No
         raise ValueError(f"interval {interval!r} is not a Prometheus duration such as 30s")
     if mode not in MODES:
         raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
-    if auth not in AUTH_MODES:
-        raise ValueError(f"auth {auth!r} is not one of {', '.join(AUTH_MODES)}")
+    if auth not in metrics_auth.MODES:
+        raise ValueError(f"auth {auth!r} is not one of {', '.join(metrics_auth.MODES)}")
 
 
 def scraper(namespace: str = "gpukit-system") -> list[dict[str, Any]]:

@@ -31,9 +31,9 @@ def scrape(suite: Any, node: str) -> list[Sample]:
     node, address and what answered."""
     answer = suite.scrape(node)
     if answer.status != 200:
-        _, url = suite.scraper(node)
-        raise ScrapeError(f"agent metrics at {url} on node {node}: HTTP {answer.status} for the "
-                          f"scraper's token (allowed get nodes/metrics): {answer.body[:200]!r}")
+        raise ScrapeError(f"agent metrics at {answer.url} on node {node}: HTTP {answer.status} "
+                          "for the scraper's token (allowed get nodes/metrics): "
+                          f"{answer.body[:200]!r}")
     return [(s.name, dict(s.labels), s.value)
             for f in text_string_to_metric_families(answer.body) for s in f.samples]
 

@@ -25,12 +25,11 @@ from kubernetes.client.exceptions import ApiException
 from gpukit.contracts.metrics_auth import SCRAPER_RULE as SCRAPER_RULE
 
 from .cluster import MANAGED_BY, MANAGER, pod_manifest
+from .fill import HOLD
 
 SCRAPER_SA = "gpukit-conformance-scraper"
 SCRAPER_ROLE = "gpukit-conformance-scraper"
 TOKEN_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/token"
-# The pod's main process: exit at once when deleted.
-HOLD = 'trap "exit 0" TERM; sleep 1000000 & wait'
 _STATUS = re.compile(r"HTTP/1\.[01] (\d{3})")
 EXEC_TIMEOUT = 30.0
 
@@ -41,6 +40,7 @@ class ScrapeError(Exception):
 
 @dataclass(frozen=True)
 class Answer:
+    url: str
     status: int  # the HTTP status; 0 when nothing answered
     body: str
 
@@ -123,4 +123,4 @@ def get(kube: Any, namespace: str, pod_name: str, node: str, url: str,
     if status == 0:
         raise ScrapeError(f"agent metrics at {url} on node {node}: no answer (rc {res.rc}: "
                           f"{res.stderr.strip()[:200]})")
-    return Answer(status, res.stdout)
+    return Answer(url, status, res.stdout)

@@ -366,7 +366,7 @@ class Suite:
     # ---- the agent's metrics, read from a pod on the node (conformance.scraper)
 
     def scraper(self, node: str) -> tuple[str, str]:
-        """(the node's scraper pod, the agent's /metrics URL)."""
+        """(the node's scraper pod, the agent's endpoint: http://host:port)."""
         return self.stages.once(node, key_for("scraper"), lambda: self._start_scraper(node))
 
     def _start_scraper(self, node: str) -> tuple[str, str]:
@@ -392,18 +392,13 @@ class Suite:
         if state.state != "Running":
             raise scraper_mod.ScrapeError(f"scraper pod {name} on node {node} is {state} "
                                           "(expected Running)")
-        return name, f"http://{target}/metrics"
+        return name, f"http://{target}"
 
-    def scrape(self, node: str, authorised: bool = True) -> scraper_mod.Answer:
-        """GET the agent's /metrics on `node`, with the scraper's token or without any."""
-        pod, url = self.scraper(node)
-        return scraper_mod.get(self.kube, self.namespace, pod, node, url, authorised)
-
-    def scrape_path(self, node: str, path: str) -> scraper_mod.Answer:
-        """GET another path of the agent's endpoint, with the scraper's token."""
-        pod, url = self.scraper(node)
-        return scraper_mod.get(self.kube, self.namespace, pod, node,
-                               url.removesuffix("/metrics") + path, True)
+    def scrape(self, node: str, authorised: bool = True, path: str = "/metrics"
+               ) -> scraper_mod.Answer:
+        """GET `path` of the agent's endpoint on `node`, with the scraper's token or without."""
+        pod, base = self.scraper(node)
+        return scraper_mod.get(self.kube, self.namespace, pod, node, base + path, authorised)
 
     # ---- filled nodes
 

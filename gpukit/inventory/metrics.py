@@ -29,7 +29,6 @@ from gpukit.contracts import metrics_auth
 from .problems import MISSING, Problem
 
 PROMETHEUS_MODES = ("host", "operator", "none")
-AUTH_MODES = metrics_auth.MODES
 DEFAULT_PORT = 9402
 DEFAULT_LISTEN = "0.0.0.0"  # every interface of the node: a Prometheus elsewhere reaches it
 DEFAULT_INTERVAL = "30s"
@@ -118,8 +117,8 @@ def declared(host: str | None, raw: Mapping[str, Any]) -> tuple[MetricsDecl, lis
         fail("gpukit_metrics_prometheus", f"is not one of {', '.join(PROMETHEUS_MODES)}")
         mode = "none"
     auth = get("gpukit_metrics_auth")
-    if auth not in AUTH_MODES:
-        fail("gpukit_metrics_auth", f"is not one of {', '.join(AUTH_MODES)}")
+    if auth not in metrics_auth.MODES:
+        fail("gpukit_metrics_auth", f"is not one of {', '.join(metrics_auth.MODES)}")
         auth = metrics_auth.AUTH_KUBERNETES
     if ip is not None and ip.is_loopback and mode != "none" and enabled:
         fail("gpukit_metrics_listen_address", f"serves only the node itself, and Prometheus "

@@ -33,9 +33,6 @@ from gpukit.contracts.metrics_auth import ENV, MODES, RESOURCE, SUBRESOURCE, VER
 
 log = logging.getLogger(__name__)
 
-METRICS_AUTH_MODES = MODES
-METRICS_AUTH_ENV = ENV
-
 
 class ReviewApi(Protocol):
     """The two reviews, as the API's JSON (gpukit.plugin.node_api.ReviewClient; a fake in
@@ -211,19 +208,19 @@ def _one_line(exc: Exception) -> str:
 def add_flag(parser: Any, env: Callable[[str], str | None]) -> None:
     """`--metrics-auth`, as the agent and the DRA plugin take it (`env`: reads GPUKIT_*)."""
     parser.add_argument(
-        "--metrics-auth", default=env(METRICS_AUTH_ENV) or AUTH_KUBERNETES,
+        "--metrics-auth", default=env(ENV) or AUTH_KUBERNETES,
         help="who may scrape /metrics: kubernetes (each scrape's bearer token reviewed by the "
              "API: TokenReview, then SubjectAccessReview for get nodes/metrics on this node, as "
              "the kubelet's /metrics) or none (anyone; /readyz is always open) "
-             f"[{METRICS_AUTH_ENV}]")
+             f"[{ENV}]")
 
 
 def flag_error(mode: str) -> str | None:
     """The one line refusing a `--metrics-auth` value, None when it is valid."""
-    if mode in METRICS_AUTH_MODES:
+    if mode in MODES:
         return None
-    return (f"error: --metrics-auth ({METRICS_AUTH_ENV}): {mode!r} is not one of "
-            f"{', '.join(METRICS_AUTH_MODES)}")
+    return (f"error: --metrics-auth ({ENV}): {mode!r} is not one of "
+            f"{', '.join(MODES)}")
 
 
 def for_mode(mode: str, node_name: str | None, kubeconfig: str | None) -> Authorizer | None:

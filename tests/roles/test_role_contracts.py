@@ -38,7 +38,7 @@ LIBRARY_CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
     ("device_plugin", "device_plugin_image_pull_policy"): ("gpukit.provision.agent:PULL_POLICIES",),
     ("device_plugin", "device_plugin_gpu_allocation"): ("gpukit.inventory.model:GPU_ALLOCATIONS",),
     ("device_plugin", "device_plugin_metrics_auth"): (
-        "gpukit.inventory.metrics:AUTH_MODES", "gpukit.contracts.metrics_auth:MODES",
+        "gpukit.contracts.metrics_auth:MODES",
     ),
     ("gpu_quotas", "gpu_quotas_priority_classes.preemption_policy"): (
         "gpukit.inventory.quotas:PREEMPTION_POLICIES",
@@ -46,7 +46,7 @@ LIBRARY_CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
     ("gpu_telemetry", "gpu_telemetry_prometheus"): ("gpukit.inventory.metrics:PROMETHEUS_MODES",),
     ("gpu_telemetry", "gpu_telemetry_operator_scrape"): ("gpukit.telemetry_manifests:MODES",),
     ("gpu_telemetry", "gpu_telemetry_auth"): (
-        "gpukit.inventory.metrics:AUTH_MODES", "gpukit.telemetry_manifests:AUTH_MODES",
+        "gpukit.contracts.metrics_auth:MODES",
     ),
     ("node_labels", "node_labels_gpu_allocation"): (
         "gpukit.inventory.model:GPU_ALLOCATIONS", "gpukit.provision.nodes:GPU_ALLOCATIONS",
