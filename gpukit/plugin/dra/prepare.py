@@ -298,9 +298,14 @@ class Preparer:
             raise PrepareError(f"device(s) {', '.join(missing)} not among node {self.node}'s "
                                f"devices now: {', '.join(sorted(published)) or 'none'}")
         path = Path(self.cdi_dir) / claim.spec_file
-        if any(d.edits is None for d in claim.devices):  # an earlier gpukit's entry
+        if any(d.edits is None for d in claim.devices):  # an earlier gpukit's, or NVIDIA's
             if path.is_file():
                 return "present (recorded by an earlier gpukit: kept as it is)"
+            foreign = [d.device for d in claim.devices
+                       if d.cdi_device_ids != (claim_cdi.device_id(claim.uid, d.device),)]
+            if foreign:  # the kubelet holds IDs gpukit's spec would not define
+                raise _Unrestorable(f"CDI device IDs of {', '.join(foreign)} are not the ones "
+                                    "gpukit writes")
             try:
                 doc = self.read_claim(ref.namespace, ref.name)
             except Exception as exc:  # the API cannot say now: the entry stays
