@@ -229,11 +229,13 @@ class DraKubeletPlugin:
 
     def _write_claim_status(self, ref: ClaimRef, devices: list[dict[str, Any]]) -> None:
         """The claim's status.devices entries of this driver (claim_status.py)."""
-        client.ResourceV1Api(self.api_client).patch_namespaced_resource_claim_status(
+        resp = client.ResourceV1Api(self.api_client).patch_namespaced_resource_claim_status(
             ref.name, ref.namespace, claim_status.apply_body(ref.namespace, ref.name, ref.uid,
                                                              devices),
             field_manager=claim_status.FIELD_MANAGER, force=True,
-            _content_type="application/apply-patch+yaml", _request_timeout=10)
+            _content_type="application/apply-patch+yaml", _request_timeout=10,
+            _preload_content=False)  # the answer is not needed: not decoded into models
+        resp.release_conn()
 
     def _read_claim(self, namespace: str, name: str) -> Mapping[str, Any]:
         resp = client.ResourceV1Api(self.api_client).read_namespaced_resource_claim(

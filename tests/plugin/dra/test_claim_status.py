@@ -106,8 +106,9 @@ def test_the_plugin_applies_the_status_as_the_driver(tmp_path: Path,
         def __init__(self, api_client: Any) -> None:
             pass
 
-        def patch_namespaced_resource_claim_status(self, *args: Any, **kwargs: Any) -> None:
+        def patch_namespaced_resource_claim_status(self, *args: Any, **kwargs: Any) -> Any:
             calls.append((args, kwargs))
+            return SimpleNamespace(release_conn=lambda: None)
     monkeypatch.setattr(plugin_mod.client, "ResourceV1Api", ResourceApi)
     plugin = mig_and_whole_gpu_plugin(tmp_path, monkeypatch)
     plugin.api_client = SimpleNamespace()
@@ -118,4 +119,5 @@ def test_the_plugin_applies_the_status_as_the_driver(tmp_path: Path,
         "metadata": {"name": "c", "namespace": "ns", "uid": "uid-1"},
         "status": {"devices": entries}}), {
             "field_manager": "gpu.nvidia.com", "force": True,
-            "_content_type": "application/apply-patch+yaml", "_request_timeout": 10})]
+            "_content_type": "application/apply-patch+yaml", "_request_timeout": 10,
+            "_preload_content": False})]
