@@ -294,6 +294,8 @@ class Preparer:
     def _restore(self, claim: PreparedClaim, published: Mapping[str, SliceDevice]) -> str:
         ref = ClaimRef(claim.namespace, claim.name, claim.uid)
         missing = [d.device for d in claim.devices if d.device not in published]
+        if missing and not published:  # a discovery that found nothing: not a verdict
+            raise _Unrestorable("the node publishes no devices now")
         if missing:
             raise PrepareError(f"device(s) {', '.join(missing)} not among node {self.node}'s "
                                f"devices now: {', '.join(sorted(published)) or 'none'}")

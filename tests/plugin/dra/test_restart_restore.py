@@ -227,3 +227,19 @@ def test_the_quarantine_keeps_the_newest_and_a_bad_file_is_moved_aside(tmp_path:
     assert [e["uid"] for e in kept] == [f"u{i}" for i in range(2, cp_mod.QUARANTINE_KEEP + 2)]
     assert (tmp_path / f"{QUARANTINE_FILE}.unreadable").read_text() == "not json"
     assert cp.all() == {}
+
+
+def test_a_discovery_that_finds_nothing_quarantines_nothing(
+        short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No device at all is likelier a failed discovery than every GPU gone: the entries stay
+    (their claims still hold the GPUs for the MIG manager), said in the answer."""
+    plugin = new_plugin(short_tmp, monkeypatch)
+    plugin.rescan()
+    whole, _ = names(plugin)
+    plugin.preparer.read_claim = lambda ns, name: claim_doc("uid-a", whole)
+    plugin.preparer.prepare(ClaimRef("ns", "a", "uid-a"))
+    plugin.preparer.devices = lambda: {}
+    assert plugin.preparer.restore_specs() == {
+        "uid-a": "not restored: the node publishes no devices now"}
+    assert set(plugin.checkpoint.all()) == {"uid-a"}
+    assert not (short_tmp / "plugin" / QUARANTINE_FILE).exists()
