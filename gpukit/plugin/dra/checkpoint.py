@@ -9,11 +9,11 @@ what an earlier gpukit wrote to `checkpoint.json` in this format to the own file
 upgraded from it keeps its prepared claims. It also lists the claims of NVIDIA's checkpoint that
 gpukit took over (`taken_over`, nvidia_claims.py), so a later start does not take them again.
 
-A stale entry (its claim deleted in the API, its device gone from the node, or an entry this
-agent cannot read or restore) is quarantined: moved, with why, to QUARANTINE_FILE beside the
-checkpoint (kept for inspection, the newest QUARANTINE_KEEP), so it neither fails a start nor
-holds the node's GPUs (the MIG manager, the switch back to the device plugin read only the
-checkpoint's `claims`).
+A stale entry (its claim deleted in the API, or an entry this agent cannot read or whose spec
+it cannot write; not one whose device is missing now, which stays) is quarantined: moved, with
+why, to QUARANTINE_FILE beside the checkpoint (kept for inspection, the newest
+QUARANTINE_KEEP), so it neither fails a start nor holds the node's GPUs (the MIG manager,
+the switch back to the device plugin read only the checkpoint's `claims`).
 """
 
 from __future__ import annotations

@@ -271,8 +271,8 @@ class Preparer:
         """Every prepared claim's CDI spec as the checkpoint says, rewritten where missing or
         different (a reboot empties /var/run/cdi, and the kubelet does not prepare a claim it
         prepared before: the pod's containers would not start, kubernetes#141433). Run before
-        the plugin registers. An entry that cannot be read, whose device is gone, or whose
-        spec cannot be written is quarantined. UID -> what was done."""
+        the plugin registers. An entry that cannot be read or whose spec cannot be written is
+        quarantined; one whose device is not published now is kept. UID -> what was done."""
         done: dict[str, str] = {}
         with self._lock:
             for uid, why in self.checkpoint.unreadable().items():
@@ -294,11 +294,12 @@ class Preparer:
     def _restore(self, claim: PreparedClaim, published: Mapping[str, SliceDevice]) -> str:
         ref = ClaimRef(claim.namespace, claim.name, claim.uid)
         missing = [d.device for d in claim.devices if d.device not in published]
-        if missing and not published:  # a discovery that found nothing: not a verdict
-            raise _Unrestorable("the node publishes no devices now")
+        # A device missing now is no verdict on the claim: a discovery that missed a MIG
+        # device or a GPU would otherwise move a running claim aside and free its GPU for
+        # the MIG manager. The entry stays until the API says the claim is gone (forget_gone).
         if missing:
-            raise PrepareError(f"device(s) {', '.join(missing)} not among node {self.node}'s "
-                               f"devices now: {', '.join(sorted(published)) or 'none'}")
+            raise _Unrestorable(f"device(s) {', '.join(missing)} not among node {self.node}'s "
+                                f"devices now: {', '.join(sorted(published)) or 'none'}")
         path = Path(self.cdi_dir) / claim.spec_file
         if any(d.edits is None for d in claim.devices):  # an earlier gpukit's, or NVIDIA's
             if path.is_file():
