@@ -617,11 +617,12 @@ def device_classes(d: AgentDeployment) -> list[dict[str, Any]]:
 
 
 def dra_rbac(d: AgentDeployment) -> list[dict[str, Any]]:
-    """Read the claims it prepares and its node (the label gpukit.io/dra.shares), write its
-    node's ResourceSlices (the policy below narrows that to its own node), record Events on
-    its node (claims of NVIDIA's DRA driver taken over or not, served vs declared), patch its
-    node's status (its GpuDeclarationMismatch condition: own_node_condition_policy narrows
-    that as for the agent)."""
+    """Read the claims it prepares and its node (the label gpukit.io/dra.shares), write those
+    claims' device status (its driver's entries), write its node's ResourceSlices (the policy
+    below narrows that to its own node), record Events on its node (claims of NVIDIA's DRA
+    driver taken over or not, served vs declared), patch its node's status (its
+    GpuDeclarationMismatch condition: own_node_condition_policy narrows that as for the
+    agent)."""
     sa = {"apiVersion": "v1", "kind": "ServiceAccount",
           "metadata": {"name": DRA_APP, "namespace": d.namespace, "labels": _labels(DRA_APP)}}
     role = {
@@ -631,6 +632,15 @@ def dra_rbac(d: AgentDeployment) -> list[dict[str, Any]]:
         "rules": [
             {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"],
              "verbs": ["get"]},
+            # A prepared claim's status.devices (gpukit/plugin/dra/claim_status.py). The API
+            # server's granular status authorization (1.36+) lets that touch only entries of
+            # driver gpu.nvidia.com, on claims allocated on the token's own node
+            # (associated-node:), and no allocation or reservation (resourceclaims/binding).
+            {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"],
+             "verbs": ["patch", "update"]},
+            {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/driver"],
+             "resourceNames": [dra_names.DRIVER],
+             "verbs": ["associated-node:patch", "associated-node:update"]},
             {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
             {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
             {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],

@@ -776,6 +776,41 @@ def test_an_agent_restart_between_prepare_and_unprepare_loses_nothing(
     node_sh(T4, f"rm -f {PLUGIN_DIR}/checkpoint.json.taken-over-by-gpukit")
 
 
+def test_specs_lost_while_the_plugin_was_down_are_back_and_the_claim_shows_its_device(
+        deployed: AgentDeployment, core: client.CoreV1Api, resource: client.ResourceV1Api,
+        cleanup: list[str]) -> None:
+    """A prepared claim's status.devices names its device with the device's UUID (server-side
+    apply under the plugin's own RBAC, the API server's granular status authorization); its
+    CDI spec, removed as a reboot empties /var/run/cdi, is back, the same, once the restarted
+    plugin is registered, and a container of the pod started after that gets its GPU."""
+    claim = create_claim(resource, cleanup, claim_doc(unique("restore")))
+    pod = unique("restore")
+    run_pod(core, cleanup, pod_doc(pod, T4, {"gpu": claim}))
+    doc = json.loads(resource.read_namespaced_resource_claim(claim, NS,
+                                                             _preload_content=False).data)
+    uid = doc["metadata"]["uid"]
+    (result,) = doc["status"]["allocation"]["devices"]["results"]
+    uuid_ = slice_devices(resource, T4)[result["device"]]["attributes"]["uuid"]["string"]
+    entries = [(e["driver"], e["pool"], e["device"], e.get("data", {}).get("uuid"))
+               for e in doc["status"].get("devices") or []]
+    assert entries == [(DRIVER, T4, result["device"], uuid_)], (
+        f"node {T4}, claim {claim}: expected status.devices with device {result['device']} "
+        f"({uuid_}), observed {entries}\n{diagnose(T4)}")
+    spec = CDI_SPEC.format(uid=uid, ext="json")
+    before = node_sh(T4, f"cat {spec}")
+    assert before, f"node {T4}, claim {claim}: expected its CDI spec {spec}, found none"
+    node_sh(T4, f"rm -f {spec}")
+    restart_plugin(core, T4)
+    after = node_sh(T4, f"cat {spec} 2>/dev/null")
+    assert after == before and "CDI spec" in plugin_log(T4), (
+        f"node {T4}, claim {claim}: expected its CDI spec rewritten as it was before the "
+        f"plugin registered, observed {after[:300]!r}\n{diagnose(T4)}")
+    second = unique("restore")
+    out = run_pod(core, cleanup, pod_doc(second, T4, {"gpu": claim}))
+    assert out.status.phase == "Running", f"node {T4}, claim {claim}: pod {second} expected " \
+        f"Running on the restored spec, observed {out.status.phase}"
+
+
 def test_nvidias_time_slicing_config_reaches_the_container_and_a_bad_one_names_the_field(
         deployed: AgentDeployment, core: client.CoreV1Api, resource: client.ResourceV1Api,
         cleanup: list[str]) -> None:

@@ -227,3 +227,22 @@ def test_the_filters_take_what_k8s_info_returns() -> None:
     assert "team-a/train" in filters.allocation_switch_refusal([_node()], pods, "dra", "gpu-t4")
     assert filters.allocation_switch_refusal([], pods, "dra", "gpu-t4") == ""
     assert filters.allocation_switch_checkpoint("") == []
+
+
+def test_a_quarantined_entry_does_not_hold_the_node_a_live_claim_does(tmp_path: Path) -> None:
+    """The DRA plugin moves a stale entry (claim deleted, device gone, unreadable) to its
+    quarantine file beside the checkpoint: the switch reads the checkpoint's claims only, so
+    the entry no longer refuses it, also without the API's list; a live claim still does."""
+    from gpukit.plugin.dra.checkpoint import QUARANTINE_FILE, Checkpoint, PreparedClaim
+
+    cp = Checkpoint(tmp_path / "gpukit-checkpoint.json")
+    cp.put(PreparedClaim("uid-live", "team-a", "here", (), "a.json"))
+    cp.put(PreparedClaim("uid-gone", "team-a", "deleted", (), "b.json"))
+    assert cp.quarantine("uid-gone", "the claim is gone from the API")
+    assert (tmp_path / QUARANTINE_FILE).is_file()
+    text = cp.path.read_text()
+    claims = [_claim("here", "gpu-t4")]
+    assert filters.allocation_switch_claims([text, ""], claims, "gpu-t4") == ["team-a/here"]
+    assert filters.allocation_switch_claims([text, ""], None, "gpu-t4") == ["team-a/here"]
+    cp.remove("uid-live")
+    assert filters.allocation_switch_claims([cp.path.read_text(), ""], None, "gpu-t4") == []

@@ -55,7 +55,7 @@ from ..nvml import compute_mode
 from ..nvml.mig import PynvmlBackend as MigReader
 from ..resources import Unit
 from ..served import Served, Verdict, dra_served
-from . import device_taints, nvidia_claims
+from . import claim_status, device_taints, nvidia_claims
 from .checkpoint import open_checkpoint
 from .health_stream import DeviceState, HealthBoard, HealthService
 from .node_shares import read_node_shares
@@ -112,7 +112,8 @@ class DraKubeletPlugin:
         self.api_client = api_client
         self.publisher = SlicePublisher(api_client, options.node)
         # gpukit's own file; what an earlier gpukit wrote to NVIDIA's name moved there first.
-        self.checkpoint = open_checkpoint(Path(options.plugin_dir))
+        # Entries it cannot read are quarantined at start, not a reason to stop.
+        self.checkpoint = open_checkpoint(Path(options.plugin_dir), strict=False)
         self._devices: dict[str, SliceDevice] = {}
         self._node_devices = NodeDevices()
         self._lock = threading.Lock()
@@ -141,7 +142,8 @@ class DraKubeletPlugin:
             common_edits=self._common_edits, checkpoint=self.checkpoint,
             cdi_dir=options.cdi_dir, device_root=options.device_root,
             mps=mps_control(options.mps_daemons, compute_mode.set_exclusive),
-            mps_root=options.mps_root)
+            mps_root=options.mps_root,
+            report_status=None if api_client is None else self._write_claim_status)
         self.health_board = HealthBoard()
         self.health_service = (HealthService(self.health_board, options.node)
                                if options.health_stream else None)
@@ -225,6 +227,16 @@ class DraKubeletPlugin:
             return None
         return bool((claim.get("metadata") or {}).get("uid") == ref.uid)
 
+    def _write_claim_status(self, ref: ClaimRef, devices: list[dict[str, Any]]) -> None:
+        """The claim's status.devices entries of this driver (claim_status.py)."""
+        resp = client.ResourceV1Api(self.api_client).patch_namespaced_resource_claim_status(
+            ref.name, ref.namespace, claim_status.apply_body(ref.namespace, ref.name, ref.uid,
+                                                             devices),
+            field_manager=claim_status.FIELD_MANAGER, force=True,
+            _content_type="application/apply-patch+yaml", _request_timeout=10,
+            _preload_content=False)  # the answer is not needed: not decoded into models
+        resp.release_conn()
+
     def _read_claim(self, namespace: str, name: str) -> Mapping[str, Any]:
         resp = client.ResourceV1Api(self.api_client).read_namespaced_resource_claim(
             name, namespace, _preload_content=False)
@@ -245,6 +257,7 @@ class DraKubeletPlugin:
         self._nvml_ready = True
         self.rescan()
         self.take_over_nvidias_claims()  # before the kubelet can ask for any claim
+        self.restore_claims()  # their CDI specs back before the kubelet sees the plugin
         self.server.start()
         if self.health_enabled:
             self.health.start()
@@ -257,6 +270,16 @@ class DraKubeletPlugin:
         self.preparer.forget_gone(self._claim_exists)
         for key, problem in self.preparer.restore_mps().items():
             log.error("MPS daemon %s of a prepared claim is not serving: %s", key, problem)
+
+    def restore_claims(self) -> dict[str, str]:
+        """The prepared claims' CDI specs rewritten where missing or different, stale entries
+        quarantined (Preparer.restore_specs); one line when anything was done."""
+        done = self.preparer.restore_specs()
+        changed = {uid: what for uid, what in done.items() if what != "present"}
+        if changed:
+            log.info("prepared claims restored before registering: %s", "; ".join(
+                f"{uid}: {what}" for uid, what in sorted(changed.items())))
+        return done
 
     def take_over_nvidias_claims(self) -> nvidia_claims.Takeover:
         """The claims NVIDIA's DRA driver prepared here: taken over where safe, else refused

@@ -3,12 +3,16 @@
 Prepare reads the claim from the API (the kubelet gives namespace, name and UID), takes the
 allocation's results for driver gpu.nvidia.com in this node's pool, checks NVIDIA's opaque
 configs, starts the claim's MPS control daemon where a config shares through MPS
-(claim_mps.py), writes the claim's CDI spec and then records the claim in the checkpoint; it
-returns the CDI device IDs containerd injects. A claim already in the checkpoint (with its
-spec file present) is returned as recorded: a restarted agent does not prepare it twice.
+(claim_mps.py), writes the claim's CDI spec, records the claim in the checkpoint and then
+fills its status.devices (claim_status.py; a failure there is logged, the claim stays
+prepared); it returns the CDI device IDs containerd injects. A claim already in the
+checkpoint (with its spec file present) is returned as recorded: a restarted agent does not
+prepare it twice. At start, before the plugin registers, every checkpointed claim's CDI spec
+is rewritten where missing or different (`restore_specs`: the checkpoint records each
+device's container edits), and stale entries are quarantined (checkpoint.py).
 Unprepare removes the spec file, stops the claim's MPS daemon, then the checkpoint entry; a
-claim it does not know is
-already unprepared. Both are serialized: the kubelet may call for several pods at once.
+claim it does not know is already unprepared. Both are serialized: the kubelet may call for
+several pods at once.
 A claim NVIDIA's DRA driver prepared on the node and gpukit did not take over
 (nvidia_claims.py; its CDI spec is NVIDIA's) is neither prepared nor unprepared: both answer
 why, so the kubelet keeps it as it is.
@@ -19,12 +23,13 @@ goes back to the kubelet for that claim alone, which retries and shows it in the
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,17 +39,23 @@ from gpukit.contracts.dra import DRIVER
 
 from .. import cdi
 from ..mps_daemons import DaemonDirs, MpsControl, MpsError, read_spec
-from . import claim_cdi, claim_mps
+from . import claim_cdi, claim_mps, claim_status
 from .checkpoint import Checkpoint, PreparedClaim, PreparedDevice
 from .slice_devices import SliceDevice
 
 log = logging.getLogger(__name__)
 
 ClaimReader = Callable[[str, str], Mapping[str, Any]]  # (namespace, name) -> claim as JSON
+# Writes a prepared claim's status.devices entries (claim_status.py).
+StatusWriter = Callable[["ClaimRef", list[dict[str, Any]]], None]
 
 
 class PrepareError(RuntimeError):
     """Preparing or unpreparing one claim failed; the message is what the kubelet shows."""
+
+
+class _Unrestorable(RuntimeError):
+    """A claim's spec cannot be restored now for a passing reason (the API did not answer)."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,23 @@ class ClaimRef:
 
     def __str__(self) -> str:
         return f"claim {self.namespace}/{self.name} (uid {self.uid})"
+
+
+@dataclass
+class _Plan:
+    """One claim's preparation, worked out from its allocation and configs."""
+
+    spec_devices: dict[str, tuple[str, Any, dict[str, list[Any]]]] = field(default_factory=dict)
+    by_device: dict[str, list[str]] = field(default_factory=dict)
+    shares: dict[str, list[str]] = field(default_factory=dict)
+    mps_devices: list[claim_mps.MpsDevice] = field(default_factory=list)
+    sharing: dict[str, opaque.Sharing] = field(default_factory=dict)
+
+
+def _recorded(extra: Mapping[str, list[Any]]) -> dict[str, list[Any]]:
+    """A device's extra container edits as the checkpoint records them (empty lists left out,
+    as claim_spec leaves them out)."""
+    return {k: list(v) for k, v in sorted(extra.items()) if v}
 
 
 @dataclass
@@ -72,6 +100,7 @@ class Preparer:
     # and why its checkpoint as a whole was not ('' when it was, or there was none).
     not_taken: dict[str, str] = field(default_factory=dict)
     nvidia_problem: str = ""
+    report_status: StatusWriter | None = None  # None: status.devices not written
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -102,11 +131,18 @@ class Preparer:
                 raise PrepareError(nvidias)
             started = time.monotonic()
             claim = self.read_claim(ref.namespace, ref.name)
-            prepared = self._prepare(ref, claim)
+            prepared, plan = self._prepare(ref, claim)
             self.checkpoint.put(prepared)
             log.info("%s: prepared %s in %.1f ms", ref, ", ".join(
                 d.device for d in prepared.devices), (time.monotonic() - started) * 1000)
-            return prepared
+            published = self.devices()
+        if self.report_status is not None:  # outside the lock: an API call
+            entries = claim_status.entries(prepared, published, plan.sharing)
+            try:
+                self.report_status(ref, entries)
+            except Exception as exc:  # the claim is prepared all the same; status only tells
+                log.warning("%s: cannot write status.devices: %s", ref, exc)
+        return prepared
 
     def _results(self, ref: ClaimRef, claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
         uid = (claim.get("metadata") or {}).get("uid")
@@ -125,7 +161,8 @@ class Preparer:
                                f"{self.node}, the allocation has {found or 'none'}")
         return ours
 
-    def _prepare(self, ref: ClaimRef, claim: Mapping[str, Any]) -> PreparedClaim:
+    def _plan(self, ref: ClaimRef, claim: Mapping[str, Any]) -> _Plan:
+        """What preparing the claim needs, from its allocation and configs; nothing done."""
         results = self._results(ref, claim)
         allocation = claim["status"]["allocation"]
         try:
@@ -135,10 +172,7 @@ class Preparer:
         except opaque.ConfigError as exc:
             raise PrepareError(f"{ref}: {exc}") from exc
         published = self.devices()
-        spec_devices: dict[str, tuple[str, Any, dict[str, list[Any]]]] = {}
-        by_device: dict[str, list[str]] = {}
-        shares: dict[str, list[str]] = {}
-        mps_devices: list[claim_mps.MpsDevice] = []
+        plan = _Plan()
         for r in results:
             name, request = str(r.get("device")), str(r.get("request", ""))
             device = published.get(name)
@@ -157,31 +191,41 @@ class Preparer:
                     raise PrepareError(f"{ref}: {exc}") from exc
                 env = opaque.sharing_env(cfg.sharing)
                 if cfg.sharing is not None and cfg.sharing.strategy == opaque.MPS:
-                    mps_devices.append(claim_mps.MpsDevice(
+                    plan.mps_devices.append(claim_mps.MpsDevice(
                         device.unit.uuid, device.unit.mig is None, request, cfg.sharing))
                     extra = claim_mps.container_edits(self.mps_root, ref.uid)
+                if cfg.sharing is not None:
+                    plan.sharing.setdefault(name, cfg.sharing)
             extra["env"] = [*env, *extra.get("env", [])]
-            spec_devices.setdefault(name, (name, device.unit, extra))
-            by_device.setdefault(name, []).append(request)
+            plan.spec_devices.setdefault(name, (name, device.unit, extra))
+            plan.by_device.setdefault(name, []).append(request)
             if r.get("shareID"):  # a shared device: this claim's share of it
-                shares.setdefault(name, []).append(str(r["shareID"]))
+                plan.shares.setdefault(name, []).append(str(r["shareID"]))
+        return plan
+
+    def _prepare(self, ref: ClaimRef, claim: Mapping[str, Any]) -> tuple[PreparedClaim, _Plan]:
+        plan = self._plan(ref, claim)
         uid = ref.uid
-        if mps_devices:
-            self._start_mps(ref, mps_devices)
-        spec = claim_cdi.claim_spec(uid, list(spec_devices.values()), self.device_root,
-                                    self.common_edits())
+        if plan.mps_devices:
+            self._start_mps(ref, plan.mps_devices)
         file_name = claim_cdi.spec_file(uid)
         try:
-            cdi.write_spec(spec, self.cdi_dir, file_name)
+            cdi.write_spec(self._spec(uid, list(plan.spec_devices.values())), self.cdi_dir,
+                           file_name)
         except OSError:
-            if mps_devices:  # nothing half-applied: the claim is not prepared
+            if plan.mps_devices:  # nothing half-applied: the claim is not prepared
                 self._stop_mps(ref)
             raise
         devices = tuple(
             PreparedDevice(tuple(dict.fromkeys(requests)), self.node, name,
-                           (claim_cdi.device_id(uid, name),), tuple(shares.get(name, ())))
-            for name, requests in by_device.items())
-        return PreparedClaim(uid, ref.namespace, ref.name, devices, file_name)
+                           (claim_cdi.device_id(uid, name),), tuple(plan.shares.get(name, ())),
+                           _recorded(plan.spec_devices[name][2]))
+            for name, requests in plan.by_device.items())
+        return PreparedClaim(uid, ref.namespace, ref.name, devices, file_name), plan
+
+    def _spec(self, uid: str, devices: list[tuple[str, Any, Mapping[str, Any]]]
+              ) -> dict[str, Any]:
+        return claim_cdi.claim_spec(uid, devices, self.device_root, self.common_edits())
 
     def _start_mps(self, ref: ClaimRef, devices: list[claim_mps.MpsDevice]) -> None:
         if self.mps is None:
@@ -204,18 +248,94 @@ class Preparer:
             raise PrepareError(f"{ref}: {exc}") from exc
 
     def forget_gone(self, exists: Callable[[ClaimRef], bool | None]) -> list[ClaimRef]:
-        """Unprepare the checkpoint's claims that no longer exist (`exists` False: gone from
-        the API, or a new claim under the same name; None: unknown, kept). A claim deleted
-        while the plugin was down never gets its NodeUnprepareResources, and its entry would
-        hold the node's GPUs for good (a switch back to the device plugin refused on it)."""
+        """Unprepare and quarantine the checkpoint's claims that no longer exist (`exists`
+        False: gone from the API, or a new claim under the same name; None: unknown, kept). A
+        claim deleted while the plugin was down never gets its NodeUnprepareResources, and its
+        entry would hold the node's GPUs for good (a switch back to the device plugin refused
+        on it). An unprepare that fails quarantines the entry all the same, saying so."""
         gone = []
         for uid, claim in sorted(self.checkpoint.all().items()):
             ref = ClaimRef(claim.namespace, claim.name, uid)
             if exists(ref) is False:
-                self.unprepare(ref)
-                log.info("%s: gone from the API, unprepared", ref)
+                why = "the claim is gone from the API (deleted, or replaced under its name)"
+                try:
+                    self.unprepare(ref, quarantine=f"{why}; unprepared")
+                except Exception as exc:
+                    self.checkpoint.quarantine(uid, f"{why}; unpreparing it failed: {exc}")
                 gone.append(ref)
         return gone
+
+    # -- after a restart -------------------------------------------------------------------
+
+    def restore_specs(self) -> dict[str, str]:
+        """Every prepared claim's CDI spec as the checkpoint says, rewritten where missing or
+        different (a reboot empties /var/run/cdi, and the kubelet does not prepare a claim it
+        prepared before: the pod's containers would not start, kubernetes#141433). Run before
+        the plugin registers. An entry that cannot be read or whose spec cannot be written is
+        quarantined; one whose device is not published now is kept. UID -> what was done."""
+        done: dict[str, str] = {}
+        with self._lock:
+            for uid, why in self.checkpoint.unreadable().items():
+                self.checkpoint.quarantine(uid, why)
+                done[uid] = f"quarantined: {why}"
+            published = self.devices()
+            for uid, claim in sorted(self.checkpoint.all().items()):
+                try:
+                    done[uid] = self._restore(claim, published)
+                except _Unrestorable as exc:
+                    done[uid] = f"not restored: {exc}"
+                    log.error("%s: CDI spec not restored, entry kept: %s", claim, exc)
+                except Exception as exc:
+                    why = f"its CDI spec cannot be restored: {exc}"
+                    self.checkpoint.quarantine(uid, why)
+                    done[uid] = f"quarantined: {why}"
+        return done
+
+    def _restore(self, claim: PreparedClaim, published: Mapping[str, SliceDevice]) -> str:
+        ref = ClaimRef(claim.namespace, claim.name, claim.uid)
+        missing = [d.device for d in claim.devices if d.device not in published]
+        # A device missing now is no verdict on the claim: a discovery that missed a MIG
+        # device or a GPU would otherwise move a running claim aside and free its GPU for
+        # the MIG manager. The entry stays until the API says the claim is gone (forget_gone).
+        if missing:
+            raise _Unrestorable(f"device(s) {', '.join(missing)} not among node {self.node}'s "
+                                f"devices now: {', '.join(sorted(published)) or 'none'}")
+        path = Path(self.cdi_dir) / claim.spec_file
+        if any(d.edits is None for d in claim.devices):  # an earlier gpukit's, or NVIDIA's
+            if path.is_file():
+                return "present (recorded by an earlier gpukit: kept as it is)"
+            foreign = [d.device for d in claim.devices
+                       if d.cdi_device_ids != (claim_cdi.device_id(claim.uid, d.device),)]
+            if foreign:  # the kubelet holds IDs gpukit's spec would not define
+                raise _Unrestorable(f"CDI device IDs of {', '.join(foreign)} are not the ones "
+                                    "gpukit writes")
+            try:
+                doc = self.read_claim(ref.namespace, ref.name)
+            except Exception as exc:  # the API cannot say now: the entry stays
+                raise _Unrestorable(f"reading the claim from the API: {exc}") from exc
+            plan = self._plan(ref, doc)  # PrepareError: replaced, no allocation, no device
+            claim = PreparedClaim(claim.uid, claim.namespace, claim.name, tuple(
+                replace(d, edits=_recorded(plan.spec_devices[d.device][2]))
+                if d.device in plan.spec_devices else d for d in claim.devices),
+                claim.spec_file)
+            if any(d.edits is None for d in claim.devices):
+                raise PrepareError("its allocation no longer lists device(s) "
+                                   + ", ".join(d.device for d in claim.devices
+                                               if d.edits is None))
+            self.checkpoint.put(claim)
+        want = self._spec(claim.uid, [(d.device, published[d.device].unit, d.edits or {})
+                                      for d in claim.devices])
+        try:
+            if json.loads(path.read_text()) == want:
+                return "present"
+            state = "rewritten (it differed)"
+        except FileNotFoundError:
+            state = "rewritten (it was missing)"
+        except ValueError:
+            state = "rewritten (it was not JSON)"
+        cdi.write_spec(want, self.cdi_dir, claim.spec_file)
+        log.info("%s: CDI spec %s %s", ref, path, state)
+        return state
 
     def restore_mps(self) -> dict[str, str]:
         """After a restart: the daemons of the claims the checkpoint holds running again,
@@ -233,8 +353,9 @@ class Preparer:
 
     # -- unprepare -------------------------------------------------------------------------
 
-    def unprepare(self, ref: ClaimRef) -> bool:
-        """True when the claim was prepared here (and now is not)."""
+    def unprepare(self, ref: ClaimRef, quarantine: str = "") -> bool:
+        """True when the claim was prepared here (and now is not). `quarantine`: its entry
+        moved aside with this reason rather than removed (a stale entry, forget_gone)."""
         with self._lock:
             known = self.checkpoint.get(ref.uid)
             if known is None and (nvidias := self._nvidias(ref)):
@@ -248,7 +369,8 @@ class Preparer:
                 raise PrepareError(f"{ref}: cannot remove its CDI spec {file_name}: "
                                    f"{exc}") from exc
             self._stop_mps(ref)
-            removed = self.checkpoint.remove(ref.uid)
+            removed = (self.checkpoint.quarantine(ref.uid, quarantine) if quarantine
+                       else self.checkpoint.remove(ref.uid))
             log.info("%s: %s", ref, "unprepared" if removed else "was not prepared here")
             return removed
 

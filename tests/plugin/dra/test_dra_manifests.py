@@ -36,6 +36,12 @@ def test_rbac_reads_claims_and_its_node_and_writes_slices_and_events_only() -> N
     rules = objects()[("ClusterRole", "gpukit-dra-plugin")]["rules"]
     assert rules == [
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        # status.devices of the claims it prepares: its driver's entries, on its node only
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"],
+         "verbs": ["patch", "update"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/driver"],
+         "resourceNames": ["gpu.nvidia.com"],
+         "verbs": ["associated-node:patch", "associated-node:update"]},
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},  # gpukit.io/dra.shares
         # Its served-vs-declared condition (the agent's condition policy narrows it).
         {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
