@@ -1,6 +1,7 @@
 """Runs the device plugin: config -> discovery -> resources -> one gRPC server per resource.
 
-One background loop (every `tick` seconds) keeps the node and the kubelet in step:
+One background loop (every `tick` seconds, `idle_ticks` of them while everything it must act on
+at once wakes it) keeps the node and the kubelet in step:
 - kubelet.sock re-created (the kubelet restarted) -> re-register every resource; a plugin socket
   removed (the kubelet wipes the directory on start) -> serve it again and re-register. An
   inotify watch on the kubelet dir (dir_watch.py) wakes the loop at once for both, so the node
@@ -14,7 +15,9 @@ One background loop (every `tick` seconds) keeps the node and the kubelet in ste
   config instead of crash-looping with the node at 0 GPUs (see last_good.py);
 - node labels re-asserted: a watch on the own Node restores drifted owned labels within a
   tick, and all are re-asserted every `label_reassert_seconds` (as GFD rewrites its labels).
-Health changes from the NVML event loop update ListAndWatch immediately.
+SIGHUP/SIGUSR1 requests, label drift and the MIG manager's pause file (watched like the kubelet
+dir) wake the loop at once. Health changes from the NVML event loop update ListAndWatch
+immediately.
 """
 
 from __future__ import annotations
