@@ -184,3 +184,29 @@ def test_registers_before_importing_what_registration_does_not_need(
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "none"  # imported before the kubelet saw Register
+
+
+def test_nvml_started_early_is_taken_by_init(mock_node: Any) -> None:
+    from gpukit.lab.nvml import ENV_LIB
+    from gpukit.plugin.manager import PynvmlBackend
+
+    mock_node("a100-sxm4-40gb-x8")
+    backend = PynvmlBackend(os.environ[ENV_LIB])
+    backend.init_early()
+    backend.init()  # joins the early nvmlInit: one init, as without init_early
+    try:
+        assert len(backend.discover(with_topology=False).gpus) == 8
+    finally:
+        backend.shutdown()
+
+
+def test_nvml_failure_started_early_is_raised_by_init(tmp_path: Path) -> None:
+    import pytest
+
+    from gpukit.plugin.manager import PynvmlBackend
+    from gpukit.plugin.nvml import NvmlError
+
+    backend = PynvmlBackend(str(tmp_path / "libnvidia-ml.so.1"))  # no such library
+    backend.init_early()
+    with pytest.raises(NvmlError):
+        backend.init()
