@@ -35,9 +35,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
-from . import bounded_yaml
 from .dra import DRIVER, TYPE_GPU, TYPE_MIG
 from .label_names import RESOURCE_PREFIX
 
@@ -104,11 +101,17 @@ class NodeDeclaration:
 
 def render(decl: NodeDeclaration) -> str:
     """The ConfigMap entry for `decl`."""
+    import yaml  # imported on use: the node agent imports this module on its way to registering
+
     return yaml.safe_dump(decl.as_dict(), sort_keys=False)
 
 
 def parse(text: str, source: str = "declaration") -> NodeDeclaration:
     """A declaration entry; DeclarationError names `source`, the field and the value."""
+    import yaml
+
+    from . import bounded_yaml
+
     try:
         doc = bounded_yaml.load(text)
     except yaml.YAMLError as exc:

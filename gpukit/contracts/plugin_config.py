@@ -28,10 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from gpukit.contracts import bounded_yaml
-
 VERSION = "v1"
 RESOURCE_PREFIX = "nvidia.com"
 SHARED_SUFFIX = ".shared"
@@ -240,6 +236,8 @@ def set_path(doc: dict[str, Any], dotted: str, value: Any) -> None:
 
 def load_document(path: Path) -> dict[str, Any]:
     """Read a YAML/JSON config file into a mapping; errors name the file and what is wrong."""
+    from gpukit.contracts import bounded_yaml  # PyYAML only when a file is read (agent start-up)
+
     try:
         text = bounded_yaml.read_text(path)
     except OSError as exc:
@@ -260,6 +258,10 @@ def require_content(doc: dict[str, Any], source: str = "") -> dict[str, Any]:
 
 
 def parse_document(text: str, source: str = "") -> dict[str, Any]:
+    import yaml
+
+    from gpukit.contracts import bounded_yaml
+
     try:
         doc = bounded_yaml.load(text)
     except bounded_yaml.BoundExceeded as exc:

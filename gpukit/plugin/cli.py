@@ -24,8 +24,6 @@ from gpukit.contracts.plugin_config import ConfigError
 
 from . import metrics_auth
 from .config_source import ConfigSource, Override, coerce, env_overrides
-from .manager import InitError, ManagerOptions, PluginManager, PynvmlBackend
-from .metrics import PluginMetrics
 from .signals import INBOX, run_main
 
 log = logging.getLogger("gpukit.plugin")
@@ -159,6 +157,14 @@ def _main(argv: list[str] | None, prog: str) -> int:
             return 2
         print(json.dumps(asdict(loaded.config), indent=2, default=str))
         return 0
+    # NVML starts initialising now, while the rest of the agent is imported (nvml_backend.py).
+    from .nvml_backend import PynvmlBackend
+
+    backend = PynvmlBackend(args.nvml_library)
+    backend.init_early()
+    from .manager import InitError, ManagerOptions, PluginManager
+    from .metrics import PluginMetrics
+
     node_client = None
     if args.node_name and (args.config_dir or args.node_labels or args.declaration_dir):
         from .node_api import NodeClient
@@ -172,7 +178,7 @@ def _main(argv: list[str] | None, prog: str) -> int:
         source.label_reader = node_client.labels
     metrics = PluginMetrics()
     manager = PluginManager(
-        source, PynvmlBackend(args.nvml_library), metrics,
+        source, backend, metrics,
         ManagerOptions(proc_root=args.proc_root, labels_file=args.labels_file,
                        node_labels=args.node_labels, pause_file=args.pause_file or None,
                        last_good_file=args.last_good_config or None,

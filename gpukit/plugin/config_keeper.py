@@ -48,7 +48,7 @@ class ConfigKeeper:
         """Say it where operators look: log, metric, node label (at the next label update)
         and one Event per distinct problem on the node."""
         self.failure = str(exc)
-        self.metrics.config_failed.set(1)
+        self.metrics.set_config_failed(True)
         self.metrics.errors.labels(kind="config").inc()
         log.error("selected config refused, %s: %s", instead, exc)
         node = self.source.node_name
@@ -66,7 +66,7 @@ class ConfigKeeper:
             log.info("selected config accepted again")
         self.failure = None
         self._reported = None
-        self.metrics.config_failed.set(0)
+        self.metrics.set_config_failed(False)
         path = self.last_good_file
         if not path:
             return

@@ -27,7 +27,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpukit.contracts import bounded_yaml
 from gpukit.contracts import node_declaration as nd
 
 from .metrics import PluginMetrics
@@ -119,6 +118,8 @@ class DeclarationWatch:
             return self.declaration
         self._stamp = stamp
         try:
+            from gpukit.contracts import bounded_yaml  # PyYAML off the way to registering
+
             decl = nd.parse(bounded_yaml.read_text(self.path), str(self.path))
             if decl.node != self.node_name:
                 raise nd.DeclarationError(f"{self.path}.node: {decl.node!r} is not this node "

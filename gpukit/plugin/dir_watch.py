@@ -11,7 +11,6 @@ available, or the directory does not exist yet, nothing is watched and the tick 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
 import select
@@ -37,9 +36,10 @@ _EVENT_HEADER = struct.Struct("iIII")  # wd, mask, cookie, len (name follows)
 
 
 def _libc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
+    # The C library the interpreter already links (dlopen(NULL)), not ctypes.util.find_library,
+    # which runs `ldconfig -p` in a subprocess: ~20 ms on the agent's way to registering.
     try:
-        lib = ctypes.CDLL(name or "libc.so.6", use_errno=True)
+        lib = ctypes.CDLL(None, use_errno=True)
         lib.inotify_init1  # noqa: B018 -- absent outside Linux
     except (OSError, AttributeError):
         return None
@@ -50,8 +50,11 @@ class DirWatch:
     """One inotify watch on one directory, re-targeted by `ensure(path)` (the kubelet dir can
     change with a config reload, or be created after the agent started)."""
 
-    def __init__(self, on_change: Callable[[], None]) -> None:
+    def __init__(self, on_change: Callable[[], None], what: str = "kubelet restarts",
+                 thread_name: str = "gpukit-kubelet-dir") -> None:
         self.on_change = on_change
+        self.what = what  # for the log lines: what the watch notices
+        self.thread_name = thread_name
         self.path: str | None = None
         self._libc = _libc()
         self._fd = -1
@@ -76,11 +79,11 @@ class DirWatch:
                 self._fd = self._libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
                 if self._fd < 0:
                     self._libc = None
-                    log.warning("inotify unavailable (%s): noticing kubelet restarts by polling",
-                                os.strerror(ctypes.get_errno()))
+                    log.warning("inotify unavailable (%s): noticing %s by polling",
+                                os.strerror(ctypes.get_errno()), self.what)
                     return False
                 self._stop_r, self._stop_w = os.pipe()
-                self._thread = threading.Thread(target=self._run, name="gpukit-kubelet-dir",
+                self._thread = threading.Thread(target=self._run, name=self.thread_name,
                                                 daemon=True)
                 self._thread.start()
             if self._wd >= 0:
@@ -91,7 +94,7 @@ class DirWatch:
             if wd < 0:
                 return False  # no directory yet: retried at the next tick
             self._wd = wd
-            log.debug("watching %s for kubelet restarts", path)
+            log.debug("watching %s for %s", path, self.what)
             return True
 
     def stop(self) -> None:

@@ -70,6 +70,9 @@ class KubeletRegistration:
         if current is None:
             return  # no kubelet yet; the loop retries when kubelet.sock appears
         failed = False
+        # Counted after the whole round: the first use of a metric imports prometheus_client
+        # (metrics.py), which must not hold up the other resources' registrations at start.
+        outcomes: list[tuple[str, str]] = []
         for name, endpoint in endpoints(sorted(self.pending)):
             try:
                 self.register_fn(socket, endpoint, name, self.timeout)
@@ -77,13 +80,16 @@ class KubeletRegistration:
                 failed = True
                 log.error("registering %s with the kubelet failed: %s", name,
                           exc.details() if hasattr(exc, "details") else exc)
-                self.metrics.registrations.labels(resource=name, result="error").inc()
-                self.metrics.errors.labels(kind="register").inc()
+                outcomes.append((name, "error"))
                 continue
             log.info("registered %s (%s) with the kubelet", name, endpoint)
-            self.metrics.registrations.labels(resource=name, result="ok").inc()
+            outcomes.append((name, "ok"))
             self.pending.discard(name)
             self.registered_at[name] = time.monotonic()
+        for name, result in outcomes:
+            self.metrics.registrations.labels(resource=name, result=result).inc()
+            if result == "error":
+                self.metrics.errors.labels(kind="register").inc()
         self._kubelet_inode = current
         if failed:
             self._next_attempt = time.monotonic() + self.retry_seconds

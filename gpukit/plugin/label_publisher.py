@@ -29,8 +29,9 @@ class Settings(Protocol):
 
 class LabelPublisher:
     def __init__(self, metrics: PluginMetrics, node_client: NodeClient | None, node_name: str,
-                 settings: Settings) -> None:
+                 settings: Settings, on_drift: Callable[[], None] = lambda: None) -> None:
         self.metrics = metrics
+        self.on_drift = on_drift  # wakes the manager loop, which restores the labels
         self.node_client = node_client
         self.node_name = node_name
         self.settings = settings
@@ -88,3 +89,4 @@ class LabelPublisher:
         """From the node watch: flag drift of owned labels; the loop restores them."""
         if self._last is not None and label_changes(current, self._last):
             self._drifted.set()
+            self.on_drift()

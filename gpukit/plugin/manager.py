@@ -1,6 +1,7 @@
 """Runs the device plugin: config -> discovery -> resources -> one gRPC server per resource.
 
-One background loop (every `tick` seconds) keeps the node and the kubelet in step:
+One background loop (every `tick` seconds, `idle_ticks` of them while everything it must act on
+at once wakes it) keeps the node and the kubelet in step:
 - kubelet.sock re-created (the kubelet restarted) -> re-register every resource; a plugin socket
   removed (the kubelet wipes the directory on start) -> serve it again and re-register. An
   inotify watch on the kubelet dir (dir_watch.py) wakes the loop at once for both, so the node
@@ -14,7 +15,9 @@ One background loop (every `tick` seconds) keeps the node and the kubelet in ste
   config instead of crash-looping with the node at 0 GPUs (see last_good.py);
 - node labels re-asserted: a watch on the own Node restores drifted owned labels within a
   tick, and all are re-asserted every `label_reassert_seconds` (as GFD rewrites its labels).
-Health changes from the NVML event loop update ListAndWatch immediately.
+SIGHUP/SIGUSR1 requests, label drift and the MIG manager's pause file (watched like the kubelet
+dir) wake the loop at once. Health changes from the NVML event loop update ListAndWatch
+immediately.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from dataclasses import dataclass, replace
 from gpukit.contracts import label_names as ln
 from gpukit.contracts.plugin_config import Config, ConfigError
 
-from . import cdi, nvml, podresources
+from . import cdi, nvml
 from .allocate import Allocator
 from .api import KUBELET_SOCKET_NAME
 from .config_keeper import ConfigKeeper
@@ -38,7 +41,6 @@ from .config_source import ConfigSource, LoadedConfig
 from .declaration_watch import DeclarationWatch
 from .devices import NodeDevices
 from .dir_watch import DirWatch
-from .gpu_metrics import GpuMetricsCollector, GpuMetricsSources
 from .health import HealthMonitor, HealthTracker, effective_ignored_xids
 from .kubelet_registration import KubeletRegistration, RegisterFn
 from .label_publisher import LabelPublisher
@@ -64,6 +66,10 @@ log = logging.getLogger(__name__)
 class ManagerOptions:
     proc_root: str = "/"
     tick: float = 0.5
+    # While every change the loop must act on at once wakes it (the kubelet dir and the pause
+    # file watched, label drift, requests) and nothing waits for a retry, it sleeps this many
+    # ticks: what is left (config polls, re-assertions, rescans) is periodic anyway.
+    idle_ticks: int = 4
     config_poll_seconds: float = 10.0
     register_retry_seconds: float = 3.0
     register_timeout: float = 5.0
@@ -78,8 +84,9 @@ class ManagerOptions:
     # A registered resource with no ListAndWatch stream for this long was dropped by the
     # kubelet: registered again (see `_dropped_by_kubelet`).
     stream_grace_seconds: float = 15.0
-    # How long the GPU metrics reuse the kubelet's PodResources answer (pod attribution).
-    pod_resources_ttl: float = podresources.DEFAULT_TTL
+    # How long the GPU metrics reuse the kubelet's PodResources answer (pod attribution);
+    # None: podresources.DEFAULT_TTL.
+    pod_resources_ttl: float | None = None
     # Who runs the MPS daemons: "own" (this process: a host service) or "delegate" (gpukit's
     # MPS control container: the hardened DaemonSet container cannot open the GPUs);
     # gpukit.plugin.mps_requests.mps_control.
@@ -130,7 +137,7 @@ class PluginManager:
         self.configs = ConfigKeeper(source, self.metrics, node_client,
                                     self.options.last_good_file)
         self.labels = LabelPublisher(self.metrics, node_client, source.node_name or "",
-                                     self.options)
+                                     self.options, on_drift=self._wake.set)
         self.declaration = DeclarationWatch(self.options.declaration_dir,
                                             source.node_name or "", self.metrics, node_client)
         self._last_cdi: dict[str, object] | None = None
@@ -142,16 +149,11 @@ class PluginManager:
         self.mps: MpsControl = mps
         self.mps_layout: MpsLayout | None = None  # None: no GPU shared through MPS
         self.pause = PauseWatcher(self.options.pause_file) if self.options.pause_file else None
+        # The MIG manager's pause wakes the loop (written by rename, removed by unlink).
+        self.pause_watch = (DirWatch(self._wake.set, "MIG manager pauses", "gpukit-pause-dir")
+                            if self.pause is not None else None)
         self.metrics.readiness = self.readiness
-        self.pod_resources = podresources.PodResourcesCache(
-            lambda: podresources.list_holders(podresources.socket_path(self.kubelet_dir)),
-            ttl=self.options.pod_resources_ttl)
-        self.metrics.add_collector(GpuMetricsCollector(GpuMetricsSources(
-            devices=lambda: self.devices, nvml_ready=lambda: self.nvml_ready,
-            holders=self.pod_resources.holders, last_xid=self.metrics.last_xids,
-            hostname=self.source.node_name or socket.gethostname(),
-            read_gpu=getattr(backend, "read_gpu", no_reading),
-            read_mig=getattr(backend, "read_mig", no_reading))))
+        self._gpu_metrics_added = False
 
     # -- properties ---------------------------------------------------------------------------
 
@@ -189,11 +191,34 @@ class PluginManager:
         self._set_config(loaded)
         self._config_fingerprint = seen
         self.kubelet_dir_watch.ensure(self.kubelet_dir)
+        self._watch_pause()
         self._init_nvml(startup=True)
         self.rescan(startup=True)
         self._loop = threading.Thread(target=self._run, name="gpukit-manager", daemon=True)
         self._loop.start()
         self.labels.start_watch(self._stop)
+        self._add_gpu_metrics()
+
+    def _add_gpu_metrics(self) -> None:
+        """The per-GPU telemetry collector, once, after the first registration: its modules
+        (the DCGM field table, the PodResources stubs) are not on the way to the kubelet."""
+        if self._gpu_metrics_added:
+            return
+        self._gpu_metrics_added = True
+        from . import podresources
+        from .gpu_metrics import GpuMetricsCollector, GpuMetricsSources
+
+        ttl = self.options.pod_resources_ttl
+        pod_resources = podresources.PodResourcesCache(
+            lambda: podresources.list_holders(podresources.socket_path(self.kubelet_dir)),
+            ttl=podresources.DEFAULT_TTL if ttl is None else ttl)
+        backend = self.backend
+        self.metrics.add_collector(GpuMetricsCollector(GpuMetricsSources(
+            devices=lambda: self.devices, nvml_ready=lambda: self.nvml_ready,
+            holders=pod_resources.holders, last_xid=self.metrics.last_xids,
+            hostname=self.source.node_name or socket.gethostname(),
+            read_gpu=getattr(backend, "read_gpu", no_reading),
+            read_mig=getattr(backend, "read_mig", no_reading))))
 
     def stop(self) -> None:
         self._stop.set()
@@ -203,6 +228,8 @@ class PluginManager:
         if self._loop is not None and self._loop.ident is not None and self._loop.is_alive():
             self._loop.join(timeout=10)
         self.kubelet_dir_watch.stop()
+        if self.pause_watch is not None:
+            self.pause_watch.stop()
         if self.monitor is not None:
             self.monitor.stop()
             self.monitor = None
@@ -228,9 +255,11 @@ class PluginManager:
 
     def request_reload(self) -> None:
         self._reload_requested.set()
+        self._wake.set()
 
     def request_rescan(self) -> None:
         self._rescan_requested.set()
+        self._wake.set()
 
     # -- config and NVML ----------------------------------------------------------------------
 
@@ -352,8 +381,8 @@ class PluginManager:
             self._reconcile()
             self._write_cdi()
         self._apply_health()
+        self._register_pending()  # before the labels: a node API round trip can wait
         self.labels.publish(self._wanted_labels)
-        self._register_pending()
         self._next_rescan = time.monotonic() + self.config.gpukit.rescan_interval_seconds
 
     def _views(self, resource: Resource) -> list[DeviceView]:
@@ -577,9 +606,27 @@ class PluginManager:
             return False, "; ".join(problems)
         return True, f"{len(names)} resource(s) registered: {', '.join(names) or 'none'}"
 
+    def _watch_pause(self) -> None:
+        if self.pause is not None and self.pause_watch is not None:
+            self.pause_watch.ensure(os.path.dirname(os.path.abspath(self.pause.path)))
+
+    def _next_wait(self) -> float:
+        """The tick, or `idle_ticks` of them while nothing needs polling (see ManagerOptions)."""
+        tick = self.options.tick
+        pause, pause_watch = self.pause, self.pause_watch
+        watched = self.kubelet_dir_watch.watching and (
+            pause is None or (pause_watch is not None and pause_watch.watching
+                              and not pause.paused))
+        if not watched:
+            return tick
+        with self._lock:
+            settled = (not self.registration.pending and not self._retiring
+                       and set(self.resources.resources) <= set(self.servers))
+        return tick * max(1, self.options.idle_ticks) if settled else tick
+
     def _run(self) -> None:
         while True:
-            self._wake.wait(self.options.tick)
+            self._wake.wait(self._next_wait())
             self._wake.clear()
             if self._stop.is_set():
                 return
@@ -587,6 +634,7 @@ class PluginManager:
                 self.check_kubelet()
                 self.declaration.check(self.served)  # also while paused for a MIG change
                 if self.pause is not None:
+                    self._watch_pause()
                     if self.pause.poll():
                         if self.pause.paused:  # MIG change starting: its GPUs Unhealthy now
                             self.refresh_health()

@@ -3,6 +3,7 @@ test's stand-in with the same three calls; and the startup error the agent stops
 
 from __future__ import annotations
 
+import threading
 from typing import Protocol
 
 from . import nvml
@@ -25,8 +26,34 @@ class PynvmlBackend:
 
     def __init__(self, library: str | None = None) -> None:
         self.library = library
+        self._early: threading.Thread | None = None
+        self._early_error: Exception | None = None
+
+    def init_early(self) -> None:
+        """Start nvmlInit now, in a thread, for the next `init()` to take its outcome. ctypes
+        lets go of the GIL during the call, so the driver's initialisation (long on a node
+        without persistence mode) overlaps the agent's imports and config load."""
+
+        def run() -> None:
+            try:
+                self._init()
+            except Exception as exc:  # handed to init(), which raises it
+                self._early_error = exc
+
+        self._early = threading.Thread(target=run, name="gpukit-nvml-init", daemon=True)
+        self._early.start()
 
     def init(self) -> None:
+        early, self._early = self._early, None
+        if early is None:
+            self._init()
+            return
+        early.join()
+        error, self._early_error = self._early_error, None
+        if error is not None:
+            raise error
+
+    def _init(self) -> None:
         if self.library:
             nvml.load_library(self.library)
         nvml.init()

@@ -29,6 +29,9 @@ from .resources import Resource
 log = logging.getLogger(__name__)
 pb = deviceplugin_pb2
 _umask_lock = threading.Lock()
+# An idle ListAndWatch sleeps until its devices change or its RPC ends (both notify); this
+# is only a guard, so an idle agent does not wake once a second per stream.
+STREAM_GUARD_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -78,9 +81,14 @@ class ResourceState:
         with self._cond:
             return self._version, self.views
 
-    def wait_change(self, version: int, timeout: float) -> tuple[int, tuple[DeviceView, ...]]:
+    def wait_change(self, version: int, timeout: float,
+                    ended: Callable[[], bool] = lambda: False
+                    ) -> tuple[int, tuple[DeviceView, ...]]:
+        """Until the views change, the state closes, `ended()` (checked whenever the condition
+        is notified: `stream_closed` notifies) or `timeout`."""
         with self._cond:
-            self._cond.wait_for(lambda: self._version != version or self._closed, timeout)
+            self._cond.wait_for(
+                lambda: self._version != version or self._closed or ended(), timeout)
             return self._version, self.views
 
     def stream_opened(self) -> None:
@@ -92,6 +100,7 @@ class ResourceState:
         with self._cond:
             self._streams -= 1
             self._streams_changed = time.monotonic()
+            self._cond.notify_all()  # the ended stream's ListAndWatch returns now
 
     def streamless_since(self) -> float | None:
         """Since when (monotonic) no ListAndWatch stream is open; None while one is."""
@@ -136,7 +145,7 @@ class DevicePluginService:
     """Implements the DevicePlugin gRPC service for one ResourceState."""
 
     def __init__(self, state: ResourceState, metrics: PluginMetrics | None = None,
-                 stream_poll: float = 1.0) -> None:
+                 stream_poll: float = STREAM_GUARD_SECONDS) -> None:
         self.state = state
         self.metrics = metrics
         self.stream_poll = stream_poll
@@ -151,11 +160,17 @@ class DevicePluginService:
         # Counted until the RPC ends, however it ends (the manager re-registers a resource
         # whose stream the kubelet dropped).
         self.state.stream_opened()
-        if not context.add_callback(self.state.stream_closed):
+        ended = threading.Event()
+
+        def closed() -> None:
+            ended.set()
             self.state.stream_closed()
+
+        if not context.add_callback(closed):
+            closed()
         yield self._sent(views, "first")
-        while context.is_active() and not self.state.closed:
-            new_version, views = self.state.wait_change(version, self.stream_poll)
+        while context.is_active() and not self.state.closed and not ended.is_set():
+            new_version, views = self.state.wait_change(version, self.stream_poll, ended.is_set)
             if new_version != version:
                 version = new_version
                 log.info("ListAndWatch(%s): update, %d devices, %d unhealthy", self.state.name,

@@ -25,11 +25,39 @@ Library use::
         applier.apply(configs, "all-3g.20gb", gpus, hooks.command_reset(hooks.NVIDIA_SMI_RESET))
 """
 
-from gpukit.contracts.mig_parted import MigConfigError, MigConfigs, load_file, load_text, parse
-from gpukit.mig.planner import Action, ActionKind, GpuPlan, LayoutError, Plan, plan
+from __future__ import annotations
 
-from .applier import ApplyError, ApplyResult, ProcessesRunning, VerifyError, apply, verify
-from .export import export_config
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpukit.contracts.mig_parted import MigConfigError, MigConfigs, load_file, load_text, parse
+    from gpukit.mig.planner import Action, ActionKind, GpuPlan, LayoutError, Plan, plan
+
+    from .applier import ApplyError, ApplyResult, ProcessesRunning, VerifyError, apply, verify
+    from .export import export_config
+
+# Imported on first use (PEP 562): the device plugin imports `mig.pause` on its way to
+# registering with the kubelet and needs none of the planner, applier or YAML schema.
+_FROM = {
+    "gpukit.contracts.mig_parted": ("MigConfigError", "MigConfigs", "load_file", "load_text",
+                                    "parse"),
+    "gpukit.mig.planner": ("Action", "ActionKind", "GpuPlan", "LayoutError", "Plan", "plan"),
+    "gpukit.plugin.mig.applier": ("ApplyError", "ApplyResult", "ProcessesRunning",
+                                  "VerifyError", "apply", "verify"),
+    "gpukit.plugin.mig.export": ("export_config",),
+}
+_MODULE_OF = {name: module for module, names in _FROM.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "Action", "ActionKind", "ApplyError", "ApplyResult", "GpuPlan", "LayoutError",
