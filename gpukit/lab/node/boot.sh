@@ -78,6 +78,7 @@ overlay() {
   done
   for c in "$src"/*; do
     n=${c##*/}
+    [[ -e $c ]] || continue
     if [[ -d $dst/$n && ! -L $dst/$n ]]; then overlay "$c" "$dst/$n" 0; continue; fi
     mkdir "$dst/$n"
     ro_bind "$c" "$dst/$n"
