@@ -717,10 +717,11 @@ def own_slices_policy(d: AgentDeployment) -> list[dict[str, Any]]:
 def dra_daemonset(d: AgentDeployment) -> dict[str, Any]:
     """The DRA plugin on the nodes of `dra_node_selector`: the kubelet's plugins_registry/
     and plugins/gpu.nvidia.com/ (sockets, checkpoints), the CDI spec directory containerd
-    reads, the driver as the agent mounts it and, with the host's root as driver root, the
-    host's /usr/bin read-only (the driver's programs and nvidia-cdi-hook, which a claim's CDI
-    spec binds and runs, as NVIDIA's); nothing else of the host. And the nodes' declarations
-    ConfigMap, as the agent's (served vs declared)."""
+    reads, the host's /sys read-only (the GPUs' PCIe root), the driver as the agent mounts it
+    and, with the host's root as driver root, the host's /usr/bin read-only (the driver's
+    programs and nvidia-cdi-hook, which a claim's CDI spec binds and runs, as NVIDIA's);
+    nothing else of the host. And the nodes' declarations ConfigMap, as the agent's (served vs
+    declared)."""
     env: list[dict[str, Any]] = [
         {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": "GPUKIT_DEVICE_ROOT", "value": d.driver_root},
@@ -735,6 +736,8 @@ def dra_daemonset(d: AgentDeployment) -> dict[str, Any]:
         {"name": "GPUKIT_MPS_DAEMONS", "value": "delegate" if d.dra_mps else "none"},
         # Served vs declared: its node's entry of the declarations ConfigMap.
         {"name": "GPUKIT_DECLARATION_DIR", "value": DECLARATION_DIR},
+        # resource.kubernetes.io/pcieRoot: the GPUs' links in the host's sysfs.
+        {"name": "GPUKIT_SYSFS_ROOT", "value": SYSFS_IN_CONTAINER},
     ]
     env += [{"name": k, "value": v} for k, v in sorted(d.env.items())
             if k not in {e["name"] for e in env}]
@@ -746,9 +749,14 @@ def dra_daemonset(d: AgentDeployment) -> dict[str, Any]:
         # The GPU metrics' pod attribution (PodResources), as the agent's.
         {"name": "pod-resources", "mountPath": POD_RESOURCES_DIR, "readOnly": True},
         {"name": "declarations", "mountPath": DECLARATION_DIR, "readOnly": True},
+        # The host's /sys as the agent reads it (the lab's nodes show their own PCI tree there,
+        # not in a container's fresh sysfs).
+        {"name": "host-sys", "mountPath": SYSFS_IN_CONTAINER, "readOnly": True,
+         "recursiveReadOnly": "IfPossible"},
     ]
     volumes = [
         _host_path("plugins-registry", dra_names.REGISTRY_DIR, "DirectoryOrCreate"),
+        _host_path("host-sys", "/sys", "Directory"),
         _host_path("plugin-dir", dra_names.PLUGIN_DIR, "DirectoryOrCreate"),
         _host_path("cdi-specs", dra_names.CDI_DIR, "DirectoryOrCreate"),
         _host_path("run-gpukit", "/run/gpukit", "DirectoryOrCreate"),

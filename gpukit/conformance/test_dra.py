@@ -3,10 +3,11 @@ ResourceSlices of driver gpu.nvidia.com publish exactly the declared GPUs or MIG
 NVIDIA's names and attributes, the node keeps no nvidia.com/ extended resources, and claims
 are served and isolated: disjoint devices, a container sees exactly its claimed device, a pod
 without a claim sees none, two containers on one claim see the same device, CEL selectors by
-productName and memory pick the node's devices, an unsatisfiable claim stays Pending with the
-scheduler's reason; on a node declared shared (`gpukit_dra_shares: N`) N pods' claims share one
-device and one more waits; device taints are NVIDIA's health taints and a lost GPU's device
-carries gpu-lost. Nodes not on DRA are skipped by name.
+productName and memory pick the node's devices, each device's PCIe root is the one the
+node's sysfs shows for its PCI address (a MIG device its GPU's), an unsatisfiable claim
+stays Pending with the scheduler's reason; on a node declared shared (`gpukit_dra_shares: N`)
+N pods' claims share one device and one more waits; device taints are NVIDIA's health taints
+and a lost GPU's device carries gpu-lost. Nodes not on DRA are skipped by name.
 
 Claims are written as for NVIDIA's DRA driver (DeviceClasses gpu.nvidia.com, mig.nvidia.com),
 in the run's namespace (deleted with it)."""
@@ -34,6 +35,8 @@ from gpukit.contracts.cncf_ai_conformance import SECURE_ACCELERATOR_ACCESS
 from gpukit.contracts.dra import (
     GPU_CLASS,
     MIG_CLASS,
+    PCI_BUS_ID_ATTRIBUTE,
+    PCIE_ROOT_ATTRIBUTE,
     SHARES_CAPACITY,
     TAINT_GPU_LOST,
     TAINT_XID,
@@ -119,6 +122,60 @@ def test_slices_equal_the_declaration(gpukit_suite: Any, node: str, check: Check
                    attrs.get("uuid", "absent"), DRIVER)
         capacity = {k: v.get("value") for k, v in (device.get("capacity") or {}).items()}
         check.subset(f"{what} capacity", w.capacity(), capacity, DRIVER)
+    check.verify()
+
+
+_BUS_ID = re.compile(r"^([0-9a-f]{4}):([0-9a-f]{2}):[0-9a-f]{2}\.[0-9a-f]$")
+_PCIE_ROOT = re.compile(r"^pci([0-9a-f]{4}):([0-9a-f]{2})$")
+
+
+def sysfs_pcie_root(host: Any, bus_id: str) -> str | None:
+    """The root complex the node's sysfs shows for `bus_id`: its /sys/bus/pci/devices entry
+    is the kernel's link to /sys/devices/pci<domain>:<bus>/.../<bus id>; None where it is not
+    (then no attribute is due)."""
+    out = host.run(f"readlink -m /sys/bus/pci/devices/{bus_id}; "
+                   f"test -L /sys/bus/pci/devices/{bus_id}")
+    parts = str(out.stdout).strip().split("/")
+    if out.rc != 0 or len(parts) < 5 or parts[1:3] != ["sys", "devices"] or parts[-1] != bus_id:
+        return None
+    return parts[3] if _PCIE_ROOT.match(parts[3]) else None
+
+
+def test_devices_carry_the_pcie_root_of_their_pci_address(gpukit_suite: Any, node: str,
+                                                          check: Check) -> None:
+    """resource.kubernetes.io/pcieRoot (Kubernetes' standard attribute, what users match to
+    put a GPU and a NIC under one root complex): on every device with a PCI address it is
+    `pci<domain>:<bus>` of that address's domain and a bus not above it, the same for every
+    MIG device of one GPU; with host access, exactly what the node's sysfs shows for the
+    address (and absent where sysfs shows none)."""
+    _need_dra(gpukit_suite, node, check)
+    devices = slice_devices(node_slices(gpukit_suite.kube.api_client, node))
+    host = gpukit_suite.host(node) if gpukit_suite.options.host_access else None
+    from_sysfs: dict[str, str | None] = {}
+    by_parent: dict[str, set[str | None]] = {}
+    for device in devices:
+        attrs = device.get("attributes") or {}
+        bus_id = str((attrs.get(PCI_BUS_ID_ATTRIBUTE) or {}).get("string") or "")
+        root = (attrs.get(PCIE_ROOT_ATTRIBUTE) or {}).get("string")
+        what = f"{device['name']} {PCIE_ROOT_ATTRIBUTE}"
+        parent = str((attrs.get("parentUUID") or attrs.get("uuid") or {}).get("string") or "")
+        by_parent.setdefault(parent, set()).add(root)
+        bus = _BUS_ID.match(bus_id)
+        if root is not None:
+            form = _PCIE_ROOT.match(str(root))
+            ok = bool(form and bus and form[1] == bus[1] and int(form[2], 16) <= int(bus[2], 16))
+            check.true(what, ok, f"pci<domain>:<bus> of {bus_id or 'its PCI address'}'s domain, "
+                       "at or above its bus", root, DRIVER)
+        if host is not None and bus:
+            if bus_id not in from_sysfs:
+                from_sysfs[bus_id] = sysfs_pcie_root(host, bus_id)
+            check.equal(f"{what} (the node's /sys/bus/pci/devices/{bus_id})",
+                        from_sysfs[bus_id] or "absent", root or "absent", DRIVER)
+    for parent, roots in sorted(by_parent.items()):
+        check.true(f"{PCIE_ROOT_ATTRIBUTE} of GPU {parent}'s devices", len(roots) == 1,
+                   "one value", sorted(map(str, roots)), DRIVER)
+    if not check.rows:
+        check.true("devices with a PCI address", False, "at least one", "none", DRIVER)
     check.verify()
 
 

@@ -32,6 +32,12 @@ CONFIG_API_VERSION = "resource.nvidia.com/v1beta1"
 # The standard attribute Kubernetes defines for a device's PCI address
 # (k8s.io/dynamic-resource-allocation/deviceattribute).
 PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
+# The device's PCIe root complex, `pci<domain>:<bus>` (the same deviceattribute package,
+# GetPCIeRootAttributeByPCIBusID): what DRA users match to align a GPU with a NIC. Read from
+# sysfs: /sys/bus/pci/devices/<bus id> links to /sys/devices/pci<domain>:<bus>/.../<bus id>.
+# NVIDIA's driver publishes it on a GPU and its MIG devices alike (the parent's), and nothing
+# when sysfs cannot tell.
+PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
 
 # Cross-pod sharing through consumable capacity (KEP-5075, resource.k8s.io/v1, DRAConsumableCapacity
 # beta and on in 1.37): a shared device sets `allowMultipleAllocations: true` and every capacity

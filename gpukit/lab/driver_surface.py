@@ -4,10 +4,13 @@ Rendered from a node's GPU profile (`gpukit/lab/profiles/`) and its mock NVML st
 that NVIDIA's consumers read (go-nvlib's nvpci, the container toolkit's nvcaps and information-file
 parsers, GPU feature discovery's machine type):
 
-- `/sys/bus/pci/devices/<0000:bb:dd.f>/`: vendor, device, subsystem_vendor, subsystem_device,
+- `/sys/devices/pci<domain>:<bus>/<root port>/[<switch ports>/]<0000:bb:dd.f>/`, laid out as a
+  kernel lays it out (see `pci_paths`): vendor, device, subsystem_vendor, subsystem_device,
   class (`0x030200`, a 3D controller), revision, numa_node, local_cpulist, irq, resource, a
   256-byte config space (ids, class, a capability list without a vendor-specific one: no vGPU),
-  `driver` -> `../../drivers/nvidia`; `/sys/bus/pci/drivers/nvidia/<bus id>` links back;
+  `driver` -> `.../bus/pci/drivers/nvidia`; `/sys/bus/pci/devices/<bus id>` and
+  `/sys/bus/pci/drivers/nvidia/<bus id>` are links to it (the bus lists the node's GPUs only,
+  not their bridges);
 - `/sys/class/dmi/id/product_name` (the profile's `machine`) and product_uuid;
 - `/proc/driver/nvidia/version`, `/proc/driver/nvidia/gpus/<bus id>/information`,
   `/proc/driver/nvidia-caps/mig-minors`, `/proc/driver/nvidia/capabilities/...`;
@@ -97,6 +100,7 @@ class Gpu:
     cpus: str
     memory_mib: int
     mig_capable: bool
+    pcie_switch: int = -1  # the profile's: GPUs with the same number share a PCIe switch
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,7 @@ def load_profile(path: Path) -> Profile:
                 cpus=cpus.get(numa, ""),
                 memory_mib=int(g["memory_mib"]),
                 mig_capable=bool(g.get("mig_table")),
+                pcie_switch=int(g["pcie_switch"]) if g.get("pcie_switch") is not None else -1,
             )
         )
     name = str(data["name"])
@@ -293,11 +298,77 @@ def config_space(gpu: Gpu) -> bytes:
     return bytes(c)
 
 
-def pci_tree(profile: Profile) -> dict[str, Entry]:
-    """/sys/bus/pci: `devices/<bus id>/...` and `drivers/nvidia/<bus id>` (relative paths)."""
-    out: dict[str, Entry] = {}
+PCI_CLASS_BRIDGE = 0x060400  # PCI-to-PCI bridge: root ports, switch ports
+ROOT_PORT_SLOT = 0x1C  # <root bus>:1c.0, a PCH root port's slot (off a VM's low slots)
+# The switch: a Broadcom PEX 88096 (PLX's vendor id), as on HGX baseboards.
+SWITCH_VENDOR, SWITCH_DEVICE = 0x10B5, 0xC010
+ROOT_PORT_VENDOR, ROOT_PORT_DEVICE = 0x8086, 0x347A  # an Ice Lake-SP root port
+
+
+@dataclass(frozen=True)
+class Bridge:
+    path: str  # under /sys/devices: pci<dom>:<bus>/<port bus id>[/...]
+    vendor: int
+    device: int
+
+
+def pci_paths(profile: Profile) -> tuple[dict[str, str], list[Bridge]]:
+    """Where each GPU sits under /sys/devices, following the profile's topology as the mock
+    NVML answers it (nvmlDeviceGetTopologyCommonAncestor): GPUs of one `pcie_switch` share a
+    switch (SINGLE) under one root port; each switch, and each GPU without one, has a host
+    bridge of its own, `pci<domain>:<root bus>` (two of them are NODE or SYSTEM apart, never
+    one bridge). Bus numbers as a kernel assigns them below the GPUs' own: a GPU alone sits
+    right under its root port (root bus = its bus - 1), a switch takes the root port's
+    secondary bus (upstream port) and the next (downstream ports, one per GPU). -> (GPU bus
+    id: path, the bridges); ValueError when the profile's bus numbers leave no room."""
+    groups: dict[tuple[str, int | str], list[Gpu]] = {}
     for gpu in profile.gpus:
-        d = f"devices/{gpu.bus_id}"
+        domain = gpu.bus_id.split(":")[0]
+        key: int | str = gpu.pcie_switch if gpu.pcie_switch >= 0 else f"own{gpu.index}"
+        groups.setdefault((domain, key), []).append(gpu)
+    paths: dict[str, str] = {}
+    bridges: list[Bridge] = []
+    used: dict[str, int] = {}  # domain: highest bus taken so far
+    for (domain, _key), gpus in sorted(groups.items(), key=lambda kv: (
+            kv[0][0], min(_bus(g) for g in kv[1]))):
+        gpus = sorted(gpus, key=_bus)
+        switched = len(gpus) > 1  # a "switch" of one GPU changes no common ancestor
+        root = _bus(gpus[0]) - (3 if switched else 1)
+        if root < 0 or root <= used.get(domain, -1):
+            raise ValueError(f"profile {profile.name}: pci_bus_id {gpus[0].bus_id} leaves no bus "
+                             f"for its root port{' and switch' if switched else ''}")
+        used[domain] = _bus(gpus[-1])
+        top = f"pci{domain}:{root:02x}"
+        port = f"{top}/{domain}:{root:02x}:{ROOT_PORT_SLOT:02x}.0"
+        bridges.append(Bridge(port, ROOT_PORT_VENDOR, ROOT_PORT_DEVICE))
+        if not switched:
+            paths[gpus[0].bus_id] = f"{port}/{gpus[0].bus_id}"
+            continue
+        upstream = f"{port}/{domain}:{root + 1:02x}:00.0"
+        bridges.append(Bridge(upstream, SWITCH_VENDOR, SWITCH_DEVICE))
+        for slot, gpu in enumerate(gpus):
+            downstream = f"{upstream}/{domain}:{root + 2:02x}:{slot:02x}.0"
+            bridges.append(Bridge(downstream, SWITCH_VENDOR, SWITCH_DEVICE))
+            paths[gpu.bus_id] = f"{downstream}/{gpu.bus_id}"
+    return paths, bridges
+
+
+def _bus(gpu: Gpu) -> int:
+    return int(gpu.bus_id.split(":")[1], 16)
+
+
+def pci_tree(profile: Profile) -> dict[str, Entry]:
+    """/sys: `devices/pci<domain>:<bus>/.../<bus id>/...` (each GPU's files, its bridges'
+    ids), `bus/pci/devices/<bus id>` and `bus/pci/drivers/nvidia/<bus id>` linking to them
+    (relative paths under /sys, relative links, as a kernel's)."""
+    out: dict[str, Entry] = {}
+    paths, bridges = pci_paths(profile)
+    for bridge in bridges:
+        for k, v in (("vendor", f"0x{bridge.vendor:04x}"), ("device", f"0x{bridge.device:04x}"),
+                     ("class", f"0x{PCI_CLASS_BRIDGE:06x}")):
+            out[f"devices/{bridge.path}/{k}"] = (v + "\n").encode()
+    for gpu in profile.gpus:
+        d = f"devices/{paths[gpu.bus_id]}"
         files = {
             "vendor": f"0x{PCI_VENDOR_NVIDIA:04x}",
             "device": f"0x{gpu.device_id >> 16:04x}",
@@ -317,8 +388,10 @@ def pci_tree(profile: Profile) -> dict[str, Entry]:
         for k, v in files.items():
             out[f"{d}/{k}"] = (v + "\n").encode()
         out[f"{d}/config"] = config_space(gpu)
-        out[f"{d}/driver"] = Link("../../drivers/nvidia")
-        out[f"drivers/nvidia/{gpu.bus_id}"] = Link(f"../../devices/{gpu.bus_id}")
+        up = "../" * len(d.split("/"))  # from the device's directory to /sys
+        out[f"{d}/driver"] = Link(f"{up}bus/pci/drivers/nvidia")
+        out[f"bus/pci/devices/{gpu.bus_id}"] = Link(f"../../../{d}")
+        out[f"bus/pci/drivers/nvidia/{gpu.bus_id}"] = Link(f"../../../../{d}")
     return out
 
 
@@ -404,8 +477,12 @@ def sync_tree(root: Path, entries: Mapping[str, Entry]) -> None:
 
 def render_node(profile_path: Path, surface: Path) -> None:
     """The node's static hardware trees under `surface` (the node's directory, outside its
-    root): sys/bus/pci/{devices,drivers}, sys/class/dmi/id, dev/nvidia-caps."""
+    root): sys/devices/pci*, sys/bus/pci/{devices,drivers}, sys/class/dmi/id,
+    dev/nvidia-caps."""
     profile = load_profile(profile_path)
-    sync_tree(surface / "sys/bus/pci", pci_tree(profile))
+    tree = pci_tree(profile)
+    for part in ("devices", "bus/pci"):
+        sync_tree(surface / "sys" / part, {k[len(part) + 1:]: v for k, v in tree.items()
+                                           if k.startswith(part + "/")})
     sync_tree(surface / "sys/class/dmi/id", dmi_tree(profile))
     sync_tree(surface / "dev/nvidia-caps", caps_devices(profile))

@@ -57,10 +57,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpukit import agent_manifests
 from gpukit.agent_manifests import DRA_APP, MPS_APP, AgentDeployment
 from gpukit.contracts import node_declaration as nd
+from gpukit.contracts.dra import PCIE_ROOT_ATTRIBUTE
 from gpukit.k8s import connect, objects, waits
 from gpukit.k8s.nodes import reported_after
 from gpukit.k8s.objects import delete_if_there
 from gpukit.lab import agent, cluster, images, nodes
+from gpukit.lab import driver_surface as ds
 from gpukit.lab.config import load_spec, state_dir
 from gpukit.lab.controlplane import paths
 from gpukit.lab.nvml import workload
@@ -392,9 +394,17 @@ def test_slices_equal_the_nodes_gpus_with_nvidias_attributes(
                         explain=lambda n=node: f"observed {sorted(slice_devices(resource, n))}")
         assert set(devs) == expected, f"node {node}: expected devices {sorted(expected)}, " \
             f"observed {sorted(devs)}"
+        # The node's PCI sysfs as the lab lays it out (links into /sys/devices/pci<d>:<b>/...).
+        profile = ds.load_profile(nodes.root(load_spec().node(node))
+                                  / "etc/gpukit-lab/nvml/profile.yaml")
+        roots = {bus_id: path.split("/")[0] for bus_id, path in ds.pci_paths(profile)[0].items()}
         for i, u in enumerate(uuids):
             attrs = devs[f"gpu-{i}"]["attributes"]
             got = {k: next(iter(v.values())) for k, v in attrs.items()}
+            root = roots[profile.gpus[i].bus_id]
+            assert got.get(PCIE_ROOT_ATTRIBUTE) == root, (
+                f"node {node}, device gpu-{i}: attribute {PCIE_ROOT_ATTRIBUTE} expected {root!r}"
+                f" (its sysfs link), observed {got.get(PCIE_ROOT_ATTRIBUTE)!r}")
             for key, want in (("type", "gpu"), ("uuid", u), ("productName", product)):
                 assert got.get(key) == want, (f"node {node}, device gpu-{i}: attribute {key} "
                                               f"expected {want!r}, observed {got.get(key)!r}")

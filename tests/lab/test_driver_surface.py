@@ -130,6 +130,13 @@ def assert_static_surface(spec: LabSpec, n: NodeSpec) -> None:
     profile = node_profile(n)
     bus_ids = [g.bus_id for g in profile.gpus]
     assert ssh(spec, n, "ls /sys/bus/pci/devices").split() == sorted(bus_ids)
+    # as a kernel lays it out: links into /sys/devices/pci<domain>:<bus>/<ports>/<bus id>, the
+    # machine's own devices still beside the node's under /sys/devices
+    paths, _ = ds.pci_paths(profile)
+    links = ssh(spec, n, "for d in /sys/bus/pci/devices/*; do readlink $d; readlink -e $d; done")
+    assert links.split() == [x for b in sorted(bus_ids) for x in (
+        f"../../../devices/{paths[b]}", f"/sys/devices/{paths[b]}")]
+    assert ssh(spec, n, "ls /sys/devices/system/cpu/online /sys/devices/virtual/net/lo").split()
     uuids = nodes.gpu_uuids(n)
     for gpu in profile.gpus:
         d = f"/sys/bus/pci/devices/{gpu.bus_id}"

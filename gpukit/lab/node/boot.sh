@@ -57,6 +57,41 @@ fi
 # PCI sysfs (the node's GPUs only), DMI, /dev/nvidia-caps (major in driver_surface.CAPS_MAJOR).
 SURFACE=$(dirname "$ROOT")/driver
 ro_bind() { mount --bind "$1" "$2"; mount -o remount,bind,ro "$2"; }
+# overlay SRC DST MERGE: the sysfs directory DST shows SRC's entries (read-only) in place of its
+# own of the same name, and its other entries as they were: a tmpfs of bind mounts (sysfs
+# cannot mkdir). MERGE=1: a directory both have is overlaid the same way (the node's PCI host
+# bridge pci0000:00 beside the machine's devices on it), one level only.
+overlay() {
+  local src=$1 dst=$2 merge=$3 keep c n
+  keep=$(mktemp -d "$ROOT/dev/.sys.XXXXXX")
+  mount --bind "$dst" "$keep"
+  mount -t tmpfs -o mode=755,nosuid,nodev,noexec tmpfs "$dst"
+  for c in "$keep"/*; do
+    n=${c##*/}
+    [[ -e $c || -L $c ]] || continue
+    if [[ -e $src/$n ]] && ! ((merge)) || [[ -e $src/$n && (-L $c || ! -d $c) ]]; then
+      continue  # SRC's replaces it (or, merging, is overlaid on it below)
+    fi
+    if [[ -L $c ]]; then cp -P "$c" "$dst/$n"; continue; fi
+    if [[ -d $c ]]; then mkdir "$dst/$n"; else touch "$dst/$n"; fi
+    mount --bind "$c" "$dst/$n"
+  done
+  for c in "$src"/*; do
+    n=${c##*/}
+    [[ -e $c ]] || continue
+    if [[ -d $dst/$n && ! -L $dst/$n ]]; then overlay "$c" "$dst/$n" 0; continue; fi
+    mkdir "$dst/$n"
+    ro_bind "$c" "$dst/$n"
+  done
+  mount -o remount,ro "$dst"
+  umount "$keep"
+  rmdir "$keep"
+}
+# The GPUs' devices as a kernel lays them out, /sys/devices/pci<domain>:<bus>/.../<bus id>,
+# which the bus's links (/sys/bus/pci/{devices,drivers/nvidia}/<bus id>) point to.
+if [[ -d $SURFACE/sys/devices ]]; then
+  overlay "$SURFACE/sys/devices" sys/devices 1
+fi
 for d in devices drivers; do
   if [[ -d $SURFACE/sys/bus/pci/$d && -d sys/bus/pci/$d ]]; then
     ro_bind "$SURFACE/sys/bus/pci/$d" "sys/bus/pci/$d"

@@ -3,13 +3,14 @@ described as NVIDIA's DRA driver does, so selectors written for it match unchang
 
 - a whole GPU: `gpu-<minor>`; attributes type "gpu", uuid, productName, architecture,
   cudaComputeCapability, driverVersion, cudaDriverVersion, resource.kubernetes.io/pciBusID,
-  and the ones its earlier releases published and claims may still select on (index, minor,
-  pcieBusID); capacity memory (bytes);
+  resource.kubernetes.io/pcieRoot (from sysfs, when it can tell: `pcie_root`), and the ones
+  its earlier releases published and claims may still select on (index, minor, pcieBusID);
+  capacity memory (bytes);
 - a MIG device: `gpu-<parent minor>-mig-<profile without dots>-<GI profile id>-<placement
   start>`; type "mig", uuid, parentUUID, profile, the parent's product, architecture,
-  versions and PCI address, index and parentIndex; capacity as the GPU instance profile gives
-  it (multiprocessors, copyEngines, decoders, encoders, jpegEngines, ofaEngines, memory) and
-  one `memorySlice<i>` per memory slice it occupies.
+  versions, PCI address and root complex, index and parentIndex; capacity as the GPU
+  instance profile gives it (multiprocessors, copyEngines, decoders, encoders, jpegEngines,
+  ofaEngines, memory) and one `memorySlice<i>` per memory slice it occupies.
 No NVLink fabric / clique attribute: NVIDIA's driver publishes none (see gpukit.contracts.dra).
 A node declared shared (gpukit_dra_shares) publishes each device for several claims at once
 (`shared`: consumable capacity); an unhealthy device carries taints (`tainted`).
@@ -26,6 +27,7 @@ from gpukit.contracts import gpu_architectures, mig_profiles
 from gpukit.contracts.dra import (
     MEMORY_CAPACITY,
     PCI_BUS_ID_ATTRIBUTE,
+    PCIE_ROOT_ATTRIBUTE,
     SHARES_CAPACITY,
     TYPE_GPU,
     TYPE_MIG,
@@ -34,7 +36,9 @@ from gpukit.contracts.dra import (
 )
 
 from ..devices import Gpu, MigDevice, NodeDevices
+from ..labels import default_sysfs_root
 from ..resources import Unit, gpu_unit, mig_unit
+from . import pcie_root
 
 _BINARY_SUFFIXES = (("Ei", 1 << 60), ("Pi", 1 << 50), ("Ti", 1 << 40), ("Gi", 1 << 30),
                     ("Mi", 1 << 20), ("Ki", 1 << 10))  # fmt: skip
@@ -83,7 +87,7 @@ def mig_name(parent: Gpu, profile: str, driver_profile_id: int, start: int) -> s
     return mig_device_name(parent.minor, profile, driver_profile_id, start)
 
 
-def _common(gpu: Gpu, node: NodeDevices) -> dict[str, dict[str, Any]]:
+def _common(gpu: Gpu, node: NodeDevices, sysfs_root: str) -> dict[str, dict[str, Any]]:
     attrs: dict[str, dict[str, Any]] = {"productName": {"string": gpu.name}}
     if gpu.brand:
         attrs["brand"] = {"string": gpu.brand}
@@ -100,13 +104,17 @@ def _common(gpu: Gpu, node: NodeDevices) -> dict[str, dict[str, Any]]:
     if gpu.pci_bus_id:
         attrs[PCI_BUS_ID_ATTRIBUTE] = {"string": gpu.pci_bus_id}
         attrs["pcieBusID"] = {"string": gpu.pci_bus_id}
+        root = pcie_root.lookup(gpu.pci_bus_id, sysfs_root)
+        if root:
+            attrs[PCIE_ROOT_ATTRIBUTE] = {"string": root}
     return attrs
 
 
-def gpu_device(gpu: Gpu, node: NodeDevices) -> SliceDevice:
+def gpu_device(gpu: Gpu, node: NodeDevices, sysfs_root: str | None = None) -> SliceDevice:
     name = gpu_name(gpu)
     attrs = {"type": {"string": TYPE_GPU}, "uuid": {"string": gpu.uuid},
-             "index": {"int": gpu.index}, "minor": {"int": gpu.minor}, **_common(gpu, node)}
+             "index": {"int": gpu.index}, "minor": {"int": gpu.minor},
+             **_common(gpu, node, sysfs_root or default_sysfs_root())}
     body = {"name": name, "attributes": attrs,
             "capacity": {"memory": {"value": quantity(gpu.memory_mb << 20)}}}
     return SliceDevice(name, gpu_unit(gpu), body)
@@ -120,10 +128,11 @@ def _gi_profile(gpu: Gpu, profile: str) -> mig_profiles.GpuInstanceProfile | Non
 
 
 def mig_device(gpu: Gpu, mig: MigDevice, placement: Placement, node: NodeDevices,
-               proc_root: str = "/") -> SliceDevice:
-    """A MIG device; the GPU instance profile's figures come from gpukit's MIG tables (the
-    driver's nvmlGpuInstanceProfileInfo, which the MIG manager checks them against), the
-    device's own attributes where no table knows the profile."""
+               proc_root: str = "/", sysfs_root: str | None = None) -> SliceDevice:
+    """A MIG device, its PCI attributes its parent GPU's; the GPU instance profile's figures
+    come from gpukit's MIG tables (the driver's nvmlGpuInstanceProfileInfo, which the MIG
+    manager checks them against), the device's own attributes where no table knows the
+    profile."""
     profile = _gi_profile(gpu, mig.profile)
     if profile is not None:
         driver_id, sms, memory_mb = profile.driver_id, profile.multiprocessors, profile.memory_mb
@@ -137,7 +146,7 @@ def mig_device(gpu: Gpu, mig: MigDevice, placement: Placement, node: NodeDevices
     attrs = {"type": {"string": TYPE_MIG}, "uuid": {"string": mig.uuid},
              "parentUUID": {"string": gpu.uuid}, "profile": {"string": mig.profile},
              "index": {"int": mig.index}, "parentIndex": {"int": gpu.index},
-             **_common(gpu, node)}  # fmt: skip
+             **_common(gpu, node, sysfs_root or default_sysfs_root())}  # fmt: skip
     capacity: dict[str, dict[str, str]] = {
         key: {"value": quantity(v)} for key, v in zip(
             ("multiprocessors", "copyEngines", "decoders", "encoders", "jpegEngines",
@@ -150,20 +159,23 @@ def mig_device(gpu: Gpu, mig: MigDevice, placement: Placement, node: NodeDevices
 
 
 def node_slice_devices(node: NodeDevices, placements: Mapping[tuple[str, int], Placement],
-                       proc_root: str = "/") -> list[SliceDevice]:
+                       proc_root: str = "/", sysfs_root: str | None = None
+                       ) -> list[SliceDevice]:
     """Every device of the node's current layout: each GPU without MIG whole, each MIG-enabled
     GPU's MIG devices (the GPU itself is then not allocatable whole, as with NVIDIA's static
     MIG). `placements`: (GPU UUID, GPU instance id) -> placement; a MIG device whose GPU
-    instance has none is left out (it cannot be named)."""
+    instance has none is left out (it cannot be named). `sysfs_root`: where the host's sysfs
+    is read (default GPUKIT_SYSFS_ROOT, else /sys)."""
+    sysfs_root = sysfs_root or default_sysfs_root()
     out: list[SliceDevice] = []
     for gpu in node.gpus:
         if not gpu.mig_enabled:
-            out.append(gpu_device(gpu, node))
+            out.append(gpu_device(gpu, node, sysfs_root))
             continue
         for mig in gpu.mig_devices:
             placement = placements.get((gpu.uuid, mig.gi))
             if placement is not None:
-                out.append(mig_device(gpu, mig, placement, node, proc_root))
+                out.append(mig_device(gpu, mig, placement, node, proc_root, sysfs_root))
     return sorted(out, key=lambda d: d.name)
 
 

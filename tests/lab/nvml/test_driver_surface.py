@@ -6,6 +6,7 @@ as NVIDIA's consumers read them."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -210,7 +211,8 @@ def test_sysfs_dmi_and_caps_nodes(tmp_path: Path) -> None:
     assert read == {"vendor": "0x10de", "device": "0x20b0", "class": "0x030200", "numa_node": "1"}
     assert int((d / "subsystem_device").read_text(), 0) == 0x134F
     assert os.path.basename(os.path.realpath(d / "driver")) == "nvidia"
-    assert os.path.realpath(pci / "drivers/nvidia/0000:87:00.0") == str(d)
+    assert os.path.realpath(d / "driver") == str(pci / "drivers/nvidia")
+    assert os.path.realpath(pci / "drivers/nvidia/0000:87:00.0") == os.path.realpath(d)
     config = (d / "config").read_bytes()
     assert len(config) == 256
     assert int.from_bytes(config[0:2], "little") == 0x10DE
@@ -251,6 +253,51 @@ def test_sysfs_dmi_and_caps_nodes(tmp_path: Path) -> None:
     assert sorted(os.listdir(pci / "devices")) == ["0000:3b:00.0", "0000:d8:00.0"]
     assert (tmp_path / "sys/class/dmi/id/product_name").read_text() == "PowerEdge R740\n"
     assert len(os.listdir(tmp_path / "dev/nvidia-caps")) == 2 + 2 * 135
+    assert sorted(os.listdir(tmp_path / "sys/devices")) == ["pci0000:3a", "pci0000:d7"]
     x16 = ds.load_profile(_profiles() / "a100-sxm4-40gb-x16.yaml")
     assert x16.machine == ds.DEFAULT_MACHINE
     assert any(g.bus_id.startswith("0001:") for g in x16.gpus)  # PCI domain 1, sysfs form
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in _profiles().glob("*.yaml")))
+def test_pci_sysfs_is_laid_out_as_a_kernel_lays_it_out(tmp_path: Path, name: str) -> None:
+    """/sys/bus/pci/devices/<bus id> are relative links into
+    /sys/devices/pci<domain>:<bus>/<root port>/.../<bus id> (what Kubernetes' pcieRoot helper
+    and go-nvlib read), and the tree follows the mock's topology
+    (nvmlDeviceGetTopologyCommonAncestor): GPUs of one PCIe switch (SINGLE) share a root
+    port, an upstream port and nothing below; any two others (NODE, SYSTEM) share no host
+    bridge. Bus numbers increase down the tree and each bridge is a PCI bridge."""
+    path = _profiles() / f"{name}.yaml"
+    profile = ds.load_profile(path)
+    ds.render_node(path, tmp_path)
+    sysfs = tmp_path / "sys"
+    where: dict[str, list[str]] = {}
+    for gpu in profile.gpus:
+        link = sysfs / "bus/pci/devices" / gpu.bus_id
+        target = os.readlink(link)
+        assert not target.startswith("/")
+        rel = os.path.relpath(os.path.normpath(link.parent / target), sysfs / "devices")
+        parts = rel.split("/")
+        assert re.fullmatch(r"pci[0-9a-f]{4}:[0-9a-f]{2}", parts[0]) and parts[-1] == gpu.bus_id
+        domain, root_bus = parts[0][3:].split(":")
+        assert gpu.bus_id.startswith(domain + ":")
+        buses = [int(root_bus, 16), *(int(p.split(":")[1], 16) for p in parts[1:])]
+        assert buses == sorted(buses) and len(set(buses[1:])) == len(buses) - 1, rel
+        for i in range(1, len(parts) - 1):  # the bridges between root and GPU
+            bridge = sysfs / "devices" / "/".join(parts[:i + 1])
+            assert (bridge / "class").read_text() == "0x060400\n", bridge
+        assert (sysfs / "devices" / rel / "vendor").read_text() == "0x10de\n"
+        assert os.path.realpath(sysfs / "bus/pci/drivers/nvidia" / gpu.bus_id) == str(
+            sysfs / "devices" / rel)
+        where[gpu.bus_id] = parts
+    for a in profile.gpus:
+        for b in profile.gpus:
+            if a.index >= b.index:
+                continue
+            pa, pb = where[a.bus_id], where[b.bus_id]
+            shared = next((i for i, (x, y) in enumerate(zip(pa, pb, strict=False)) if x != y),
+                          min(len(pa), len(pb)))
+            if a.pcie_switch >= 0 and a.pcie_switch == b.pcie_switch:  # SINGLE
+                assert shared == len(pa) - 2 == len(pb) - 2, (pa, pb)
+            else:  # NODE or SYSTEM: different host bridges
+                assert shared == 0, (pa, pb)

@@ -77,7 +77,12 @@ def test_the_daemonset_is_hardened_and_mounts_only_the_dra_paths() -> None:
     paths = {v["hostPath"]["path"] for v in ds["volumes"] if "hostPath" in v}
     assert paths == {"/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins/gpu.nvidia.com",
                      "/var/run/cdi", "/run/gpukit", "/dev", "/usr/lib/x86_64-linux-gnu",
-                     "/usr/bin", "/var/lib/kubelet/pod-resources"}
+                     "/usr/bin", "/var/lib/kubelet/pod-resources", "/sys"}
+    # The host's sysfs, read-only, where the plugin reads the GPUs' PCIe root (pcieRoot).
+    assert next(m for m in c["volumeMounts"] if m["name"] == "host-sys") == {
+        "name": "host-sys", "mountPath": "/host/sys", "readOnly": True,
+        "recursiveReadOnly": "IfPossible"}
+    assert {"name": "GPUKIT_SYSFS_ROOT", "value": "/host/sys"} in c["env"]
     pod_resources = next(m for m in c["volumeMounts"] if m["name"] == "pod-resources")
     assert pod_resources["readOnly"] is True
     # The driver's programs and nvidia-cdi-hook, for claims' CDI specs (as NVIDIA's): read-only
