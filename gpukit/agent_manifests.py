@@ -120,6 +120,17 @@ class AgentDeployment:
         return APP
 
 
+
+# Fields server-side apply treats as one value (atomic) are spelt out as the API server defaults
+# them, so a GitOps tool applying the printed objects after site.yml (or site.yml after it)
+# declares the same value as the live object and meets no conflict.
+NODE_NAME_FIELD: dict[str, str] = {"apiVersion": "v1", "fieldPath": "spec.nodeName"}
+
+
+def _match_constraints(*rules: dict[str, Any]) -> dict[str, Any]:
+    return {"matchPolicy": "Equivalent", "namespaceSelector": {}, "objectSelector": {},
+            "resourceRules": [{**r, "scope": "*"} for r in rules]}
+
 def _labels(app: str = APP) -> dict[str, str]:
     return {"app.kubernetes.io/name": app, "app.kubernetes.io/part-of": "gpukit"}
 
@@ -239,16 +250,9 @@ def _node_agent_policy(d: AgentDeployment, name: str, resource: str,
         "metadata": {"name": name, "labels": _labels()},
         "spec": {
             "failurePolicy": "Fail",
-            "matchConstraints": {
-                "resourceRules": [
-                    {
-                        "apiGroups": [""],
-                        "apiVersions": ["v1"],
-                        "operations": ["UPDATE"],
-                        "resources": [resource],
-                    }
-                ]
-            },
+            "matchConstraints": _match_constraints({
+                "apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+                "resources": [resource]}),
             "matchConditions": [
                 {"name": "is-node-agent", "expression": who}
             ],
@@ -466,7 +470,10 @@ def _mps_root_volume() -> dict[str, Any]:
 
 def _deployment_host_mounts(d: AgentDeployment
                             ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    mounts = [{"name": m.name, "mountPath": m.mount_path, "readOnly": m.read_only}
+    # readOnly only when true: the API leaves a false one out, and a printed false would then
+    # differ from the live object for a GitOps apply.
+    mounts = [{"name": m.name, "mountPath": m.mount_path,
+               **({"readOnly": True} if m.read_only else {})}
               for m in d.host_mounts]  # fmt: skip
     volumes = [_host_path(m.name, m.host_path, "DirectoryOrCreate") for m in d.host_mounts]
     return mounts, volumes
@@ -522,7 +529,7 @@ def _security_context() -> dict[str, Any]:
 
 def daemonset(d: AgentDeployment) -> dict[str, Any]:
     env: list[dict[str, Any]] = [
-        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": dict(NODE_NAME_FIELD)}},
         {"name": "GPUKIT_CONFIG_DIR", "value": "/etc/gpukit/configs"},
         {"name": "NVIDIA_DRIVER_ROOT", "value": d.driver_root},
         {"name": "GPUKIT_DEVICE_ROOT", "value": d.driver_root},
@@ -681,10 +688,9 @@ def own_slices_policy(d: AgentDeployment) -> list[dict[str, Any]]:
         "metadata": {"name": name, "labels": _labels(DRA_APP)},
         "spec": {
             "failurePolicy": "Fail",
-            "matchConstraints": {"resourceRules": [{
+            "matchConstraints": _match_constraints({
                 "apiGroups": ["resource.k8s.io"], "apiVersions": ["*"],
-                "operations": ["CREATE", "UPDATE", "DELETE"], "resources": ["resourceslices"],
-            }]},
+                "operations": ["CREATE", "UPDATE", "DELETE"], "resources": ["resourceslices"]}),
             "matchConditions": [
                 {"name": "is-dra-plugin", "expression": f"request.userInfo.username == '{user}'"}
             ],
@@ -723,7 +729,7 @@ def dra_daemonset(d: AgentDeployment) -> dict[str, Any]:
     nothing else of the host. And the nodes' declarations ConfigMap, as the agent's (served vs
     declared)."""
     env: list[dict[str, Any]] = [
-        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": dict(NODE_NAME_FIELD)}},
         {"name": "GPUKIT_DEVICE_ROOT", "value": d.driver_root},
         {"name": "GPUKIT_DEVICE_ROOT_IN_PLUGIN", "value": DRIVER_ROOT_IN_CONTAINER},
         {"name": "GPUKIT_NVML_LIB", "value": nvml_library_path(d)},

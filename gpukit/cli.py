@@ -217,15 +217,15 @@ def manifests_cmd(
         given.append(json.dumps({"device_plugin_dra": False}))
     if kubernetes_version:
         given.append(json.dumps({"device_plugin_kubernetes_version": kubernetes_version}))
+    hosts = [*(host or []), *(group or []), *([limit] if limit else [])]
     try:
-        objects = m.for_inventory(
-            inventory, limit=[*(host or []), *(group or []), *([limit] if limit else [])],
-            extra_vars=given)
+        objects = m.for_inventory(inventory, limit=hosts, extra_vars=given)
+        labels = m.node_labels(inventory, hosts)
     except (m.ManifestsError, inv.InventoryError) as e:
         _fail(e)
     except ImportError as e:
         _fail(f"reading an inventory needs ansible-core ({e}): pip install 'gpukit[conformance]'")
-    print(m.to_yaml(objects), end="")
+    print(m.labels_comment(labels) + m.to_yaml(objects), end="")
 
 
 @inventory_app.command("check")

@@ -139,6 +139,33 @@ def for_inventory(
     return render(play, declarations_of(inventory))
 
 
+def node_labels(inventory: str | Path, limit: Sequence[str] = ()
+                ) -> dict[str, dict[str, str]]:
+    """Node name -> the labels site.yml's node_labels role puts on it, among them those the
+    printed DaemonSets select on (nvidia.com/gpu.deploy.device-plugin, gpukit.io/gpu.allocation)
+    and the agents read (the config selections): what a GitOps apply without site.yml must
+    label the nodes with. Empty when the inventory has problems (`gpukit inventory check`)."""
+    from gpukit.provision import nodes
+
+    fleet = check(str(inventory)).inventory
+    if fleet is None:
+        return {}
+    hosts = {h for h, _ in play_vars(inventory, limit)} if limit else None
+    return {decl.node_name: nodes.with_allocation(
+                nodes.declared_labels(decl.labels, decl.plugin_config_name,
+                                      decl.mig_config_name), decl.gpu_allocation, decl.dra_shares)
+            for decl in fleet.nodes if hosts is None or decl.host in hosts}  # fmt: skip
+
+
+def labels_comment(labels: Mapping[str, Mapping[str, str]]) -> str:
+    """`labels` as YAML comment lines to lead the printed stream."""
+    lines = ["# Node labels these objects rely on (site.yml's node_labels role sets them;",
+             "# applying these objects without site.yml, label the nodes so):"]
+    lines += [f"#   {node}: " + " ".join(f"{k}={v}" for k, v in sorted(ls.items()))
+              for node, ls in labels.items()]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
 def declarations_of(inventory: str | Path) -> dict[str, dict[str, Any] | None]:
     """Host -> what its agent must serve, from the declaration check (as the preflight's
     gpukit_declaration hands it to the role); none when the inventory has problems (the

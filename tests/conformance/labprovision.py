@@ -232,8 +232,7 @@ def provision(lab: LabSpec, fleet: inv.GpuInventory, timeout: float = 120) -> No
     agent.wait_rolled_out(lab, d)
     # The declared quotas, LimitRanges and PriorityClasses, as site.yml's gpu_quotas applies them
     # (the suite's tenancy area reads them).
-    objects.apply(connect.api_client(paths().admin_kubeconfig), quotas.objects(fleet.tenancy),
-                  field_manager="gpukit-gpu-quotas")
+    objects.apply(connect.api_client(paths().admin_kubeconfig), quotas.objects(fleet.tenancy))
     # A restarted plugin re-registers, and the node object shows it only at the kubelet's next
     # status report: wait for a report made after the rollout, showing the declared resources.
     since = dt.datetime.now(dt.UTC).replace(microsecond=0)

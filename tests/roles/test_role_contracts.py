@@ -346,3 +346,23 @@ def test_a_copied_or_bypassed_api_header_is_found(
     path.write_text(path.read_text() + added)
     problems, _ = api_access_problems(roles)
     assert any(p.startswith(needle) for p in problems), "\n".join(problems)
+
+
+def test_every_apply_is_server_side_as_gpukit() -> None:
+    """Each object a role puts in the cluster is applied server-side as the one field manager
+    gpukit.k8s.objects.FIELD_MANAGER (what the Python side applies as too), so a GitOps tool that
+    applies `gpukit manifests` server-side meets no client-side apply's manager (issue 29)."""
+    from gpukit.k8s.objects import FIELD_MANAGER
+
+    applies, problems = 0, []
+    for path in sorted(ROLES.glob("*/tasks/*.yml")):
+        for task in all_tasks(yaml.safe_load(path.read_text()) or []):
+            args = task.get("kubernetes.core.k8s")
+            if not isinstance(args, dict) or args.get("state", "present") != "present":
+                continue
+            applies += 1
+            ssa = args.get("server_side_apply") or {}
+            if args.get("apply") is not True or ssa.get("field_manager") != FIELD_MANAGER:
+                problems.append(f"{path.relative_to(ROLES)}: {task.get('name')!r}: "
+                                f"apply {args.get('apply')!r}, server_side_apply {ssa!r}")
+    assert applies >= 8 and not problems, "\n".join(problems)

@@ -244,7 +244,15 @@ def assert_validated_once(lab: Lab, calls: Path) -> None:
     assert counts(calls)["sharing"] == 0, lines
 
 
-LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+# How a GitOps tool applies `gpukit manifests` after site.yml: server-side, as its own field
+# manager, without --force-conflicts.
+GITOPS_MANAGER = "gitops-check"
+
+
+def _without_bookkeeping(obj: dict[str, Any]) -> dict[str, Any]:
+    meta = {k: v for k, v in obj["metadata"].items()
+            if k not in ("managedFields", "resourceVersion")}  # fmt: skip
+    return {**obj, "metadata": meta}
 
 
 def _missing_or_different(want: Any, live: Any, path: str = "") -> list[str]:
@@ -268,8 +276,11 @@ def _missing_or_different(want: Any, live: Any, path: str = "") -> list[str]:
 
 def test_gpukit_manifests_prints_what_the_role_applied(lab: Lab) -> None:
     """`gpukit manifests` for the lab's inventory (with the play's -e) prints exactly the
-    objects site.yml's device_plugin role applied: each object's last applied configuration
-    (the apply's own record) is the printed object, and every field it declares is live."""
+    objects site.yml's device_plugin role applied (issue 29, GitOps): the role applied each one
+    server-side as the one field manager `gpukit` (no client-side apply's manager or
+    last-applied annotation), every field the printed object declares is live, and a GitOps
+    tool's server-side apply of it as another manager, without forcing, meets no conflict and
+    changes nothing."""
     from kubernetes.dynamic import DynamicClient
     from kubernetes.dynamic.exceptions import NotFoundError
 
@@ -288,21 +299,42 @@ def test_gpukit_manifests_prints_what_the_role_applied(lab: Lab) -> None:
         "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding", "DeviceClass", "DeviceClass", "DaemonSet"]  # fmt: skip
     dyn = DynamicClient(client.ApiClient())
+
+    def resource(dyn: DynamicClient, doc: dict[str, Any]) -> Any:
+        return dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+
     problems: list[str] = []
     for want in printed:
         meta = want["metadata"]
         name = f"{want['kind']} {meta.get('namespace', '')}/{meta['name']}"
         try:
-            live = dyn.resources.get(api_version=want["apiVersion"], kind=want["kind"]).get(
+            live = resource(dyn, want).get(
                 name=meta["name"], namespace=meta.get("namespace")).to_dict()
         except NotFoundError:
             problems.append(f"{name}: printed but not in the cluster")
             continue
-        applied = json.loads(live["metadata"].get("annotations", {}).get(LAST_APPLIED, "null"))
-        if applied != want:
-            problems.append(f"{name}: last applied {json.dumps(applied, sort_keys=True)[:600]}"
-                            f" != printed {json.dumps(want, sort_keys=True)[:600]}")
+        # Status is the controllers' (an Update of the status subresource); any other Update
+        # would be a client-side apply or edit that a GitOps apply then conflicts with.
+        managers = {(m["manager"], m["operation"])
+                    for m in live["metadata"].get("managedFields", [])
+                    if m.get("subresource") != "status"}  # fmt: skip
+        # (an object that declares nothing but its name, the Namespace, has no field to own:
+        # the API server books its fields to 'before-first-apply')
+        owns = bool(set(want) - {"apiVersion", "kind", "metadata"}
+                    or set(meta) - {"name", "namespace"})  # fmt: skip
+        if owns and (("gpukit", "Apply") not in managers
+                     or any(op != "Apply" for _, op in managers)):
+            problems.append(f"{name}: field managers {sorted(managers)}, expected gpukit's Apply")
         problems += [f"{name}: {d}" for d in _missing_or_different(want, live)]
+        try:
+            dry = resource(dyn, want).server_side_apply(
+                body=want, name=meta["name"], namespace=meta.get("namespace"),
+                field_manager=GITOPS_MANAGER, dry_run="All").to_dict()
+        except client.exceptions.ApiException as e:
+            problems.append(f"{name}: server-side apply as {GITOPS_MANAGER}: {e.status} {e.body}")
+            continue
+        if _without_bookkeeping(dry) != _without_bookkeeping(live):
+            problems.append(f"{name}: a server-side apply of the printed object would change it")
     assert not problems, "\n".join(problems)
     # The lab's own settings reached the DaemonSet (not only defaults on both sides).
     pod = printed[10]["spec"]["template"]["spec"]

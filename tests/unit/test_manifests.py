@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -177,8 +178,12 @@ def test_the_command_refuses_bad_variables_naming_them(tmp_path: Path, group_var
 def test_the_command_prints_one_yaml_stream() -> None:
     r = gpukit("manifests", "--inventory", str(LAB), "--host", "gpu-t4")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("---\napiVersion: v1\nkind: Namespace\n")
-    assert r.stdout.count("\n---\n") == len(KINDS) - 1  # the DRA plugin's too
+    # Led by the node labels the objects rely on, for the play's nodes only (issue 29, GitOps).
+    head, sep, _ = r.stdout.partition("---\napiVersion: v1\nkind: Namespace\n")
+    assert sep and head.splitlines()[2:] == [
+        "#   gpu-t4: gpukit.io/gpu.allocation=device-plugin"
+        " nvidia.com/device-plugin.config=time-sliced nvidia.com/gpu.deploy.device-plugin=true"]
+    assert r.stdout.count("\n---\n") == len(KINDS)  # the DRA plugin's too, after the labels
     assert list(yaml.safe_load_all(r.stdout)) == manifests.for_inventory(LAB, limit=["gpu-t4"])
     # The configs read as a person writes them (literal blocks), and parse back the same.
     assert "  time-sliced: |\n    version: v1\n" in r.stdout
@@ -291,3 +296,19 @@ def test_the_role_renders_through_the_same_arguments() -> None:
     import inspect
 
     assert set(inspect.signature(agent.deployment).parameters) >= set(doc["options"])
+
+
+def test_the_node_labels_name_each_node_s_allocation_and_selections(tmp_path: Path) -> None:
+    """What a GitOps apply without site.yml must label nodes with: a DRA node is labelled off
+    the node agent's DaemonSet and onto the DRA plugin's, with its shares."""
+    inv = tmp_path / "inv"
+    shutil.copytree(LAB, inv)
+    (inv / "host_vars").mkdir(exist_ok=True)
+    (inv / "host_vars" / "gpu-t4.yml").write_text(
+        "gpukit_gpu_allocation: dra\ngpukit_dra_shares: 4\n")
+    got = manifests.node_labels(inv)
+    assert got["gpu-t4"] == {"gpukit.io/gpu.allocation": "dra", "gpukit.io/dra.shares": "4",
+                             "nvidia.com/gpu.deploy.device-plugin": "false",
+                             "nvidia.com/device-plugin.config": "time-sliced"}
+    assert got["gpu-a100"]["nvidia.com/mig.config"] == "mixed-a100"
+    assert list(manifests.node_labels(inv, ["gpu-a100"])) == ["gpu-a100"]
