@@ -23,7 +23,7 @@ from kubernetes import watch
 
 from gpukit import inventory as inv
 from gpukit.agent_manifests import AgentDeployment, declarations_map
-from gpukit.conformance import expect
+from gpukit.conformance import expect, runtime_path
 from gpukit.contracts.node_declaration import CONDITION_TYPE, NodeDeclaration
 from gpukit.k8s import connect, objects, waits
 from gpukit.k8s.nodes import ready, reported_after
@@ -181,16 +181,17 @@ RUNTIME_CLASS = "nvidia"
 CONTAINERD = "etc/containerd/config.toml"
 
 
-def configure_runtime(lab: LabSpec, node: str, timeout: float = 120) -> None:
-    """The lab's nvidia-container-toolkit package and containerd's `nvidia` runtime, as role
-    container_toolkit installs and configures them (the suite checks the handler everywhere);
-    nothing when the node has both."""
+def configure_runtime(lab: LabSpec, node: str, timeout: float = 120,
+                      set_as_default: bool = False) -> None:
+    """The lab's nvidia-container-toolkit package and containerd's `nvidia` runtime (the
+    default where the inventory says so), as role container_toolkit installs and configures
+    them (the suite checks the handler everywhere); nothing when the node has both."""
     spec = lab.node(node)
     conf = nodes.root(spec) / CONTAINERD
     text = conf.read_text()
     installed = (nodes.root(spec) / runtime.DEFAULT_BINARY.lstrip("/")).exists()
     edit = runtime.configure_containerd(
-        text, runtime.RuntimeSettings(), "/" + CONTAINERD,
+        text, runtime.RuntimeSettings(set_as_default=set_as_default), "/" + CONTAINERD,
         new_version=runtime.config_version(tomllib.loads(text), "/" + CONTAINERD))
     if installed and not edit.changed:
         return
@@ -218,8 +219,10 @@ def provision(lab: LabSpec, fleet: inv.GpuInventory, timeout: float = 120) -> No
     """Labels, MIG layouts, the runtime, the agent; returns once every node advertises what is
     declared."""
     runtime_class()
+    declared = runtime_path.declared(fleet.source.split(","),
+                                     {n.host: n.node_name for n in fleet.nodes})
     for decl in fleet.nodes:
-        configure_runtime(lab, decl.node_name)
+        configure_runtime(lab, decl.node_name, set_as_default=declared[decl.node_name].default)
     for decl in fleet.nodes:
         if decl.mig_declared:
             apply_mig(lab, decl.node_name, mig_plan(decl))
