@@ -188,6 +188,20 @@ def test_nvml_probe_reads_gpus_and_mig_devices_of_the_mock(tmp_path: Path) -> No
     mig = seen.gpus[1].migs[0]
     assert seen.parent(mig.uuid) == seen.gpus[1] and seen.mig(mig.uuid) == mig
     assert seen.index_to_uuid("1:0") == mig.uuid and seen.index_to_uuid("2") == seen.gpus[2].uuid
+    # Injected through CDI (NVIDIA_VISIBLE_DEVICES=void), a container's devices are those whose
+    # nodes it got: a whole GPU by its node, a MIG device by its parent's and its caps nodes.
+    from gpukit.conformance.common import visible_uuids
+
+    cdi = Seen("p", "nvidia.com/gpu", 1, PodState("p", "Running"), env="void",
+               dev_entries=("nvidia2", "nvidiactl"))
+    assert visible_uuids(cdi, seen) == [seen.gpus[2].uuid]
+    from dataclasses import replace  # the caps minors come from the driver's /proc: none here
+
+    migs = tuple(replace(m, caps=(10 + 2 * i, 11 + 2 * i)) for i, m in enumerate(seen.gpus[1].migs))
+    seen = replace(seen, gpus=(seen.gpus[0], replace(seen.gpus[1], migs=migs), *seen.gpus[2:]))
+    cdi = Seen("p", "nvidia.com/mig-1g.5gb", 1, PodState("p", "Running"), env="void",
+               dev_entries=("nvidia1", "nvidiactl"), cap_entries=("nvidia-cap12", "nvidia-cap13"))
+    assert len(migs) > 1 and visible_uuids(cdi, seen) == [migs[1].uuid]
 
 
 @pytest.mark.nvml
