@@ -51,6 +51,7 @@ def test_workload_sees_its_device(gpukit_suite: Any, node: str, resource: str,
                                                      for g in usable), "> 0",
                    [g.get("memory_total") for g in usable], resource)
         check.verify()
+        return
     check.equal("devices in NVIDIA_VISIBLE_DEVICES", 1, len(env), resource)
     if resource.startswith(ln.MIG_RESOURCE_PREFIX) or any(e.startswith("MIG-") for e in env):
         check.equal("GPUs the container can open (the MIG device's parent)", 1, len(usable),
