@@ -33,7 +33,7 @@ from gpukit.lab.config import LabSpec
 from gpukit.lab.controlplane import paths
 from gpukit.lab.packages import build_repo
 from gpukit.mig.placement import pack
-from gpukit.provision import quotas, runtime
+from gpukit.provision import quotas, runtime, toolkit_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -179,6 +179,7 @@ def declare(fleet: inv.GpuInventory, node: str, timeout: float = 150) -> None:
 
 RUNTIME_CLASS = "nvidia"
 CONTAINERD = "etc/containerd/config.toml"
+TOOLKIT_CONFIG = "etc/nvidia-container-runtime/config.toml"
 
 
 def configure_runtime(lab: LabSpec, node: str, timeout: float = 120,
@@ -193,13 +194,18 @@ def configure_runtime(lab: LabSpec, node: str, timeout: float = 120,
     edit = runtime.configure_containerd(
         text, runtime.RuntimeSettings(set_as_default=set_as_default), "/" + CONTAINERD,
         new_version=runtime.config_version(tomllib.loads(text), "/" + CONTAINERD))
-    if installed and not edit.changed:
-        return
     if not installed:
         build_repo()
         r = cluster.node_exec(spec, ["sh", "-c", "dpkg -i /opt/gpukit-lab/apt/"
                                      "nvidia-container-toolkit_*.deb"], timeout=timeout)
         assert r.returncode == 0, f"{node}: toolkit install: {r.stdout}{r.stderr}"
+    # NVIDIA's hardening, as the role writes it: the package's own config reads the device
+    # plugin's volume-mounts marker as a device name, and the runtime then fails the create.
+    toolkit = nodes.root(spec) / TOOLKIT_CONFIG
+    hardened = toolkit_config.plan(toolkit.read_text(), toolkit_config.ToolkitSettings(),
+                                   "/" + TOOLKIT_CONFIG)
+    if hardened.changed:
+        toolkit.write_text(hardened.after or "")
     if edit.changed:
         conf.write_text(edit.after or text)
         r = cluster.node_exec(spec, ["systemctl", "restart", "containerd"], timeout=timeout)
