@@ -92,7 +92,10 @@ class Kube:
     """The cluster as the suite uses it."""
 
     api_client: Any
-    runtime_class: str | None = None  # every pod's, when the nodes' default runtime is not it
+    runtime_class: str | None = None  # every pod's (--runtime-class): wins over the nodes'
+    # A node's pods' RuntimeClass (by its NODE_LABEL value; None: the node's default runtime),
+    # as the inventory says users' GPU pods run there (conformance.runtime_path).
+    node_runtime_classes: Mapping[str, str | None] = field(default_factory=dict)
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     _exec_clients: threading.local = field(default_factory=threading.local)
 
@@ -198,8 +201,10 @@ class Kube:
 
     def create_pod(self, namespace: str, manifest: Mapping[str, Any]) -> None:
         body = dict(manifest)
-        if self.runtime_class:
-            body["spec"] = {**body["spec"], "runtimeClassName": self.runtime_class}
+        node = ((body.get("metadata") or {}).get("labels") or {}).get(NODE_LABEL, "")
+        runtime_class = self.runtime_class or self.node_runtime_classes.get(node)
+        if runtime_class:
+            body["spec"] = {**body["spec"], "runtimeClassName": runtime_class}
         self.core.create_namespaced_pod(namespace, body)
 
     def pods_on(self, node: str, selector: str) -> list[Any]:

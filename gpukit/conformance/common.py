@@ -44,10 +44,34 @@ def need_probe(suite: Any, node: str) -> NvmlSeen:
     return probe
 
 
+# What a CDI spec's container edits set NVIDIA_VISIBLE_DEVICES to (nvidia-ctk's, gpukit's):
+# the devices came as CDI device nodes, the runtime is to add none.
+CDI_VISIBLE_DEVICES = "void"
+
+
 def visible_uuids(seen: Seen, probe: NvmlSeen | None) -> list[str]:
-    """The container's NVIDIA_VISIBLE_DEVICES as UUIDs (index IDs mapped through NVML)."""
+    """The devices the container was told about, as UUIDs: NVIDIA_VISIBLE_DEVICES or the
+    volume-mounts entries (index IDs mapped through NVML). Injected through CDI (the variable
+    `void`), the devices whose nodes it got: a whole GPU by its /dev/nvidia<minor>, a MIG
+    device by its capability nodes too (needs NVML on the node)."""
+    if seen.env == CDI_VISIBLE_DEVICES and probe is not None:
+        return cdi_devices(seen, probe)
     ids = seen.visible
     return [probe.index_to_uuid(i) for i in ids] if probe else ids
+
+
+def cdi_devices(seen: Seen, probe: NvmlSeen) -> list[str]:
+    caps = set(seen.cap_entries)
+    out: list[str] = []
+    for gpu in probe.readable:
+        if f"/dev/nvidia{gpu.minor}" not in seen.gpu_nodes:
+            continue
+        if gpu.mig_current and gpu.migs:
+            out += [m.uuid for m in gpu.migs
+                    if m.caps and {f"nvidia-cap{c}" for c in m.caps} <= caps]
+        else:
+            out.append(gpu.uuid)
+    return out
 
 
 def allocated_units(seen: Seen, probe: NvmlSeen | None) -> list[str]:

@@ -22,7 +22,7 @@ from gpukit.k8s.names import dns_name
 from gpukit.k8s.nodes import allocatable
 
 from . import attribution as attribution_mod
-from . import exclusive
+from . import exclusive, runtime_path
 from . import fill as fill_mod
 from . import scraper as scraper_mod
 from .cluster import Kube, load_api_client, pod_manifest
@@ -123,6 +123,9 @@ class Suite:
         self._collection_nodes: dict[str, Any] | None = None
         self._planned: dict[str, list[StageKey]] = {}  # the run's tests' stages, per node
         self.closed = False
+        # node -> how the inventory says its GPU pods reach the NVIDIA runtime (none without
+        # an inventory: the pods run as --runtime-class says, else under the default)
+        self.runtime_paths: dict[str, runtime_path.RuntimePath] = {}
         if options.lab and not options.inventory:
             from gpukit.lab.config import load_spec
             from gpukit.lab.inventory import for_instance
@@ -132,6 +135,9 @@ class Suite:
             self.inventory_path = options.inventory
             self.inventory = inv.load(options.inventory, hosts=options.nodes or None,
                                       host_vars=options.host_vars)
+            self.runtime_paths = runtime_path.declared(
+                options.inventory, {n.host: n.node_name for n in self.inventory.nodes},
+                options.host_vars)
         kubeconfig = options.kubeconfig or (self.inventory.kubeconfig if self.inventory else None)
         if options.lab or is_lab_kubeconfig(kubeconfig):
             # The lab: no pod network (host networking), images are local, nothing is pulled.
@@ -228,7 +234,10 @@ class Suite:
         with self._lock:
             if self._kube is None:
                 self._kube = Kube(load_api_client(self._kubeconfig()),
-                                  runtime_class=self.options.runtime_class)
+                                  runtime_class=self.options.runtime_class,
+                                  node_runtime_classes={
+                                      dns_name(n): p.pod_class
+                                      for n, p in self.runtime_paths.items()})
             return self._kube
 
     def _kubeconfig(self) -> str | None:

@@ -12,6 +12,7 @@ import pytest
 from gpukit.conformance.checks import Check
 from gpukit.conformance.common import need_decl, need_expected, need_host, need_probe
 from gpukit.conformance.host import ContainerdView
+from gpukit.conformance.runtime_path import RuntimePath
 from gpukit.contracts import label_names as ln
 
 pytestmark = pytest.mark.host
@@ -138,6 +139,39 @@ def test_runtime_configured_for_nvidia(gpukit_suite: Any, node: str, check: Chec
                 check.true("the NVIDIA runtime is containerd's default (containerd config dump)",
                            view.default_runtime in view.nvidia_runtimes, view.nvidia_runtimes,
                            f"default_runtime_name is {view.default_runtime!r}")  # fmt: skip
+    check.verify()
+
+
+@pytest.mark.stages("host")
+def test_declared_runtime_path(gpukit_suite: Any, node: str, check: Check) -> None:
+    """Users' GPU pods reach the NVIDIA runtime as the inventory declares (role
+    container_toolkit): its RuntimeClass exists with the runtime as handler, and the node's
+    effective containerd config has that handler running the NVIDIA runtime, as the default
+    where declared so. The suite's own pods take that route (conformance.runtime_path)."""
+    decl = need_decl(gpukit_suite, node)
+    path: RuntimePath = gpukit_suite.runtime_paths[node]
+    if path.runtime_class:
+        classes = gpukit_suite.kube.runtime_classes()
+        check.equal(f"RuntimeClass {path.runtime_class!r} handler (container_toolkit_"
+                    "runtime_class)", path.runtime_name,
+                    classes.get(path.runtime_class, "no such RuntimeClass"))
+    else:
+        check.true(f"runtime {path.runtime_name!r} the default (container_toolkit_runtime_"
+                   "class is empty: no RuntimeClass names it)", path.default,
+                   "container_toolkit_set_as_default true", "false")
+    need_host(gpukit_suite, node)
+    view = gpukit_suite.host_view(node).containerd
+    if decl.container_runtime == "containerd":
+        if not isinstance(view, ContainerdView):
+            check.equal("containerd's effective config", "readable", view)
+            check.verify()
+            return
+        check.true(f"containerd runtime handler {path.runtime_name!r} running the NVIDIA "
+                   "runtime (config dump)", path.runtime_name in view.nvidia_runtimes,
+                   "present", list(view.nvidia_runtimes) or "none")
+        if path.default:
+            check.equal("containerd's default runtime (container_toolkit_set_as_default, "
+                        "config dump)", path.runtime_name, view.default_runtime)
     check.verify()
 
 

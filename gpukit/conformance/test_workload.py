@@ -14,7 +14,7 @@ import pytest
 
 from gpukit.conformance import exclusive
 from gpukit.conformance.checks import Check
-from gpukit.conformance.common import lab_mode, need_decl
+from gpukit.conformance.common import CDI_VISIBLE_DEVICES, lab_mode, need_decl
 from gpukit.contracts import label_names as ln
 from gpukit.contracts.device_ids import strip_replica
 
@@ -42,6 +42,16 @@ def test_workload_sees_its_device(gpukit_suite: Any, node: str, resource: str,
     check.equal("NVML in the container", "", out.get("error", ""), resource)
     env = [v for v in (out.get("env") or "").split(",") if v]
     usable = [g for g in out.get("gpus", []) if g.get("node")]
+    if env == [CDI_VISIBLE_DEVICES]:
+        # CDI injection: the variable says nothing; the devices are the nodes it got (a MIG
+        # device: its parent's, the MIG instance it may use is the driver's to enforce).
+        check.equal("GPUs the container can open (CDI devices, NVIDIA_VISIBLE_DEVICES void)",
+                    1, len(usable), resource)
+        check.true("memory of its GPU readable", all(g.get("memory_total", 0) > 0
+                                                     for g in usable), "> 0",
+                   [g.get("memory_total") for g in usable], resource)
+        check.verify()
+        return
     check.equal("devices in NVIDIA_VISIBLE_DEVICES", 1, len(env), resource)
     if resource.startswith(ln.MIG_RESOURCE_PREFIX) or any(e.startswith("MIG-") for e in env):
         check.equal("GPUs the container can open (the MIG device's parent)", 1, len(usable),

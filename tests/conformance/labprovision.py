@@ -23,7 +23,7 @@ from kubernetes import watch
 
 from gpukit import inventory as inv
 from gpukit.agent_manifests import AgentDeployment, declarations_map
-from gpukit.conformance import expect
+from gpukit.conformance import expect, runtime_path
 from gpukit.contracts.node_declaration import CONDITION_TYPE, NodeDeclaration
 from gpukit.k8s import connect, objects, waits
 from gpukit.k8s.nodes import ready, reported_after
@@ -33,7 +33,7 @@ from gpukit.lab.config import LabSpec
 from gpukit.lab.controlplane import paths
 from gpukit.lab.packages import build_repo
 from gpukit.mig.placement import pack
-from gpukit.provision import quotas, runtime
+from gpukit.provision import quotas, runtime, toolkit_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -179,26 +179,33 @@ def declare(fleet: inv.GpuInventory, node: str, timeout: float = 150) -> None:
 
 RUNTIME_CLASS = "nvidia"
 CONTAINERD = "etc/containerd/config.toml"
+TOOLKIT_CONFIG = "etc/nvidia-container-runtime/config.toml"
 
 
-def configure_runtime(lab: LabSpec, node: str, timeout: float = 120) -> None:
-    """The lab's nvidia-container-toolkit package and containerd's `nvidia` runtime, as role
-    container_toolkit installs and configures them (the suite checks the handler everywhere);
-    nothing when the node has both."""
+def configure_runtime(lab: LabSpec, node: str, timeout: float = 120,
+                      set_as_default: bool = False) -> None:
+    """The lab's nvidia-container-toolkit package and containerd's `nvidia` runtime (the
+    default where the inventory says so), as role container_toolkit installs and configures
+    them (the suite checks the handler everywhere); nothing when the node has both."""
     spec = lab.node(node)
     conf = nodes.root(spec) / CONTAINERD
     text = conf.read_text()
     installed = (nodes.root(spec) / runtime.DEFAULT_BINARY.lstrip("/")).exists()
     edit = runtime.configure_containerd(
-        text, runtime.RuntimeSettings(), "/" + CONTAINERD,
+        text, runtime.RuntimeSettings(set_as_default=set_as_default), "/" + CONTAINERD,
         new_version=runtime.config_version(tomllib.loads(text), "/" + CONTAINERD))
-    if installed and not edit.changed:
-        return
     if not installed:
         build_repo()
         r = cluster.node_exec(spec, ["sh", "-c", "dpkg -i /opt/gpukit-lab/apt/"
                                      "nvidia-container-toolkit_*.deb"], timeout=timeout)
         assert r.returncode == 0, f"{node}: toolkit install: {r.stdout}{r.stderr}"
+    # NVIDIA's hardening, as the role writes it: the package's own config reads the device
+    # plugin's volume-mounts marker as a device name, and the runtime then fails the create.
+    toolkit = nodes.root(spec) / TOOLKIT_CONFIG
+    hardened = toolkit_config.plan(toolkit.read_text(), toolkit_config.ToolkitSettings(),
+                                   "/" + TOOLKIT_CONFIG)
+    if hardened.changed:
+        toolkit.write_text(hardened.after or "")
     if edit.changed:
         conf.write_text(edit.after or text)
         r = cluster.node_exec(spec, ["systemctl", "restart", "containerd"], timeout=timeout)
@@ -218,8 +225,10 @@ def provision(lab: LabSpec, fleet: inv.GpuInventory, timeout: float = 120) -> No
     """Labels, MIG layouts, the runtime, the agent; returns once every node advertises what is
     declared."""
     runtime_class()
+    declared = runtime_path.declared(fleet.source.split(","),
+                                     {n.host: n.node_name for n in fleet.nodes})
     for decl in fleet.nodes:
-        configure_runtime(lab, decl.node_name)
+        configure_runtime(lab, decl.node_name, set_as_default=declared[decl.node_name].default)
     for decl in fleet.nodes:
         if decl.mig_declared:
             apply_mig(lab, decl.node_name, mig_plan(decl))

@@ -188,6 +188,20 @@ def test_nvml_probe_reads_gpus_and_mig_devices_of_the_mock(tmp_path: Path) -> No
     mig = seen.gpus[1].migs[0]
     assert seen.parent(mig.uuid) == seen.gpus[1] and seen.mig(mig.uuid) == mig
     assert seen.index_to_uuid("1:0") == mig.uuid and seen.index_to_uuid("2") == seen.gpus[2].uuid
+    # Injected through CDI (NVIDIA_VISIBLE_DEVICES=void), a container's devices are those whose
+    # nodes it got: a whole GPU by its node, a MIG device by its parent's and its caps nodes.
+    from gpukit.conformance.common import visible_uuids
+
+    cdi = Seen("p", "nvidia.com/gpu", 1, PodState("p", "Running"), env="void",
+               dev_entries=("nvidia2", "nvidiactl"))
+    assert visible_uuids(cdi, seen) == [seen.gpus[2].uuid]
+    from dataclasses import replace  # the caps minors come from the driver's /proc: none here
+
+    migs = tuple(replace(m, caps=(10 + 2 * i, 11 + 2 * i)) for i, m in enumerate(seen.gpus[1].migs))
+    seen = replace(seen, gpus=(seen.gpus[0], replace(seen.gpus[1], migs=migs), *seen.gpus[2:]))
+    cdi = Seen("p", "nvidia.com/mig-1g.5gb", 1, PodState("p", "Running"), env="void",
+               dev_entries=("nvidia1", "nvidiactl"), cap_entries=("nvidia-cap12", "nvidia-cap13"))
+    assert len(migs) > 1 and visible_uuids(cdi, seen) == [migs[1].uuid]
 
 
 @pytest.mark.nvml
@@ -486,6 +500,56 @@ def test_every_pod_gets_the_runtime_class_asked_for() -> None:
             "p", run_id="r", role="nogpu", node="n", image="i", command=[]))
     assert made[0]["spec"]["runtimeClassName"] == "nvidia"
     assert "runtimeClassName" not in made[1]["spec"]
+
+
+def test_a_node_s_pods_run_as_the_inventory_says_gpu_pods_run_there() -> None:
+    """Without --runtime-class, a pod takes its node's declared RuntimeClass (none where the
+    NVIDIA runtime is the default); --runtime-class still wins."""
+    from kubernetes import client as k8s_client
+
+    classes = {dns_name("gpu-t4"): "nvidia", dns_name("gpu-a100"): None}
+    made: list[tuple[str | None, str, dict[str, Any]]] = []
+    for override in (None, "other"):
+        kube = cluster.Kube(k8s_client.ApiClient(), runtime_class=override,
+                            node_runtime_classes=classes)
+        kube.core = NS(  # type: ignore[assignment]
+            create_namespaced_pod=lambda ns, body, o=override: made.append((o, "", body)))
+        for node in ("gpu-t4", "gpu-a100", "elsewhere"):
+            kube.create_pod("ns", cluster.pod_manifest(
+                f"p-{node}", run_id="r", role="nogpu", node=node, image="i", command=[]))
+    got = [(o, b["metadata"]["name"], b["spec"].get("runtimeClassName")) for o, _, b in made]
+    assert got == [
+        (None, "p-gpu-t4", "nvidia"), (None, "p-gpu-a100", None), (None, "p-elsewhere", None),
+        ("other", "p-gpu-t4", "other"), ("other", "p-gpu-a100", "other"),
+        ("other", "p-elsewhere", "other")]
+
+
+def test_the_lab_declares_the_runtime_path_of_a_fleet() -> None:
+    """inventories/lab: the nvidia runtime the default on gpu-a100, RuntimeClass nvidia for
+    gpu-t4's pods; CDI (cdi-cri) on one node, volume mounts on the other."""
+    from gpukit.conformance import runtime_path
+
+    lab = REPO / "inventories" / "lab"
+    fleet = inv.load(lab)
+    paths = runtime_path.declared(str(lab), {n.host: n.node_name for n in fleet.nodes})
+    assert {n: (p.runtime_name, p.default, p.pod_class) for n, p in paths.items()} == {
+        "gpu-a100": ("nvidia", True, None), "gpu-t4": ("nvidia", False, "nvidia")}
+    strategies = {n.node_name: n.plugin_config.flags.plugin.device_list_strategy
+                  for n in fleet.nodes}
+    assert strategies == {"gpu-a100": ("volume-mounts",), "gpu-t4": ("cdi-cri",)}
+    # --host-vars win, as a play's -e
+    paths = runtime_path.declared(str(lab), {"gpu-t4": "gpu-t4"},
+                                  {"gpu-t4": {"container_toolkit_set_as_default": "true"}})
+    assert paths["gpu-t4"].pod_class is None
+
+
+def test_the_suite_reads_the_role_s_runtime_defaults() -> None:
+    from gpukit.conformance import runtime_path
+
+    role = yaml.safe_load((REPO / "roles" / "container_toolkit" / "defaults" / "main.yml")
+                          .read_text())
+    assert {k: role[k] for k in runtime_path.DEFAULTS} == dict(runtime_path.DEFAULTS)
+    assert runtime_path.from_vars({}) == runtime_path.RuntimePath()
 
 
 def test_the_workload_takes_the_mock_nvml_from_the_nodes_agent() -> None:

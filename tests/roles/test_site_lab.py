@@ -12,6 +12,7 @@ edits to the checkout while the tests run do not count as changes on the nodes.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -191,7 +192,9 @@ def test_site_converges_both_nodes(lab: Lab, tmp_path: Path) -> None:
         assert nvidia["runtime_type"] == "io.containerd.runc.v2"
         assert nvidia["options"]["BinaryName"] == "/usr/bin/nvidia-container-runtime"
         assert nvidia["options"]["SystemdCgroup"] is False
-        assert cri["containerd"]["default_runtime_name"] == "runc"
+        # nvidia the default where the inventory says so (gpu-a100 in inventories/lab)
+        default = "nvidia" if hv.get("container_toolkit_set_as_default") else "runc"
+        assert cri["containerd"]["default_runtime_name"] == default, name
         assert cri["enable_cdi"] is True and "/etc/cdi" in cri["cdi_spec_dirs"]
         assert sandbox_image(dump) == "localhost/gpukit-lab/pause:3.10"
         # gpukit is installed on the node, in its venv.
@@ -391,6 +394,50 @@ def test_pods_run_under_the_nvidia_runtime_class(lab: Lab) -> None:
         for pod in pods:
             lab.core.delete_namespaced_pod(pod, "default", grace_period_seconds=0)
         for pod in pods:  # gone before the next test restarts containerd
+            assert waits.gone(lab.core.list_namespaced_pod, ("default",),
+                              f"metadata.name={pod}", 90), pod
+
+
+def test_a_gpu_less_pod_meets_the_hardening_under_the_default_gpu_runtime(lab: Lab) -> None:
+    """Issue 28: on the node whose default runtime the inventory makes nvidia, a pod with no
+    runtimeClassName runs through nvidia-container-runtime; asking for every GPU through
+    NVIDIA_VISIBLE_DEVICES=all, it gets none unprivileged (NVIDIA's hardening) and every one
+    privileged (the runtime's log names the device nodes it added)."""
+    name = next(n for n, hv in lab.hostvars.items() if hv.get("container_toolkit_set_as_default"))
+    count = int(lab.hostvars[name]["gpukit_gpu"]["count"])
+    script = 'ls /dev | grep "^nvidia[0-9]" | tr "\\n" " "; echo END; exec sleep 3600'
+    pods = {"gpukit-test-nvd-all": False, "gpukit-test-nvd-all-priv": True}
+    try:
+        for pod, privileged in pods.items():
+            body = _sleeper(pod, name, None)
+            c = body.spec.containers[0]
+            c.command = ["sh", "-c", script]
+            c.env = [client.V1EnvVar(name="NVIDIA_VISIBLE_DEVICES", value="all")]
+            c.security_context = client.V1SecurityContext(privileged=privileged)
+            lab.core.create_namespaced_pod("default", body)
+        log = ""
+        seen: dict[str, str] = {}
+        for pod in pods:
+            got = waits.pod_phase(lab.core, "default", pod, {"Running"}, 90)
+            cid = got.status.container_statuses[0].container_id.removeprefix("containerd://")
+            seen[pod] = wait_for(f"{pod} to report", lambda p=pod: (
+                lambda out: out if "END" in out else None)(
+                lab.core.read_namespaced_pod_log(p, "default")), timeout=60)
+            log = lab.sh(name, f"cat {RUNTIME_LOG}")
+            assert any(" create " in ln and ln.split()[-1] == cid for ln in log.splitlines()), (
+                pod, log[-2000:])
+            edits = [ln for ln in log.splitlines() if f": {cid}: mode " in ln]
+            if pods[pod]:
+                added = set(re.findall(r"/dev/nvidia\d+\b", edits[0])) if edits else set()
+                assert added == {f"/dev/nvidia{i}" for i in range(count)}, (pod, edits)
+            else:
+                assert edits == [], (pod, edits)
+        assert seen["gpukit-test-nvd-all"].split() == ["END"], seen
+        assert len(seen["gpukit-test-nvd-all-priv"].split()) == count + 1, seen
+    finally:
+        for pod in pods:
+            lab.core.delete_namespaced_pod(pod, "default", grace_period_seconds=0)
+        for pod in pods:
             assert waits.gone(lab.core.list_namespaced_pod, ("default",),
                               f"metadata.name={pod}", 90), pod
 
