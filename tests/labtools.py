@@ -27,6 +27,11 @@ from gpukit.lab import cluster, network, nodes
 from gpukit.lab.config import LabSpec, NodeSpec, load_spec
 
 AGENT_NAMESPACE = "gpukit-system"  # the lab's agents (gpukit.agent_manifests' default)
+# The lab tests deploy agents on nodes that site.yml has not provisioned: no NVIDIA toolkit, no
+# RuntimeClass, containerd's default runc. The suite run on them declares that route (as
+# --host-vars), not the lab inventory's (nvidia runtime, RuntimeClass nvidia).
+NO_TOOLKIT_VARS = {"container_toolkit_runtime_class": "",
+                   "container_toolkit_set_as_default": False}
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 60, every: float = 0.5,

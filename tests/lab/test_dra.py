@@ -45,6 +45,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from labtools import (
     MIG_MODE,
+    NO_TOOLKIT_VARS,
     agent_http,
     clear_declaration_condition,
     declaration_condition,
@@ -1049,6 +1050,7 @@ def test_the_conformance_suites_dra_area_passes(deployed: AgentDeployment,
     --host-vars; the nodes labelled as node_labels labels them) and gpu-a100's MIG layout left
     out (its GPUs are whole until the next test): every check passes, none skipped."""
     shared = {"gpukit_gpu_allocation": "dra", "gpukit_dra_shares": 2}
+    shared.update(NO_TOOLKIT_VARS)
     host_vars = {A100: {**shared, "gpukit_mig_config": None}, T4: shared}
     junit = tmp_path / "junit.xml"
     with shared_devices(core, resource, 2, A100, T4):

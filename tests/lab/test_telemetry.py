@@ -269,7 +269,7 @@ def suite_mps(tmp_path: Path, replicas: int) -> tuple[int, str]:
     configs = json.loads(json.dumps(CONFIGS))
     configs["mps"]["sharing"]["mps"]["resources"][0]["replicas"] = replicas
     # The configs' envvar strategy with runc and DeviceSpecs: no NVIDIA runtime to harden.
-    host_vars = {T4: {"gpukit_device_plugin_configs": configs,
+    host_vars = {T4: {**labtools.NO_TOOLKIT_VARS, "gpukit_device_plugin_configs": configs,
                       "gpukit_device_plugin_config": "mps",
                       "gpukit_runtime_accept_envvar_unprivileged": True}}
     r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
