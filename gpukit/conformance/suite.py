@@ -133,8 +133,12 @@ class Suite:
             options.inventory = str(for_instance(load_spec()))
         if options.inventory:
             self.inventory_path = options.inventory
+            # --host-vars may also name the runtime path's role variables (runtime_path reads
+            # them); the model takes only the declaration's.
+            declared = {h: {k: v for k, v in hv.items() if k not in runtime_path.DEFAULTS}
+                        for h, hv in (options.host_vars or {}).items()}  # fmt: skip
             self.inventory = inv.load(options.inventory, hosts=options.nodes or None,
-                                      host_vars=options.host_vars)
+                                      host_vars=declared)
             self.runtime_paths = runtime_path.declared(
                 options.inventory, {n.host: n.node_name for n in self.inventory.nodes},
                 options.host_vars)
