@@ -348,14 +348,21 @@ def test_a_copied_or_bypassed_api_header_is_found(
     assert any(p.startswith(needle) for p in problems), "\n".join(problems)
 
 
+# Applied client-side on purpose: kubernetes.core reports a server-side apply of objects whose
+# status moves (the DaemonSets) as a change (the task's comment says why).
+CLIENT_SIDE = {"device_plugin/tasks/api_apply.yml"}
+
+
 def test_every_apply_is_server_side_as_gpukit() -> None:
     """Each object a role puts in the cluster is applied server-side as the one field manager
-    gpukit.k8s.objects.FIELD_MANAGER (what the Python side applies as too), so a GitOps tool that
-    applies `gpukit manifests` server-side meets no client-side apply's manager (issue 29)."""
+    gpukit.k8s.objects.FIELD_MANAGER (what the Python side applies as too), but the agent's
+    objects (CLIENT_SIDE; a GitOps tool co-owns them without conflict: test_site_lab)."""
     from gpukit.k8s.objects import FIELD_MANAGER
 
     applies, problems = 0, []
     for path in sorted(ROLES.glob("*/tasks/*.yml")):
+        if str(path.relative_to(ROLES)) in CLIENT_SIDE:
+            continue
         for task in all_tasks(yaml.safe_load(path.read_text()) or []):
             args = task.get("kubernetes.core.k8s")
             if not isinstance(args, dict) or args.get("state", "present") != "present":
@@ -365,4 +372,4 @@ def test_every_apply_is_server_side_as_gpukit() -> None:
             if args.get("apply") is not True or ssa.get("field_manager") != FIELD_MANAGER:
                 problems.append(f"{path.relative_to(ROLES)}: {task.get('name')!r}: "
                                 f"apply {args.get('apply')!r}, server_side_apply {ssa!r}")
-    assert applies >= 8 and not problems, "\n".join(problems)
+    assert applies >= 7 and not problems, "\n".join(problems)
