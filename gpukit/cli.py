@@ -219,8 +219,7 @@ def manifests_cmd(
         given.append(json.dumps({"device_plugin_kubernetes_version": kubernetes_version}))
     hosts = [*(host or []), *(group or []), *([limit] if limit else [])]
     try:
-        objects = m.for_inventory(inventory, limit=hosts, extra_vars=given)
-        labels = m.node_labels(inventory, hosts)
+        objects, labels = m.printed(inventory, limit=hosts, extra_vars=given)
     except (m.ManifestsError, inv.InventoryError) as e:
         _fail(e)
     except ImportError as e:

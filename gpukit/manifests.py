@@ -27,6 +27,7 @@ import yaml
 from gpukit.contracts import label_names
 from gpukit.inventory import GPU_GROUP, InventoryError, check, plain
 from gpukit.inventory import files as inventory_files
+from gpukit.inventory.check import CheckResult
 from gpukit.inventory.load import one_line
 from gpukit.inventory.problems import short
 from gpukit.provision import agent, telemetry
@@ -135,8 +136,20 @@ def for_inventory(
 ) -> list[dict[str, Any]]:
     """The objects site.yml's device_plugin role applies for the inventory (see the module's
     docstring); needs ansible-core, as reading any inventory does."""
+    return printed(inventory, limit, extra_vars)[0]
+
+
+def printed(
+    inventory: str | Path,
+    limit: Sequence[str] = (),
+    extra_vars: Sequence[str] = (),
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, str]]]:
+    """`gpukit manifests`' output: the objects (for_inventory) and the play nodes' labels
+    (node_labels), from one read of the play and one declaration check."""
     play = play_vars(inventory, limit, extra_vars)
-    return render(play, declarations_of(inventory))
+    result = check(str(inventory))
+    return (render(play, _declarations(result)),
+            _node_labels(result, {h for h, _ in play}))
 
 
 def node_labels(inventory: str | Path, limit: Sequence[str] = ()
@@ -145,16 +158,19 @@ def node_labels(inventory: str | Path, limit: Sequence[str] = ()
     printed DaemonSets select on (nvidia.com/gpu.deploy.device-plugin, gpukit.io/gpu.allocation)
     and the agents read (the config selections): what a GitOps apply without site.yml must
     label the nodes with. Empty when the inventory has problems (`gpukit inventory check`)."""
+    hosts = {h for h, _ in play_vars(inventory, limit)} if limit else None
+    return _node_labels(check(str(inventory)), hosts)
+
+
+def _node_labels(result: CheckResult, hosts: set[str] | None) -> dict[str, dict[str, str]]:
     from gpukit.provision import nodes
 
-    fleet = check(str(inventory)).inventory
-    if fleet is None:
+    if result.inventory is None:
         return {}
-    hosts = {h for h, _ in play_vars(inventory, limit)} if limit else None
     return {decl.node_name: nodes.with_allocation(
                 nodes.declared_labels(decl.labels, decl.plugin_config_name,
                                       decl.mig_config_name), decl.gpu_allocation, decl.dra_shares)
-            for decl in fleet.nodes if hosts is None or decl.host in hosts}  # fmt: skip
+            for decl in result.inventory.nodes if hosts is None or decl.host in hosts}  # fmt: skip
 
 
 def labels_comment(labels: Mapping[str, Mapping[str, str]]) -> str:
@@ -166,13 +182,13 @@ def labels_comment(labels: Mapping[str, Mapping[str, str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def declarations_of(inventory: str | Path) -> dict[str, dict[str, Any] | None]:
+def _declarations(result: CheckResult) -> dict[str, dict[str, Any] | None]:
     """Host -> what its agent must serve, from the declaration check (as the preflight's
     gpukit_declaration hands it to the role); none when the inventory has problems (the
     preflight refuses such a play; `gpukit inventory check` names them)."""
     from gpukit.provision import declaration
 
-    facts = declaration.facts(check(str(inventory)))
+    facts = declaration.facts(result)
     return {host: agent.declaration_entry(fact) for host, fact in facts.items()}
 
 
