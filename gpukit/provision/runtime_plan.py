@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpukit.provision import containerd
+from gpukit.provision import containerd, runtime_shadows
 from gpukit.provision.containerd import CRI_IMAGES_V3, CRI_RUNTIME_V3, CRI_V2, DumpError, Files
 from gpukit.provision.runtime import (
     DEFAULT_CDI_DIRS,
@@ -46,6 +46,8 @@ class ContainerdPlan:
     # What differs in containerd's effective config, one dotted key per line.
     effective_changes: tuple[str, ...]
     judge: str
+    # What the user should know but gpukit leaves alone (another file defining the runtime).
+    warnings: tuple[str, ...] = ()
 
     @property
     def changed(self) -> tuple[Edit, ...]:
@@ -139,14 +141,23 @@ def _containerd_edits(
     imported = ensure_import(main_text, pattern, main_path)
     # Where the drop-in falls among the files containerd loads, with the import in place
     # (its content does not matter here: it imports nothing).
-    placed = {main_path: imported.after, dropin_path: ""}
-    order = [p for p, _ in containerd.load_order(main_path, placed)]
-    if dropin_path not in order:
+    placed: dict[str, str | None] = {main_path: imported.after, dropin_path: ""}
+    loaded = containerd.load_order(main_path, placed)
+    if dropin_path not in [p for p, _ in loaded]:
         raise RuntimeConfigError(f"{dropin_path} is not matched by import {pattern!r}:"
                                  " containerd would not read it")  # fmt: skip
+    # Another definition of the runtime (NVIDIA's own drop-in...) is taken over, not left to
+    # shadow gpukit's or to be merged wrongly; one holding other settings too is refused.
+    takeover: list[Edit] = []
+    for shadow in runtime_shadows.shadows(loaded, s, {main_path, dropin_path}):
+        if not shadow.replaceable:
+            raise RuntimeConfigError(runtime_shadows.refusal(shadow, s))
+        takeover += runtime_shadows.replacement(shadow, s, dropin_path)
+        placed[shadow.path] = None
+    order = [p for p, _ in containerd.load_order(main_path, placed)]
     before = [(p, containerd.read(p) or "") for p in order[1 : order.index(dropin_path)]]
     dropin = containerd_dropin(main_text, s, main_path, dropin_path, before)
-    return [with_current(dropin, containerd.read(dropin_path)), imported]
+    return [with_current(dropin, containerd.read(dropin_path)), imported, *takeover]
 
 
 def plan_containerd(
@@ -167,6 +178,18 @@ def plan_containerd(
     edits = _containerd_edits(s, mode, main_path, dropin_path, import_pattern, new_version)
     planned: Files = {e.path: e.after for e in edits}
     after_order = containerd.load_order(main_path, planned)
+    if aside := [e.path for e in edits if e.path in dict(after_order) and e.before is None
+                 and e.path.endswith(runtime_shadows.ASIDE_SUFFIX)]:  # fmt: skip
+        raise RuntimeConfigError(
+            f"{aside[0]} (a replaced file's text kept aside) would be loaded by containerd's"
+            " imports. Nothing was changed."
+        )
+    # In place, gpukit edits only the main file: a later file that defines the runtime too
+    # overrides it now or at the next change of the inventory.
+    found = runtime_shadows.shadows(after_order, s, set(planned)) if mode == "in_place" else []
+    warnings = tuple(f"{w.describe(s.runtime_name)}, loaded after {main_path}: it overrides"
+                     " gpukit's settings there; container_toolkit_containerd_mode: drop_in"
+                     " replaces such a file" for w in found)  # fmt: skip
     version = int(tomllib.loads(after_order[0][1] or "")["version"])
     _check_loaded(after_order, version, set(planned))
     changed = any(e.changed for e in edits)
@@ -190,13 +213,15 @@ def plan_containerd(
         after = containerd.merge(docs, version)
         before = None
     if problems := runtime_problems(after, s):
+        setters = runtime_shadows.setters(after_order, s, {main_path})
+        named = "".join(f" {p} sets {', '.join(k)}." for p, k in setters)
         raise RuntimeConfigError(
             f"containerd would not run the `{s.runtime_name}` runtime as asked ({judge}):"
-            f" {'; '.join(problems)}. It loads, in order: {', '.join(files_after)}; a file"
-            " loaded later overrides an earlier one. Nothing was changed."
+            f" {'; '.join(problems)}.{named} It loads, in order: {', '.join(files_after)};"
+            " a file loaded later overrides an earlier one. Nothing was changed."
         )
     if not changed:
-        return ContainerdPlan(tuple(edits), False, (), judge)
+        return ContainerdPlan(tuple(edits), False, (), judge, warnings)
     if before is not None:
         effective = containerd.differences(before, after)
     elif binary:
@@ -206,4 +231,4 @@ def plan_containerd(
         new = [(p, _content(t)) for p, t in after_order]
         effective = [f"{p}: content changed" for p, c in new if (p, c) not in old]
         effective += [f"{p}: no longer loaded" for p, c in old if p not in files_after]
-    return ContainerdPlan(tuple(edits), bool(effective), tuple(effective), judge)
+    return ContainerdPlan(tuple(edits), bool(effective), tuple(effective), judge, warnings)

@@ -231,6 +231,104 @@ def test_a_foreign_dropin_is_kept_and_the_dump_has_both(node: Node, config_versi
         assert f"this is {foreign}'s" in node.dropin.read_text()
 
 
+def nvidia_dropin(version: int, default: bool = True) -> str:
+    """A drop-in as NVIDIA's toolkit writes one (conf.d/99-nvidia.toml, which containerd loads
+    after gpukit's 99-gpukit-nvidia.toml): the runtime and its CDI variant, the default."""
+    root = CRI[version]
+    text = f'version = {version}\n\n[plugins."{root}"]\n  enable_cdi = true\n'
+    if default:
+        text += f'\n[plugins."{root}".containerd]\n  default_runtime_name = "nvidia"\n'
+    for name, binary in (("nvidia", NVIDIA), ("nvidia-cdi", NVIDIA + ".cdi")):
+        text += (f'\n[plugins."{root}".containerd.runtimes.{name}]\n'
+                 '  runtime_type = "io.containerd.runc.v2"\n'
+                 f'[plugins."{root}".containerd.runtimes.{name}.options]\n'
+                 f'  BinaryName = "{binary}"\n  SystemdCgroup = true\n')  # fmt: skip
+    return text
+
+
+def importing(node: Node) -> None:
+    node.main.write_text(
+        node.main.read_text().replace("\n\n", f'\nimports = ["{node.root}/conf.d/*.toml"]\n\n', 1)
+    )
+
+
+def test_nvidias_own_dropin_is_replaced_in_drop_in_mode(node: Node, config_version: int) -> None:
+    """NVIDIA's drop-in sorts after gpukit's and would win (here: nvidia as the default the
+    inventory does not declare). gpukit takes its place and keeps its text aside, where the
+    import does not read it."""
+    replaced_and_kept_aside(node, config_version)
+
+
+def test_a_version_2_nvidia_dropin_under_containerd_2_is_replaced(
+    tmp_path: Path, containerd_for: Callable[[int], Path]
+) -> None:
+    """Written for containerd 1.7: containerd 2 would drop its runtimes (mixed versions).
+    In place that is refused by name; as a drop-in, gpukit's version-3 one replaces it."""
+    (tmp_path / "conf.d").mkdir()
+    n = Node(tmp_path, containerd_for(3))
+    n.main.write_text(MAIN[3])
+    (tmp_path / "conf.d" / "99-nvidia.toml").write_text(nvidia_dropin(2))
+    importing(n)
+    with pytest.raises(RuntimeConfigError, match=r"99-nvidia\.toml \(imported\) has version = 2"):
+        n.plan("in_place")
+    replaced_and_kept_aside(n, 2)
+
+
+def replaced_and_kept_aside(node: Node, written_for: int) -> None:
+    theirs = node.root / "conf.d" / "99-nvidia.toml"
+    if not theirs.exists():
+        theirs.write_text(nvidia_dropin(written_for))
+        importing(node)
+    plan = node.apply("drop_in")
+    assert not theirs.exists()
+    aside = Path(str(theirs) + ".replaced-by-gpukit")
+    assert aside.read_text() == nvidia_dropin(written_for)
+    assert any(c.startswith(f"{theirs} defines the `nvidia` runtime too") and
+               f"replaced by {node.dropin}" in c for e in plan.edits for c in e.changes)  # fmt: skip
+    c = cri(node.dump())
+    assert c["containerd"]["default_runtime_name"] == "runc"
+    assert c["containerd"]["runtimes"]["nvidia"]["options"]["BinaryName"] == NVIDIA
+    assert c["restrict_oom_score_adj"] is True and "runc" in c["containerd"]["runtimes"]
+    assert not node.plan("drop_in").changed
+
+
+def test_a_dropin_with_the_runtime_and_other_settings_is_refused_by_name(node: Node,
+                                                                         config_version: int) -> None:  # fmt: skip
+    theirs = node.root / "conf.d" / "99-nvidia.toml"
+    root = CRI[config_version]
+    theirs.write_text(nvidia_dropin(config_version) +
+                      f'\n[plugins."{root}".containerd.runtimes.kata]\n'
+                      '  runtime_type = "io.containerd.kata.v2"\n')  # fmt: skip
+    importing(node)
+    before = node.files()
+    with pytest.raises(RuntimeConfigError) as e:
+        node.plan("drop_in")
+    msg = str(e.value)
+    assert msg.startswith(f"{theirs} defines the `nvidia` runtime too")
+    assert f"plugins.{root}.containerd.runtimes.kata" in msg and "Nothing was changed" in msg
+    assert node.files() == before
+
+
+def test_in_place_a_second_definition_is_reported(node: Node, config_version: int) -> None:
+    theirs = node.root / "conf.d" / "99-nvidia.toml"
+    theirs.write_text(nvidia_dropin(config_version, default=False))
+    importing(node)
+    if config_version == 2:
+        # containerd 1.7: its CRI table replaces the main file's whole (runc's options gone).
+        with pytest.raises(RuntimeConfigError, match=re.escape(
+                f"{theirs} sets plugins.{CRI_V2}.enable_cdi, ")):  # fmt: skip
+            node.plan("in_place")
+        return
+    plan = node.apply("in_place")
+    assert [w.split(":")[0] for w in plan.warnings] == [
+        f"{theirs} defines the `nvidia` runtime too (plugins.{CRI[config_version]}.enable_cdi, "
+        f"plugins.{CRI[config_version]}.containerd.runtimes.nvidia, "
+        f"plugins.{CRI[config_version]}.containerd.runtimes.nvidia-cdi), loaded after {node.main}"
+    ]
+    assert "container_toolkit_containerd_mode: drop_in" in plan.warnings[0]
+    assert theirs.read_text() == nvidia_dropin(config_version, default=False)
+
+
 def test_an_edit_that_containerd_does_not_see_needs_no_restart(node: Node) -> None:
     """A drop-in whose text differs from gpukit's only in comments and layout is rewritten,
     and containerd is not restarted for it."""
@@ -371,7 +469,8 @@ def test_a_file_loaded_later_that_overrides_the_runtime_is_refused(node: Node,
     before = node.files()
     with pytest.raises(RuntimeConfigError, match="default_runtime_name is 'runc'") as e:
         node.plan(set_as_default=True)
-    assert str(later) in str(e.value) and "Nothing was changed" in str(e.value)
+    assert f"{later} sets plugins.{CRI[config_version]}" in str(e.value)
+    assert "Nothing was changed" in str(e.value)
     assert node.files() == before
 
 

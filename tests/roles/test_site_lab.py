@@ -430,6 +430,7 @@ def test_a_gpu_less_pod_meets_the_hardening_under_the_default_gpu_runtime(lab: L
 
 DROPIN = "/etc/containerd/conf.d/99-gpukit-nvidia.toml"
 OTHER = "/etc/containerd/conf.d/50-other-tool.toml"
+NVIDIAS = "/etc/containerd/conf.d/99-nvidia.toml"
 CONFIGURE = "Configure containerd for the nvidia runtime"
 
 
@@ -453,6 +454,16 @@ def test_drop_in_mode_on_the_nodes_containerd(lab: Lab) -> None:
     (root / CONTAINERD.lstrip("/")).write_text(installer)
     (root / OTHER.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
     (root / OTHER.lstrip("/")).write_text(other)
+    # NVIDIA's own drop-in (nvidia-ctk --drop-in-config) sorts after gpukit's and would make
+    # nvidia the default this node does not declare: gpukit's takes its place.
+    table = CRI_TABLE[lab.config_version]
+    theirs = (f"version = {lab.config_version}\n[plugins.\"{table}\".containerd]\n"
+              '  default_runtime_name = "nvidia"\n'
+              f'[plugins."{table}".containerd.runtimes.nvidia]\n'
+              '  runtime_type = "io.containerd.runc.v2"\n'
+              f'[plugins."{table}".containerd.runtimes.nvidia.options]\n'
+              '  BinaryName = "/usr/bin/nvidia-container-runtime"\n')  # fmt: skip
+    (root / NVIDIAS.lstrip("/")).write_text(theirs)
     drop_in = {"container_toolkit_containerd_mode": "drop_in"}
     tags = ("--limit", name, "--tags", "container_toolkit_config")
     try:
@@ -465,10 +476,14 @@ def test_drop_in_mode_on_the_nodes_containerd(lab: Lab) -> None:
         assert added == ["imports = [\"/etc/containerd/conf.d/*.toml\"]"], main
         assert tomllib.loads(lab.sh(name, f"cat {DROPIN}"))["version"] == lab.config_version
         assert lab.sh(name, f"cat {OTHER}") == other
+        assert not (root / NVIDIAS.lstrip("/")).exists()
+        assert lab.sh(name, f"cat {NVIDIAS}.replaced-by-gpukit") == theirs
         wait_for("containerd restarted", lambda: containerd_pid(lab, name) not in ("0", pid), every=1, timeout=90)
         runtimes = cri_runtime(containerd_dump(lab, name))["containerd"]["runtimes"]
         assert runtimes["nvidia"]["options"]["BinaryName"] == "/usr/bin/nvidia-container-runtime"
         assert "other" in runtimes and "runc" in runtimes
+        default = cri_runtime(containerd_dump(lab, name))["containerd"]["default_runtime_name"]
+        assert default == "runc", default
         assert sandbox_image(containerd_dump(lab, name)) == "localhost/gpukit-lab/pause:3.10"
         # Idempotent, and containerd keeps running.
         pid = containerd_pid(lab, name)
@@ -496,6 +511,8 @@ def test_drop_in_mode_on_the_nodes_containerd(lab: Lab) -> None:
         assert containerd_pid(lab, name) == pid
     finally:
         (root / OTHER.lstrip("/")).unlink(missing_ok=True)
+        for leftover in (NVIDIAS, NVIDIAS + ".replaced-by-gpukit"):
+            (root / leftover.lstrip("/")).unlink(missing_ok=True)
         (root / CONTAINERD.lstrip("/")).write_text(in_place)
         back = lab.play(*tags)  # in_place removes gpukit's drop-in
     assert back.rc == 0 and not back.failed, back.describe()

@@ -31,7 +31,12 @@ options:
     choices: [containerd, crio]
     default: containerd
   mode:
-    description: Edit the main file in place, or write a drop-in (containerd).
+    description:
+      - Edit the main file in place, or write a drop-in (containerd).
+      - In place, another loaded file that defines the runtime too is reported as a warning.
+      - As a drop-in, such a file (e.g. NVIDIA's own conf.d/99-nvidia.toml) is replaced when it
+        holds only the NVIDIA runtime's settings, its text kept as C(<path>.replaced-by-gpukit);
+        one holding other settings too is refused by name.
     type: str
     choices: [in_place, drop_in]
     default: in_place
@@ -185,6 +190,8 @@ def main():
             )
             edits, restart = list(plan.edits), plan.restart_needed
             effective, judge = list(plan.effective_changes), plan.judge
+            for warning in plan.warnings:
+                module.warn(warning)
     except runtime.RuntimeConfigError as e:
         module.fail_json(msg=str(e))
     changed = [e for e in edits if e.changed]
