@@ -19,7 +19,7 @@ from gpukit.contracts import dra_dynamic_mig as contract
 from gpukit.contracts import mig_parted
 from gpukit.mig.planner import plan
 from gpukit.plugin import nvml
-from gpukit.plugin.dra.checkpoint import Checkpoint
+from gpukit.plugin.dra.checkpoint import Checkpoint, CheckpointError
 from gpukit.plugin.dra.dynamic_mig import NvmlCarver, publish_gpu
 from gpukit.plugin.dra.prepare import ClaimRef, PrepareError, Preparer
 from gpukit.plugin.dra.slice_devices import SliceDevice
@@ -172,5 +172,5 @@ def test_the_mig_manager_skips_a_dynamic_gpu_and_changes_the_others(node: Node,
     assert (gpu0.target, gpu0.actions, gpu0.note.startswith("skipped: GPU 0")) == \
         (None, (), True)
     checkpoint.with_name(contract.OWNED_FILE).write_text("{not json")
-    with pytest.raises(Exception, match="gpukit-dynamic-mig.json: not JSON"):
+    with pytest.raises(CheckpointError, match=r"gpukit-dynamic-mig\.json: not JSON"):
         dra_claims.dynamic_gpus(checkpoint)
