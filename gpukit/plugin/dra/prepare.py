@@ -139,7 +139,9 @@ class Preparer:
             self.checkpoint.put(prepared)
             log.info("%s: prepared %s in %.1f ms", ref, ", ".join(
                 d.device for d in prepared.devices), (time.monotonic() - started) * 1000)
-            published = self.devices()
+            published = dict(self.devices())
+            for name in plan.carves:  # a carved device's facts are its MIG device's
+                published[name] = replace(published[name], unit=plan.spec_devices[name][1])
         if self.report_status is not None:  # outside the lock: an API call
             entries = claim_status.entries(prepared, published, plan.sharing)
             try:

@@ -63,10 +63,13 @@ class Node:
         self.devices: dict[str, SliceDevice] = {d.name: d for d in devices}
         self.api = Api()
         self.checkpoint_path = tmp / "plugin" / "gpukit-checkpoint.json"
+        self.status: dict[str, list[dict[str, Any]]] = {}
 
     def preparer(self) -> Preparer:
         return Preparer(NODE, self.api, lambda: self.devices, lambda: COMMON,
                         Checkpoint(self.checkpoint_path), str(self.tmp / "cdi"), "/",
+                        report_status=lambda ref, entries: self.status.update(
+                            {ref.uid: entries}),
                         carver=NvmlCarver(str(self.proc_root)))
 
     def instances(self) -> list[tuple[str, int, int]]:
@@ -106,6 +109,10 @@ def test_prepare_carves_the_placement_and_unprepare_destroys_it(node: Node) -> N
     assert (mig.gi, mig.ci, mig.uuid) == (device.instance["gi"], device.instance["ci"],
                                           device.instance["uuid"])
     assert Checkpoint(node.checkpoint_path).get("u1") == prepared  # recorded before returning
+    [status] = node.status["u1"]  # the claim's status.devices: the carved MIG device's facts
+    assert status["data"] == {"type": "mig", "uuid": mig.uuid, "parentUUID": node.gpu.uuid,
+                              "profile": "3g.20gb", "placement": {"start": 4, "size": 4},
+                              "pciBusID": node.gpu.pci_bus_id}
     spec = json.loads((node.tmp / "cdi" / prepared.spec_file).read_text())
     [entry] = spec["devices"]
     paths = [n["path"] for n in entry["containerEdits"]["deviceNodes"]]
