@@ -35,6 +35,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import dra_dynamic_mig
 from .dra import DRIVER, TYPE_GPU, TYPE_MIG
 from .label_names import RESOURCE_PREFIX
 
@@ -48,7 +49,8 @@ REASON_CONFIG = "ConfigFallback"  # the declared config is refused; an older one
 EVENT_MISMATCH = "GpuDeclarationMismatch"
 EVENT_CLEARED = "GpuDeclarationServed"
 
-_FIELDS = ("version", "node", "devicePluginConfig", "resources", "draDevices")
+_FIELDS = ("version", "node", "devicePluginConfig", "resources", "draDevices",
+           "draDynamicMig")
 # A DRA node's device kinds: `gpu.nvidia.com/gpu`, `gpu.nvidia.com/mig-<profile>`.
 DRA_KIND_PREFIX = f"{DRIVER}/"
 
@@ -81,6 +83,9 @@ class NodeDeclaration:
     device_plugin_config: str = ""
     # A DRA node's: kind (dra_kind) -> healthy devices it must publish; None: not a DRA node.
     dra_devices: Mapping[str, int] | None = None
+    # A DRA node's GPUs carved on demand (gpukit_dra_dynamic_mig, gpukit.contracts.
+    # dra_dynamic_mig): GPU index -> allowed profiles; the DRA plugin reads it at each rescan.
+    dra_dynamic_mig: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def dra(self) -> bool:
@@ -96,6 +101,9 @@ class NodeDeclaration:
                                "resources": dict(sorted(self.resources.items()))}
         if self.dra_devices is not None:
             out["draDevices"] = dict(sorted(self.dra_devices.items()))
+        if self.dra_dynamic_mig:
+            out["draDynamicMig"] = {str(i): list(p) for i, p in
+                                    sorted(self.dra_dynamic_mig.items())}
         return out
 
 
@@ -149,9 +157,19 @@ def from_dict(doc: object, source: str = "declaration") -> NodeDeclaration:
             what = "resources" if resources else "devicePluginConfig"
             raise DeclarationError(f"{source}.{what}: {_short(resources or config)} on a DRA "
                                    "node (draDevices): it serves no device plugin resources")
+    dynamic: dict[int, tuple[str, ...]] = {}
+    if doc.get("draDynamicMig"):
+        if dra is None:
+            raise DeclarationError(f"{source}.draDynamicMig: on a node without draDevices: "
+                                   "only a DRA node carves MIG devices on demand")
+        try:
+            gpus = dra_dynamic_mig.parse(doc["draDynamicMig"], field=f"{source}.draDynamicMig")
+        except dra_dynamic_mig.DynamicMigError as exc:
+            raise DeclarationError(str(exc)) from exc
+        dynamic = {g.index: tuple(str(p) for p in g.profiles) for g in gpus}
     # Plain str and int: values may come tagged from an Ansible inventory (str subclasses),
     # which the YAML renderer refuses.
-    return NodeDeclaration(str(node), resources, str(config), dra)
+    return NodeDeclaration(str(node), resources, str(config), dra, dynamic)
 
 
 def _counts(raw: object, where: str, prefix: str, what: str) -> dict[str, int]:

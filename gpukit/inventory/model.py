@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpukit.contracts import dra_dynamic_mig as dynamic_mig
 from gpukit.contracts import label_names as ln
 from gpukit.contracts import mig_profiles
 from gpukit.contracts.mig_parted import MigConfigEntry
@@ -39,7 +40,7 @@ VARIABLES = (
     "nvidia_driver_version", "nvidia_driver_kernel_modules", "gpukit_container_runtime",
     "gpukit_device_plugin_configs", "gpukit_device_plugin_config", "gpukit_mig_configs",
     "gpukit_mig_config", "gpukit_node_labels", "gpukit_node_taints", OPT_OUT_VARIABLE,
-    "gpukit_gpu_allocation", "gpukit_dra_shares",
+    "gpukit_gpu_allocation", "gpukit_dra_shares", dynamic_mig.VARIABLE,
     *metrics.VARIABLES,
 )
 
@@ -100,6 +101,9 @@ class NodeDecl:
     # gpukit_dra_shares: a DRA node's devices are shared, by this many claims at most each
     # (consumable capacity, gpukit.contracts.dra.SHARES_CAPACITY); None: one claim a device.
     dra_shares: int | None = None
+    # gpukit_dra_dynamic_mig: the GPUs the DRA plugin carves into MIG devices on demand, and
+    # the profiles allowed on each (gpukit.contracts.dra_dynamic_mig); the MIG manager skips them.
+    dra_dynamic_mig: tuple[dynamic_mig.DynamicGpu, ...] = ()
     metrics: metrics.MetricsDecl = field(default_factory=metrics.MetricsDecl)
     # The declaration variables as validated (plain values; absent ones left out): what a
     # role compares its own inputs with before it trusts this declaration.

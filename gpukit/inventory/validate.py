@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from gpukit.contracts import dra_dynamic_mig as dynamic_mig
 from gpukit.contracts import mig_parted
 from gpukit.contracts import runtime_hardening as toolkit_config
 from gpukit.contracts.dra import MAX_SHARES, MIN_SHARES
@@ -139,6 +140,7 @@ def node_from_vars(host: str, raw: Mapping[str, Any]) -> NodeDecl:
     allocation = v.string("gpukit_gpu_allocation", v.get("gpukit_gpu_allocation"),
                           default=DEFAULT_GPU_ALLOCATION, choices=GPU_ALLOCATIONS)
     dra_shares = _dra_shares(v, allocation)
+    dynamic = _dra_dynamic_mig(v, allocation, gpu, mig_gpus)
     address = v.get("ansible_host")
     served, metric_problems = metrics.declared(host, raw)
     v.problems += metric_problems
@@ -155,6 +157,7 @@ def node_from_vars(host: str, raw: Mapping[str, Any]) -> NodeDecl:
         mig_layout=layout, mig_gpus=mig_gpus, labels=labels, taints=taints,
         kubeconfig=kubeconfig, metrics=served,
         gpu_allocation=allocation or DEFAULT_GPU_ALLOCATION, dra_shares=dra_shares,
+        dra_dynamic_mig=dynamic,
         declared={k: raw[k] for k in VARIABLES if raw.get(k, MISSING) is not MISSING},
     )
 
@@ -173,6 +176,37 @@ def _dra_shares(v: _Vars, allocation: str | None) -> int | None:
                           "shares through gpukit_device_plugin_config)")
         return None
     return shares
+
+
+def _dra_dynamic_mig(v: _Vars, allocation: str | None, gpu: GpuDecl | None,
+                     mig_gpus: tuple[GpuMig, ...]) -> tuple[dynamic_mig.DynamicGpu, ...]:
+    """`gpukit_dra_dynamic_mig`: a DRA node's GPUs carved into MIG devices on demand. Each GPU
+    index must be the node's, each profile its product's; a GPU the selected static layout
+    enables MIG on is refused (the MIG manager would skip it, and the node would not serve
+    what the layout declares)."""
+    name = dynamic_mig.VARIABLE
+    raw = v.get(name)
+    if raw is MISSING or raw is None or raw == {}:
+        return ()
+    if allocation != "dra":
+        v.fail(name, raw, "carves MIG devices through DRA: it needs gpukit_gpu_allocation dra "
+                          f"(this node is on {allocation or DEFAULT_GPU_ALLOCATION})")
+        return ()
+    if gpu is None:
+        return ()
+    try:
+        gpus = dynamic_mig.parse(raw, gpu.product, gpu.count, name)
+    except dynamic_mig.DynamicMigError as exc:
+        field, _, message = str(exc).partition(": ")
+        v.fail(field, MISSING, message)
+        return ()
+    static = {g.index for g in mig_gpus if g.mig_enabled}
+    for g in gpus:
+        if g.index in static:
+            v.fail(f"{name}.{g.index}", MISSING, f"GPU {g.index} is carved on demand, but "
+                   "gpukit_mig_config enables MIG on it: select the other GPUs by index in "
+                   "that layout")
+    return gpus
 
 
 def sharing(

@@ -15,7 +15,8 @@ each. Disabling: destroy every instance, set the mode, reset.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -25,6 +26,8 @@ from gpukit.contracts.mig_parted import MigConfigEntry, MigConfigError, MigConfi
 
 from .placement import PlacementError, Slot, layout_text, pack
 from .state import GpuInstance, GpuState, Process
+
+log = logging.getLogger(__name__)
 
 
 class LayoutError(ValueError):
@@ -254,14 +257,22 @@ def select_entries(
 
 
 def plan(
-    configs: MigConfigs | Sequence[MigConfigEntry], selected: str, gpus: Sequence[GpuState]
+    configs: MigConfigs | Sequence[MigConfigEntry], selected: str, gpus: Sequence[GpuState],
+    excluded: Mapping[int, str] | None = None,
 ) -> Plan:
     """Plan ``selected`` for these GPUs. Raises MigConfigError (no such config) or LayoutError
-    (the layout does not fit this node; every problem listed)."""
+    (the layout does not fit this node; every problem listed). ``excluded``: GPU index -> who
+    else manages it (the DRA plugin's dynamic MIG): left as it is, whatever the layout says."""
     entries = configs.select(selected) if isinstance(configs, MigConfigs) else tuple(configs)
+    excluded = excluded or {}
     chosen, problems = select_entries(entries, gpus)
     plans: list[GpuPlan] = []
     for g in sorted(gpus, key=lambda x: x.index):
+        if g.index in excluded:
+            log.info("GPU %d (%s): skipped, %s", g.index, g.uuid, excluded[g.index])
+            plans.append(GpuPlan(gpu=g, entry=None, target=None,
+                                 note=f"skipped: {excluded[g.index]}"))
+            continue
         entry = chosen.get(g.index)
         if entry is None:
             plans.append(GpuPlan(gpu=g, entry=None, target=None, note="not selected by the config"))

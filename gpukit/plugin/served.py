@@ -47,10 +47,13 @@ class Verdict:
 
 def dra_served(devices: Iterable[Mapping[str, Any]]) -> Served:
     """What a DRA node serves: its healthy published devices (ResourceSlice device bodies)
-    counted by kind, from their `type` and `profile` attributes as the suite reads them."""
+    counted by kind, from their `type` and `profile` attributes as the suite reads them; a
+    dynamic MIG GPU's possible MIG devices are not counted (its whole GPU is)."""
     counts: dict[str, int] = {}
     for body in devices:
         attrs = body.get("attributes") or {}
+        if body.get("consumesCounters") and "uuid" not in attrs:
+            continue  # a dynamic MIG device: a possible carving, not a device the node has
         kind = nd.dra_kind(str((attrs.get("type") or {}).get("string") or ""),
                            str((attrs.get("profile") or {}).get("string") or "") or None)
         counts[kind] = counts.get(kind, 0) + 1

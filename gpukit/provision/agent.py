@@ -197,8 +197,10 @@ def declaration_entry(fact: Mapping[str, Any]) -> dict[str, Any] | None:
     devices its ResourceSlices must publish, counted by kind (the oracle's
     expected_dra_devices), for the DRA plugin; else the agent's resources and config."""
     if fact.get("gpu_allocation") == "dra":
+        dynamic = {int(i): tuple(str(p) for p in profiles)
+                   for i, profiles in (fact.get("dra_dynamic_mig") or {}).items()}
         return nd.NodeDeclaration(str(fact["node_name"]), dra_devices=nd.dra_counts(
-            fact.get("expected_dra_devices") or [])).as_dict()
+            fact.get("expected_dra_devices") or []), dra_dynamic_mig=dynamic).as_dict()
     return nd.NodeDeclaration(str(fact["node_name"]), dict(fact["expected_resources"]),
                               str(fact.get("device_plugin_config") or "")).as_dict()
 

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpukit import inventory
+from gpukit.contracts import dra_dynamic_mig
 from gpukit.contracts import label_names as ln
 from gpukit.inventory.model import NodeDecl, Taint
 from gpukit.provision import nodes, sharing, toolkit_config
@@ -43,6 +44,7 @@ def fact(decl: NodeDecl, resources: Mapping[str, int], labels: Mapping[str, str]
         "expected_labels": dict(labels),
         "gpu_allocation": decl.gpu_allocation,
         "dra_shares": decl.dra_shares,
+        "dra_dynamic_mig": dra_dynamic_mig.as_plain(decl.dra_dynamic_mig),
         "expected_dra_devices": inventory.expected_dra_devices(decl),
         "metrics": decl.metrics.as_dict(),
         "sharing": {"problems": shares.problems, "warnings": shares.warnings,

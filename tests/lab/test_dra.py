@@ -20,7 +20,9 @@ GPU (the slices follow) and refuses, naming the claim, while one does; the kubel
 claim's device health (the plugin's DRA health stream) in its pod's status; the plugin says
 whether its node serves its declaration (the node condition GpuDeclarationMismatch False naming
 the declared counts) and a lost GPU raises the condition, an Event and the gauge within seconds,
-all cleared on recovery. Every failure names node, claim, expected and observed.
+all cleared on recovery; a GPU declared for dynamic MIG publishes its counter set and
+placements, a claim for a MIG profile gets its instance carved at prepare (the MIG manager
+skipping that GPU) and destroyed after. Every failure names node, claim, expected and observed.
 """
 
 from __future__ import annotations
@@ -1180,6 +1182,8 @@ def test_the_plugin_says_its_node_serves_its_declaration_and_a_lost_gpu_at_once(
 MIG_LAYOUTS = {
     "dra-3g": [{"devices": [0], "mig-enabled": True, "mig-devices": {"3g.20gb": 2}}],
     "dra-whole": [{"devices": [0], "mig-enabled": False}],
+    # GPU 7 is dynamic in the dynamic MIG test: the MIG manager must skip it
+    "dra-7-3g": [{"devices": [7], "mig-enabled": True, "mig-devices": {"3g.20gb": 2}}],
 }
 
 
@@ -1294,3 +1298,115 @@ def test_a_mig_layout_change_republishes_and_a_mig_claim_runs(
         wait_for(f"node {A100}: 8 whole GPUs again",
                  lambda: set(slice_devices(resource, A100)) == {f"gpu-{i}" for i in range(8)},
                  timeout=90)
+
+
+# GPU instances (profile, start) and MIG mode of GPU argv[1] on a node's mock GPUs; or, with
+# argv[2] "off", MIG mode disabled (pending until the GPU is reset).
+GPU_INSTANCES = """
+import json, sys, pynvml as n
+from gpukit.plugin.nvml.mig import PynvmlBackend
+n.nvmlInit()
+i = int(sys.argv[1])
+if len(sys.argv) > 2:
+    n.nvmlDeviceSetMigMode(n.nvmlDeviceGetHandleByIndex(i), 0)
+g = PynvmlBackend().gpu(i)
+print(json.dumps({"mig": g.mig_current, "gis": [[x.profile, x.start, len(x.compute_instances)]
+                                                for x in g.gpu_instances]}))
+"""
+
+
+def gpu_instances(node: str, index: int, *args: str) -> dict[str, Any]:
+    from gpukit.lab import nvml
+
+    r = nodes.root(load_spec().node(node))
+    env = nvml.env(r / "etc/gpukit-lab/nvml/profile.yaml", r / "var/lib/gpukit-lab/nvml")
+    proc = subprocess.run([sys.executable, "-c", GPU_INSTANCES, str(index), *args], env=env,
+                          capture_output=True, text=True, check=True, timeout=60)
+    doc: dict[str, Any] = json.loads(proc.stdout)
+    return doc
+
+
+def test_a_dynamic_mig_claim_is_carved_at_prepare_and_destroyed_after(
+        api: Any, deployed: AgentDeployment, core: client.CoreV1Api,
+        resource: client.ResourceV1Api, cleanup: list[str]) -> None:
+    """gpu-a100's GPU 7 declared for dynamic MIG (its declaration entry's draDynamicMig, as
+    the device_plugin role renders gpukit_dra_dynamic_mig; 1g.5gb only): its counter set and
+    its seven 1g.5gb placements are published beside the other GPUs. A mig.nvidia.com claim
+    selecting profile 1g.5gb runs a pod that sees GPU 7's node and the new instance's two
+    nvidia-caps nodes; while the claim is prepared the GPU instance exists on the node (MIG
+    mode enabled by prepare) and the MIG manager skips GPU 7 (a layout for it changes nothing);
+    after the pod and the claim are deleted the instance is gone."""
+    dynamic = {**deployed.declarations, A100: {**deployed.declarations[A100],
+                                               "draDynamicMig": {"7": ["1g.5gb"]}}}
+    carved = {f"gpu-7-mig-1g5gb-19-{i}" for i in range(7)}
+    objects.apply(api, [agent_manifests.declarations_map(replace(deployed,
+                                                                 declarations=dynamic))],
+                  field_manager="gpukit-lab")
+    claim, pod = unique("dyn"), unique("dyn")
+    try:
+        def counter_sets() -> list[str]:
+            return [c["name"] for s in slices(resource, A100)
+                    for c in s["spec"].get("sharedCounters") or []]
+
+        wait_for(f"node {A100}: GPU 7's counter set and 1g.5gb placements published",
+                 lambda: counter_sets() == ["gpu-7-counter-set"]
+                 and carved <= set(slice_devices(resource, A100)), timeout=180,
+                 explain=lambda: f"observed {counter_sets()} "
+                                 f"{sorted(slice_devices(resource, A100))}\n{diagnose(A100)}")
+        assert gpu_instances(A100, 7)["gis"] == [], f"node {A100}: GPU 7 carved before a claim"
+        create_claim(resource, cleanup, claim_doc(claim, cls="mig.nvidia.com", selectors=[
+            'device.attributes["gpu.nvidia.com"].profile == "1g.5gb"']))
+        run_pod(core, cleanup, pod_doc(pod, A100, {"gpu": claim}), timeout=180)
+        (result,) = allocated(resource, claim)
+        assert result["device"] in carved, f"node {A100}, claim {claim}: expected one of " \
+            f"GPU 7's 1g.5gb placements, observed {result}"
+        start = int(result["device"].rsplit("-", 1)[1])
+        got = seen(core, pod)
+        minor = minor_of(resource, A100, "gpu-7")
+        assert gpu_nodes(got["DEV"]) == {f"nvidia{minor}"} and len(got["CAPS"]) == 2, (
+            f"node {A100}, claim {claim} ({result['device']}): expected nvidia{minor} and the "
+            f"instance's two nvidia-caps nodes, observed {sorted(got['DEV'])} "
+            f"{sorted(got['CAPS'])}")
+        state = gpu_instances(A100, 7)
+        assert state == {"mig": True, "gis": [["1g.5gb", start, 1]]}, (
+            f"node {A100}, claim {claim}: expected MIG on and one 1g.5gb instance at {start} "
+            f"on GPU 7, observed {state}")
+        uid = resource.read_namespaced_resource_claim(claim, NS).metadata.uid
+        recorded = [d.get("instance") for d in checkpoint(A100)[uid]["devices"]]
+        assert [(x or {}).get("start") for x in recorded] == [start], (
+            f"node {A100}, claim {claim}: expected the instance in the checkpoint, observed "
+            f"{recorded}")
+        rc, doc = mig_cli(A100, "dra-7-3g")
+        assert rc == 0 and doc.get("changed") is False and \
+            gpu_instances(A100, 7)["gis"] == [["1g.5gb", start, 1]], (
+                f"node {A100}: MIG manager layout for GPU 7 expected skipped (exit 0, no "
+                f"change, the claim's instance kept), observed {rc}: {doc}")
+        for name in (pod, claim):
+            delete_if_there(core.delete_namespaced_pod if name == pod
+                            else resource.delete_namespaced_resource_claim, name, NS,
+                            grace_period_seconds=0)
+            wait_for(f"{name} gone", lambda n=name: not _exists(
+                core.read_namespaced_pod if n == pod
+                else resource.read_namespaced_resource_claim, n), timeout=90)
+        wait_for(f"node {A100}, claim {claim}: unprepared and GPU 7's instance destroyed",
+                 lambda: uid not in checkpoint(A100) and gpu_instances(A100, 7)["gis"] == [],
+                 timeout=90, explain=lambda: f"observed {gpu_instances(A100, 7)}\n"
+                                             f"{diagnose(A100)}")
+    finally:
+        for name in (pod, claim):
+            delete_if_there(core.delete_namespaced_pod, name, NS, grace_period_seconds=0)
+            delete_if_there(resource.delete_namespaced_resource_claim, name, NS,
+                            grace_period_seconds=0)
+        wait_for(f"pod {pod} gone", lambda: not _exists(core.read_namespaced_pod, pod),
+                 timeout=90)
+        objects.apply(api, [agent_manifests.declarations_map(deployed)],
+                      field_manager="gpukit-lab")
+        wait_for(f"node {A100}: no counter set once GPU 7 is no longer dynamic",
+                 lambda: not any(s["spec"].get("sharedCounters")
+                                 for s in slices(resource, A100)), timeout=180)
+        if gpu_instances(A100, 7)["mig"]:  # prepare enabled MIG mode: GPU 7 whole again
+            gpu_instances(A100, 7, "off")
+            nodes.nvml_cli(load_spec().node(A100), "reset", "--gpu", "7")
+        wait_for(f"node {A100}: 8 whole GPUs again",
+                 lambda: set(slice_devices(resource, A100)) == {f"gpu-{i}" for i in range(8)},
+                 timeout=90, explain=lambda: f"observed {sorted(slice_devices(resource, A100))}")

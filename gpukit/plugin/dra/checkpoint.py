@@ -55,6 +55,9 @@ class PreparedDevice:
     # start rewrites the claim's CDI spec from the checkpoint alone. None: not recorded (an
     # earlier gpukit's entry).
     edits: Mapping[str, list[Any]] | None = None
+    # A dynamic MIG device's instances, created at prepare and destroyed at unprepare
+    # (dynamic_mig.Carved.as_json: gpu, gpuUUID, gi, ci, uuid, profile, start). None: not one.
+    instance: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,7 @@ class PreparedClaim:
     def from_json(cls, doc: dict[str, Any]) -> PreparedClaim:
         devices = tuple(PreparedDevice(tuple(d["requests"]), d["pool"], d["device"],
                                        tuple(d["cdi_device_ids"]), tuple(d.get("share_ids", ())),
-                                       _edits(d.get("edits")))
+                                       _edits(d.get("edits")), _instance(d.get("instance")))
                         for d in doc["devices"])  # fmt: skip
         for key in ("uid", "namespace", "name", "spec_file"):
             if not isinstance(doc[key], str):
@@ -90,6 +93,16 @@ def _edits(value: object) -> dict[str, list[Any]] | None:
         return None
     if not isinstance(value, dict) or not all(isinstance(v, list) for v in value.values()):
         raise TypeError(f"edits: expected an object of lists, found {value!r}")
+    return value
+
+
+def _instance(value: object) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(
+            isinstance(value.get(k), int) and not isinstance(value.get(k), bool)
+            for k in ("gpu", "gi", "ci")):
+        raise TypeError(f"instance: expected gpu, gi and ci ids, found {value!r}")
     return value
 
 

@@ -21,6 +21,7 @@ import sys
 import threading
 
 from gpukit import __version__
+from gpukit.contracts import dra_dynamic_mig as dynamic_mig
 from gpukit.contracts.dra import CDI_DIR, MAX_SHARES, MIN_SHARES, PLUGIN_DIR, REGISTRY_DIR
 from gpukit.contracts.label_names import DRA_SHARES
 from gpukit.contracts.plugin_config import (
@@ -94,6 +95,11 @@ def build_parser(prog: str = "gpukit-dra-plugin") -> argparse.ArgumentParser:
                    help="directory of the nodes' declarations (a mounted ConfigMap, one entry "
                         "per node name): the plugin compares the healthy devices it publishes "
                         "with its own node's and reports a mismatch [GPUKIT_DECLARATION_DIR]")
+    p.add_argument("--dynamic-mig", default=env("GPUKIT_DRA_DYNAMIC_MIG", ""),
+                   help="GPUs carved into MIG devices on demand (partitionable devices): JSON, "
+                        "GPU index -> profiles or \"all\", e.g. '{\"0\": [\"1g.10gb\"]}' "
+                        "; default: the node's declaration entry (draDynamicMig, from "
+                        "gpukit_dra_dynamic_mig) [GPUKIT_DRA_DYNAMIC_MIG]")
     p.add_argument("--log-level", default=env("GPUKIT_LOG_LEVEL", "INFO"))
     return p
 
@@ -133,6 +139,12 @@ def _main(argv: list[str] | None, prog: str) -> int:
     if (refused := metrics_auth.flag_error(args.metrics_auth)) is not None:
         print(refused, file=sys.stderr)
         return 1
+    try:  # profiles are checked against each GPU's table when it is found
+        dynamic = (dynamic_mig.parse(args.dynamic_mig, field="--dynamic-mig")
+                   if args.dynamic_mig else None)
+    except dynamic_mig.DynamicMigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     from gpukit.k8s import connect
 
     from .kubelet_plugin import DraKubeletPlugin, KubeletPluginOptions
@@ -145,7 +157,8 @@ def _main(argv: list[str] | None, prog: str) -> int:
         health=HealthSettings(recovery_seconds=args.health_recovery_seconds,
                               probe_interval_seconds=args.health_probe_interval),
         mps_daemons=args.mps_daemons, shares=args.shares,
-        declaration_dir=args.declaration_dir)
+        declaration_dir=args.declaration_dir,
+        dynamic_mig=None if dynamic is None else {g.index: g.profiles for g in dynamic})
     if args.pod_resources_socket:
         options.pod_resources_socket = args.pod_resources_socket
     try:

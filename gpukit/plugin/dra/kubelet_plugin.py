@@ -27,13 +27,15 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gpukit.contracts import dra_dynamic_mig as dynamic_contract
+from gpukit.contracts import node_declaration as nd
 from gpukit.contracts.dra import (
     CDI_DIR,
     KUBELET_DIR,
@@ -41,6 +43,7 @@ from gpukit.contracts.dra import (
     PLUGIN_SOCKET,
     REGISTRATION_SOCKET,
     REGISTRY_DIR,
+    parse_device_name,
 )
 from gpukit.contracts.plugin_config import DEFAULT_MPS_ROOT, HealthSettings
 
@@ -57,6 +60,7 @@ from ..resources import Unit
 from ..served import Served, Verdict, dra_served
 from . import claim_status, device_taints, nvidia_claims
 from .checkpoint import open_checkpoint
+from .dynamic_mig import NvmlCarver, publish_gpu
 from .health_stream import DeviceState, HealthBoard, HealthService
 from .node_shares import read_node_shares
 from .prepare import ClaimRef, Preparer
@@ -93,6 +97,9 @@ class KubeletPluginOptions:
     shares: int | None = None
     # The nodes' declarations (a mounted ConfigMap, one entry per node): served vs declared.
     declaration_dir: str | None = None
+    # Dynamic MIG (gpukit_dra_dynamic_mig): GPU index -> the profiles carved on demand there;
+    # None: as the node's declaration entry says (draDynamicMig), re-read at every rescan.
+    dynamic_mig: Mapping[int, tuple[str, ...]] | None = None
 
 
 def placements(devices: NodeDevices, reader: MigReader) -> dict[tuple[str, int], Placement]:
@@ -143,7 +150,10 @@ class DraKubeletPlugin:
             cdi_dir=options.cdi_dir, device_root=options.device_root,
             mps=mps_control(options.mps_daemons, compute_mode.set_exclusive),
             mps_root=options.mps_root,
-            report_status=None if api_client is None else self._write_claim_status)
+            report_status=None if api_client is None else self._write_claim_status,
+            carver=NvmlCarver(options.proc_root))
+        self._dynamic: Mapping[int, tuple[str, ...]] = {}
+        self._counter_sets: list[dict[str, Any]] = []
         self.health_board = HealthBoard()
         self.health_service = (HealthService(self.health_board, options.node)
                                if options.health_stream else None)
@@ -256,6 +266,7 @@ class DraKubeletPlugin:
         nvml.init()
         self._nvml_ready = True
         self.rescan()
+        self.reconcile_dynamic_mig()  # orphaned instances gone, claimed ones kept
         self.take_over_nvidias_claims()  # before the kubelet can ask for any claim
         self.restore_claims()  # their CDI specs back before the kubelet sees the plugin
         self.server.start()
@@ -316,16 +327,97 @@ class DraKubeletPlugin:
         self._shares = read_node_shares(self.api_client, self.options.node, self._shares)
         return self._shares
 
+    def dynamic_mig(self) -> Mapping[int, tuple[str, ...]]:
+        """GPU index -> profiles carved on demand: the option, else the node's declaration
+        entry (the last good one when it cannot be read now)."""
+        if self.options.dynamic_mig is not None:
+            return self.options.dynamic_mig
+        if not self.options.declaration_dir:
+            return {}
+        path = Path(self.options.declaration_dir) / self.options.node
+        try:
+            decl = nd.parse(path.read_text(), str(path))
+        except FileNotFoundError:
+            return {}
+        except (OSError, nd.DeclarationError) as exc:
+            log.error("dynamic MIG: %s; keeping %s", exc, dict(self._dynamic) or "none")
+            return self._dynamic
+        self._dynamic = dict(decl.dra_dynamic_mig)
+        return self._dynamic
+
+    def dynamic_gpus(self, found: NodeDevices) -> dict[int, str]:
+        """The GPUs carved on demand here: index -> UUID (declared and present). A GPU that
+        claims hold carved instances on stays dynamic while they do, whatever the declaration
+        says now."""
+        declared = self.dynamic_mig()
+        held = {int(d.instance["gpu"]) for c in self.checkpoint.all().values()
+                for d in c.devices if d.instance is not None}
+        return {g.index: g.uuid for g in found.gpus if g.index in declared or g.index in held}
+
+    def _write_owned(self, owned: Mapping[int, str]) -> None:
+        """`gpukit-dynamic-mig.json` beside the checkpoint: the MIG manager skips these GPUs."""
+        path = Path(self.options.plugin_dir) / dynamic_contract.OWNED_FILE
+        text = json.dumps(dynamic_contract.owned_document(owned), indent=2) + "\n"
+        try:
+            if path.read_text() == text:
+                return
+        except OSError:
+            pass
+        if not owned and not path.exists():
+            return
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+        log.info("dynamic MIG GPUs (the MIG manager leaves them alone): %s",
+                 ", ".join(f"{i} ({u})" for i, u in sorted(owned.items())) or "none")
+
+    def _dynamic_profiles(self, index: int) -> tuple[str, ...]:
+        return tuple((self.options.dynamic_mig if self.options.dynamic_mig is not None
+                      else self._dynamic).get(index, ()))
+
+    def reconcile_dynamic_mig(self) -> dict[str, list[str]]:
+        """Instances on the dynamic GPUs no prepared claim recorded destroyed, at start. A GPU
+        a checkpointed claim holds otherwise (whole, or a MIG device of a static layout it
+        had before it was declared dynamic) is left alone until that claim is gone."""
+        with self._lock:
+            found = self._node_devices
+        owned = self.dynamic_gpus(found)
+        minors = {g.minor: g.index for g in found.gpus}
+        otherwise = {minors.get(parsed.minor) for c in self.checkpoint.all().values()
+                     for d in c.devices if d.instance is None
+                     and (parsed := parse_device_name(d.device)) is not None}
+        for index in sorted(i for i in otherwise if i in owned):
+            log.warning("GPU %d: declared for dynamic MIG, but a prepared claim holds it "
+                        "from before: its instances are left alone until the claim is gone",
+                        index)
+        return self.preparer.reconcile_instances(
+            {i: u for i, u in owned.items() if i not in otherwise})
+
     def rescan(self) -> None:
         found = nvml.discover(with_topology=False)
-        listed = node_slice_devices(found, placements(found, self._mig_reader),
+        owned = self.dynamic_gpus(found)
+        static = replace(found, gpus=tuple(g for g in found.gpus if g.index not in owned))
+        listed = node_slice_devices(static, placements(static, self._mig_reader),
                                     self.options.proc_root)
         shares = self.shares()
-        if shares > 1:
+        if shares > 1:  # dynamic MIG devices are not shared: their counters are one claim's
             listed = [shared(d, shares) for d in listed]
-        devices = {d.name: d for d in listed}
+        counter_sets: list[dict[str, Any]] = []
+        for gpu in found.gpus:
+            if gpu.index in owned:
+                try:
+                    cset, carved = publish_gpu(gpu, found, self._dynamic_profiles(gpu.index))
+                except KeyError as exc:
+                    log.error("GPU %d (%s) declared for dynamic MIG: %s; not published",
+                              gpu.index, gpu.uuid, exc)
+                    continue
+                counter_sets.append(cset)
+                listed += carved
+        self._write_owned(owned)
+        devices = {d.name: d for d in sorted(listed, key=lambda d: d.name)}
         with self._lock:
             self._node_devices, self._devices = found, devices
+            self._counter_sets = counter_sets
         self.publish()
 
     def publish(self, force_check: bool = False) -> None:
@@ -349,7 +441,12 @@ class DraKubeletPlugin:
                 log.warning("device %s (%s) tainted %s: %s", d.name, d.unit.uuid, ", ".join(
                     f"{t['key']}={t.get('value', '')}:{t['effect']}" for t in taints[d.name]),
                     self._why_unhealthy(d))
-        self.publisher.sync(bodies)
+        with self._lock:
+            counter_sets = list(self._counter_sets)
+        if counter_sets:  # dynamic MIG GPUs' counter sets: slices of their own
+            self.publisher.sync(bodies, counter_sets)
+        else:
+            self.publisher.sync(bodies)
         self._published = bodies
         with self._lock:
             self._healthy = [d.body for d in current if d.name in names]

@@ -41,7 +41,8 @@ from .. import cdi
 from ..mps_daemons import DaemonDirs, MpsControl, MpsError, read_spec
 from . import claim_cdi, claim_mps, claim_status
 from .checkpoint import Checkpoint, PreparedClaim, PreparedDevice
-from .slice_devices import SliceDevice
+from .dynamic_mig import CarveError, Carver
+from .slice_devices import Carve, SliceDevice
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,8 @@ class _Plan:
     shares: dict[str, list[str]] = field(default_factory=dict)
     mps_devices: list[claim_mps.MpsDevice] = field(default_factory=list)
     sharing: dict[str, opaque.Sharing] = field(default_factory=dict)
+    carves: dict[str, Carve] = field(default_factory=dict)  # dynamic MIG devices to create
+    whole_dynamic: list[int] = field(default_factory=list)  # dynamic GPUs taken whole
 
 
 def _recorded(extra: Mapping[str, list[Any]]) -> dict[str, list[Any]]:
@@ -101,6 +104,7 @@ class Preparer:
     not_taken: dict[str, str] = field(default_factory=dict)
     nvidia_problem: str = ""
     report_status: StatusWriter | None = None  # None: status.devices not written
+    carver: Carver | None = None  # dynamic MIG (dynamic_mig.py); None: none on this node
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -135,7 +139,9 @@ class Preparer:
             self.checkpoint.put(prepared)
             log.info("%s: prepared %s in %.1f ms", ref, ", ".join(
                 d.device for d in prepared.devices), (time.monotonic() - started) * 1000)
-            published = self.devices()
+            published = dict(self.devices())
+            for name in plan.carves:  # a carved device's facts are its MIG device's
+                published[name] = replace(published[name], unit=plan.spec_devices[name][1])
         if self.report_status is not None:  # outside the lock: an API call
             entries = claim_status.entries(prepared, published, plan.sharing)
             try:
@@ -197,6 +203,10 @@ class Preparer:
                 if cfg.sharing is not None:
                     plan.sharing.setdefault(name, cfg.sharing)
             extra["env"] = [*env, *extra.get("env", [])]
+            if device.carve is not None:
+                plan.carves[name] = device.carve
+            elif device.body.get("consumesCounters"):  # a dynamic MIG GPU, taken whole
+                plan.whole_dynamic.append(device.unit.gpu.index)
             plan.spec_devices.setdefault(name, (name, device.unit, extra))
             plan.by_device.setdefault(name, []).append(request)
             if r.get("shareID"):  # a shared device: this claim's share of it
@@ -206,22 +216,69 @@ class Preparer:
     def _prepare(self, ref: ClaimRef, claim: Mapping[str, Any]) -> tuple[PreparedClaim, _Plan]:
         plan = self._plan(ref, claim)
         uid = ref.uid
-        if plan.mps_devices:
-            self._start_mps(ref, plan.mps_devices)
-        file_name = claim_cdi.spec_file(uid)
+        instances = self._carve(ref, plan)  # before anything else: undone when a step fails
         try:
-            cdi.write_spec(self._spec(uid, list(plan.spec_devices.values())), self.cdi_dir,
-                           file_name)
-        except OSError:
-            if plan.mps_devices:  # nothing half-applied: the claim is not prepared
-                self._stop_mps(ref)
+            if plan.mps_devices:
+                self._start_mps(ref, plan.mps_devices)
+            file_name = claim_cdi.spec_file(uid)
+            try:
+                cdi.write_spec(self._spec(uid, list(plan.spec_devices.values())), self.cdi_dir,
+                               file_name)
+            except OSError:
+                if plan.mps_devices:  # nothing half-applied: the claim is not prepared
+                    self._stop_mps(ref)
+                raise
+        except Exception:
+            self._uncarve(ref, instances.values())
             raise
         devices = tuple(
             PreparedDevice(tuple(dict.fromkeys(requests)), self.node, name,
                            (claim_cdi.device_id(uid, name),), tuple(plan.shares.get(name, ())),
-                           _recorded(plan.spec_devices[name][2]))
+                           _recorded(plan.spec_devices[name][2]), instances.get(name))
             for name, requests in plan.by_device.items())
         return PreparedClaim(uid, ref.namespace, ref.name, devices, file_name), plan
+
+    def _carve(self, ref: ClaimRef, plan: _Plan) -> dict[str, dict[str, Any]]:
+        """The claim's dynamic MIG devices created (their GPU and compute instances), each
+        device's spec entry then the MIG device's own; device name -> what was created. A
+        failure destroys what this claim created so far: nothing half-applied."""
+        if not plan.carves and not plan.whole_dynamic:
+            return {}
+        if self.carver is None:
+            raise PrepareError(f"{ref}: asks for dynamic MIG devices "
+                               f"{', '.join(plan.carves)}, which this plugin does not carve")
+        created: dict[str, dict[str, Any]] = {}
+        try:
+            for index in plan.whole_dynamic:
+                self.carver.release(index)
+            for name, carve in plan.carves.items():
+                done = self.carver.create(carve)
+                created[name] = done.as_json(carve)
+                unit = self.carver.unit(carve.gpu_index, done.gi, done.ci)
+                if unit is None:
+                    raise CarveError(f"device {name}: the MIG device created is not listed")
+                _, _, extra = plan.spec_devices[name]
+                plan.spec_devices[name] = (name, unit, extra)
+                log.info("%s: device %s carved: GPU %d GPU instance %d compute instance %d "
+                         "(%s)", ref, name, carve.gpu_index, done.gi, done.ci, done.uuid)
+        except Exception as exc:  # CarveError, NVML trouble: nothing of the claim stays
+            self._uncarve(ref, created.values())
+            raise PrepareError(f"{ref}: {exc}") from exc
+        return created
+
+    def _uncarve(self, ref: ClaimRef, instances: Any) -> None:
+        """Destroy these instances (a prepare that failed part-way, or an unprepare); raises
+        PrepareError naming what stays (the kubelet retries; the next start reconciles)."""
+        problems = []
+        for inst in instances:
+            assert self.carver is not None
+            try:
+                self.carver.destroy(int(inst["gpu"]), int(inst["gi"]), int(inst["ci"]))
+                log.info("%s: GPU %s GPU instance %s destroyed", ref, inst["gpu"], inst["gi"])
+            except CarveError as exc:
+                problems.append(str(exc))
+        if problems:
+            raise PrepareError(f"{ref}: {'; '.join(problems)}")
 
     def _spec(self, uid: str, devices: list[tuple[str, Any, Mapping[str, Any]]]
               ) -> dict[str, Any]:
@@ -323,7 +380,7 @@ class Preparer:
                                    + ", ".join(d.device for d in claim.devices
                                                if d.edits is None))
             self.checkpoint.put(claim)
-        want = self._spec(claim.uid, [(d.device, published[d.device].unit, d.edits or {})
+        want = self._spec(claim.uid, [(d.device, self._unit(d, published), d.edits or {})
                                       for d in claim.devices])
         try:
             if json.loads(path.read_text()) == want:
@@ -336,6 +393,47 @@ class Preparer:
         cdi.write_spec(want, self.cdi_dir, claim.spec_file)
         log.info("%s: CDI spec %s %s", ref, path, state)
         return state
+
+    def _unit(self, d: PreparedDevice, published: Mapping[str, SliceDevice]) -> Any:
+        """A prepared device's unit: a dynamic MIG device's the instance it got, else the
+        published device's."""
+        if d.instance is None:
+            return published[d.device].unit
+        inst = d.instance
+        unit = None if self.carver is None else self.carver.unit(
+            int(inst["gpu"]), int(inst["gi"]), int(inst["ci"]))
+        if unit is None:
+            raise _Unrestorable(f"device {d.device}: its MIG device (GPU {inst['gpu']} GPU "
+                                f"instance {inst['gi']}) is not listed now")
+        return unit
+
+    def reconcile_instances(self, dynamic: Mapping[int, str]) -> dict[str, list[str]]:
+        """After a crash or reboot: on every dynamic MIG GPU (`dynamic`: index -> UUID), a GPU
+        instance no checkpointed claim recorded is destroyed (gpukit alone carves there; a
+        prepare that died before its checkpoint entry left it), and one a checkpointed claim
+        holds is kept. Before the plugin registers. {"destroyed": [...], "kept": [...]}."""
+        out: dict[str, list[str]] = {"destroyed": [], "kept": [], "failed": []}
+        if self.carver is None or not dynamic:
+            return out
+        with self._lock:
+            held = {(int(d.instance["gpu"]), int(d.instance["gi"])): str(c)
+                    for c in self.checkpoint.all().values() for d in c.devices
+                    if d.instance is not None}
+            for index, uuid in sorted(dynamic.items()):
+                for gi, cis in sorted(self.carver.instances(index).items()):
+                    what = f"GPU {index} ({uuid}) GPU instance {gi}"
+                    if (index, gi) in held:
+                        out["kept"].append(f"{what}: {held[(index, gi)]}")
+                        continue
+                    try:
+                        self.carver.destroy(index, gi, cis[0] if cis else -1)
+                        out["destroyed"].append(what)
+                        log.warning("%s: no prepared claim holds it: destroyed", what)
+                    except CarveError as exc:
+                        out["failed"].append(f"{what}: {exc}")
+                        log.error("%s: no prepared claim holds it, destroying failed: %s",
+                                  what, exc)
+        return out
 
     def restore_mps(self) -> dict[str, str]:
         """After a restart: the daemons of the claims the checkpoint holds running again,
@@ -369,6 +467,8 @@ class Preparer:
                 raise PrepareError(f"{ref}: cannot remove its CDI spec {file_name}: "
                                    f"{exc}") from exc
             self._stop_mps(ref)
+            if known is not None:  # the claim's dynamic MIG devices destroyed before its entry
+                self._uncarve(ref, [d.instance for d in known.devices if d.instance])
             removed = (self.checkpoint.quarantine(ref.uid, quarantine) if quarantine
                        else self.checkpoint.remove(ref.uid))
             log.info("%s: %s", ref, "unprepared" if removed else "was not prepared here")

@@ -53,12 +53,27 @@ class Placement:
 
 
 @dataclass(frozen=True)
+class Carve:
+    """A dynamic MIG device (dynamic_mig.py): which GPU, which profile (the table's), where."""
+
+    gpu_index: int
+    gpu_uuid: str
+    gpu_minor: int
+    profile: str
+    profile_id: int  # NVML_GPU_INSTANCE_PROFILE_* (the table's profile_id)
+    start: int
+    size: int
+
+
+@dataclass(frozen=True)
 class SliceDevice:
-    """One published device: its name, what it is on the node, and its API form."""
+    """One published device: its name, what it is on the node, and its API form. `carve`: a
+    dynamic MIG device, created at prepare (its unit is then its parent GPU's until then)."""
 
     name: str
     unit: Unit
     body: dict[str, Any]
+    carve: Carve | None = None
 
 
 def quantity(value: int) -> str:

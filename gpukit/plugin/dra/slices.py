@@ -33,13 +33,17 @@ def slice_name(node: str, index: int) -> str:
     return f"{node}-{DRIVER}-{index}"
 
 
-def desired_slices(node: str, devices: Sequence[Mapping[str, Any]], generation: int
-                   ) -> list[dict[str, Any]]:
+def desired_slices(node: str, devices: Sequence[Mapping[str, Any]], generation: int,
+                   counter_sets: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
     """The slices for `devices` (API form) at `generation`; one empty slice for no devices,
-    so the pool still says "nothing here" rather than vanishing."""
-    size = (MAX_TAINTED_DEVICES_PER_SLICE if any(d.get("taints") for d in devices)
-            else MAX_DEVICES_PER_SLICE)
+    so the pool still says "nothing here" rather than vanishing. `counter_sets` (dynamic MIG,
+    KEP-4815): each in a slice of its own, first (a slice holds devices or sharedCounters,
+    never both); devices consuming counters or tainted go at most 64 to a slice."""
+    limited = any(d.get("taints") or d.get("consumesCounters") for d in devices)
+    size = MAX_TAINTED_DEVICES_PER_SLICE if limited else MAX_DEVICES_PER_SLICE
     chunks = [list(devices[i:i + size]) for i in range(0, len(devices), size)] or [[]]
+    specs: list[dict[str, Any]] = [{"sharedCounters": [dict(c)]} for c in counter_sets]
+    specs += [{"devices": chunk} for chunk in chunks]
     return [{
         "apiVersion": API_VERSION,
         "kind": "ResourceSlice",
@@ -48,10 +52,10 @@ def desired_slices(node: str, devices: Sequence[Mapping[str, Any]], generation: 
         "spec": {
             "driver": DRIVER,
             "nodeName": node,
-            "pool": {"name": node, "generation": generation, "resourceSliceCount": len(chunks)},
-            "devices": chunk,
+            "pool": {"name": node, "generation": generation, "resourceSliceCount": len(specs)},
+            **content,
         },
-    } for i, chunk in enumerate(chunks)]
+    } for i, content in enumerate(specs)]
 
 
 def _device_view(device: Mapping[str, Any]) -> dict[str, Any]:
@@ -61,6 +65,7 @@ def _device_view(device: Mapping[str, Any]) -> dict[str, Any]:
             "capacity": {k: {"value": v.get("value"), "requestPolicy": v.get("requestPolicy")}
                          for k, v in (device.get("capacity") or {}).items()},
             "allowMultipleAllocations": bool(device.get("allowMultipleAllocations")),
+            "consumesCounters": device.get("consumesCounters") or [],
             "taints": [{k: t.get(k) for k in ("key", "value", "effect")}
                        for t in device.get("taints") or []]}
 
@@ -72,8 +77,10 @@ def same_content(api_slices: Sequence[Mapping[str, Any]], wanted: Sequence[Mappi
         spec = s.get("spec") or {}
         pool = spec.get("pool") or {}
         devices = [_device_view(d) for d in spec.get("devices") or []]
+        counters = spec.get("sharedCounters") or []
         return (s["metadata"]["name"], str(spec.get("nodeName")), str(pool.get("name")),
-                int(pool.get("resourceSliceCount", 0)), json.dumps(devices, sort_keys=True))
+                int(pool.get("resourceSliceCount", 0)),
+                json.dumps([devices, counters], sort_keys=True))
     gens = {int((s.get("spec") or {}).get("pool", {}).get("generation", 0)) for s in api_slices}
     return len(gens) <= 1 and sorted(map(view, api_slices)) == sorted(map(view, wanted))
 
@@ -92,15 +99,18 @@ class SlicePublisher:
         items: list[dict[str, Any]] = json.loads(resp.data).get("items") or []
         return items
 
-    def sync(self, devices: Sequence[Mapping[str, Any]]) -> bool:
-        """Make the API hold `devices`; True when it wrote anything."""
+    def sync(self, devices: Sequence[Mapping[str, Any]],
+             counter_sets: Sequence[Mapping[str, Any]] = ()) -> bool:
+        """Make the API hold `devices` (and the dynamic MIG GPUs' `counter_sets`); True when it
+        wrote anything."""
         existing = self.current()
         known = max((int(s["spec"]["pool"].get("generation", 0)) for s in existing), default=0)
-        if existing and same_content(existing, desired_slices(self.node, devices, 0)):
+        if existing and same_content(existing, desired_slices(self.node, devices, 0,
+                                                              counter_sets)):
             self.generation = known
             return False
         self.generation = max(known, self.generation) + 1
-        wanted = desired_slices(self.node, devices, self.generation)
+        wanted = desired_slices(self.node, devices, self.generation, counter_sets)
         by_name = {s["metadata"]["name"]: s for s in existing}
         for body in wanted:
             name = body["metadata"]["name"]

@@ -178,6 +178,7 @@ def apply(
     pauser: PluginPause | None = None,
     on_action: Callable[[Action], None] | None = None,
     claims: Mapping[int, Sequence[str]] | None = None,
+    excluded: Mapping[int, str] | None = None,
 ) -> ApplyResult:
     """Make the node match ``selected``. Raises MigConfigError / LayoutError (nothing touched),
     ProcessesRunning or ClaimsHeld (``claims``: GPU index -> prepared DRA claims holding it;
@@ -186,7 +187,7 @@ def apply(
     reporter = reporter or NullReporter()
     pauser = pauser or NoPause()
     try:
-        the_plan = plan(configs, selected, backend.gpus())
+        the_plan = plan(configs, selected, backend.gpus(), excluded)
     except Exception as e:  # invalid config or layout, NVML trouble: nothing was touched
         reporter.report("failed", str(e))
         raise

@@ -171,9 +171,12 @@ def _run(args: argparse.Namespace) -> int:
                     ["give --selected NAME (or label the node nvidia.com/mig.config)"])
     configs.select(selected)  # unknown name: exit 2 before touching NVML
 
+    # Dynamic MIG GPUs are the DRA plugin's, even with --force: skipped, never changed.
+    dynamic = (dra_claims.dynamic_gpus(args.dra_checkpoint)
+               if str(args.dra_checkpoint) not in ("", ".") else {})
     with open_nvml(args.nvml_library) as backend:
         if args.command in ("plan", "assert"):
-            p = plan(configs, selected, backend.gpus())
+            p = plan(configs, selected, backend.gpus(), dynamic)
             doc = {"command": args.command, **p.to_json()}
             if args.command == "plan":
                 _emit(args, doc, plan_text(p))
@@ -197,7 +200,8 @@ def _run(args: argparse.Namespace) -> int:
         with deadline.Deadline(args.timeout, lambda: _timed_out(args, selected, reporter,
                                                                 pauser)):
             result = apply(configs, selected, backend, _reset_fn(args), force=args.force,
-                           reporter=reporter, pauser=pauser, claims=claims)
+                           reporter=reporter, pauser=pauser, claims=claims,
+                           excluded=dynamic)
         doc = {"command": "apply", **result.plan.to_json(), "changed": result.changed,
                "executed": [a.to_json() for a in result.executed],
                "skipped": [a.to_json() for a in result.skipped]}

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from gpukit.contracts import dra as names
 from gpukit.contracts import dra_checkpoint as nvidia
+from gpukit.contracts import dra_dynamic_mig
 
 from ..dra.checkpoint import Checkpoint, CheckpointError, is_gpukit_format
 
@@ -66,3 +67,18 @@ def held_by_index(checkpoint: Path, minors: Mapping[int, int]) -> dict[int, tupl
     return {minors[minor]: claims for minor, claims in held_by_minor(checkpoint).items()
             if minor in minors}
 
+
+
+def dynamic_gpus(checkpoint: Path) -> dict[int, str]:
+    """NVML index -> why the MIG manager leaves it alone, for each GPU the DRA plugin carves
+    on demand (`gpukit-dynamic-mig.json` beside `checkpoint`, gpukit.contracts.dra_dynamic_mig).
+    No file: none. CheckpointError: a file that cannot be trusted (refuse, do not guess)."""
+    path = checkpoint.with_name(dra_dynamic_mig.OWNED_FILE)
+    if not path.is_file():
+        return {}
+    try:
+        owned = dra_dynamic_mig.parse_owned(path.read_text(), str(path))
+    except dra_dynamic_mig.DynamicMigError as exc:
+        raise CheckpointError(str(exc)) from exc
+    return {i: f"GPU {i} ({uuid}) is carved on demand by the DRA plugin (dynamic MIG, "
+               f"{dra_dynamic_mig.VARIABLE}; {path})" for i, uuid in owned.items()}
