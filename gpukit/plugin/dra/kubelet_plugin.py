@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -34,6 +35,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gpukit.contracts import dra_metadata
 from gpukit.contracts.dra import (
     CDI_DIR,
     KUBELET_DIR,
@@ -143,7 +145,8 @@ class DraKubeletPlugin:
             cdi_dir=options.cdi_dir, device_root=options.device_root,
             mps=mps_control(options.mps_daemons, compute_mode.set_exclusive),
             mps_root=options.mps_root,
-            report_status=None if api_client is None else self._write_claim_status)
+            report_status=None if api_client is None else self._write_claim_status,
+            metadata_dir=os.path.join(options.plugin_dir, dra_metadata.HOST_SUBDIR))
         self.health_board = HealthBoard()
         self.health_service = (HealthService(self.health_board, options.node)
                                if options.health_stream else None)

@@ -39,7 +39,7 @@ from gpukit.contracts.dra import DRIVER
 
 from .. import cdi
 from ..mps_daemons import DaemonDirs, MpsControl, MpsError, read_spec
-from . import claim_cdi, claim_mps, claim_status
+from . import claim_cdi, claim_mps, claim_status, device_metadata
 from .checkpoint import Checkpoint, PreparedClaim, PreparedDevice
 from .slice_devices import SliceDevice
 
@@ -77,6 +77,7 @@ class _Plan:
     shares: dict[str, list[str]] = field(default_factory=dict)
     mps_devices: list[claim_mps.MpsDevice] = field(default_factory=list)
     sharing: dict[str, opaque.Sharing] = field(default_factory=dict)
+    by_request: dict[str, list[str]] = field(default_factory=dict)
 
 
 def _recorded(extra: Mapping[str, list[Any]]) -> dict[str, list[Any]]:
@@ -101,6 +102,8 @@ class Preparer:
     not_taken: dict[str, str] = field(default_factory=dict)
     nvidia_problem: str = ""
     report_status: StatusWriter | None = None  # None: status.devices not written
+    # Where the claims' device metadata files go (KEP-5304); '' writes none.
+    metadata_dir: str = ""
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -199,6 +202,7 @@ class Preparer:
             extra["env"] = [*env, *extra.get("env", [])]
             plan.spec_devices.setdefault(name, (name, device.unit, extra))
             plan.by_device.setdefault(name, []).append(request)
+            plan.by_request.setdefault(request, []).append(name)
             if r.get("shareID"):  # a shared device: this claim's share of it
                 plan.shares.setdefault(name, []).append(str(r["shareID"]))
         return plan
@@ -210,10 +214,13 @@ class Preparer:
             self._start_mps(ref, plan.mps_devices)
         file_name = claim_cdi.spec_file(uid)
         try:
+            self._write_metadata(ref, claim, plan)
             cdi.write_spec(self._spec(uid, list(plan.spec_devices.values())), self.cdi_dir,
                            file_name)
         except OSError:
-            if plan.mps_devices:  # nothing half-applied: the claim is not prepared
+            if self.metadata_dir:  # nothing half-applied: the claim is not prepared
+                device_metadata.remove(self.metadata_dir, ref.namespace, ref.name)
+            if plan.mps_devices:
                 self._stop_mps(ref)
             raise
         devices = tuple(
@@ -222,6 +229,21 @@ class Preparer:
                            _recorded(plan.spec_devices[name][2]))
             for name, requests in plan.by_device.items())
         return PreparedClaim(uid, ref.namespace, ref.name, devices, file_name), plan
+
+    def _write_metadata(self, ref: ClaimRef, doc: Mapping[str, Any], plan: _Plan) -> None:
+        """Each request's metadata file, and its mount on the request's first device."""
+        if not self.metadata_dir:
+            return
+        annotations = (doc.get("metadata") or {}).get("annotations") or {}
+        claim = {"metadata": {"namespace": ref.namespace, "name": ref.name, "uid": ref.uid,
+                              "annotations": annotations}}  # fmt: skip
+        published = self.devices()
+        for request, names in plan.by_request.items():
+            device_metadata.write(self.metadata_dir, claim, request, [
+                (self.node, n, published[n].body.get("attributes") or {}) for n in names])
+            edits = plan.spec_devices[names[0]][2]
+            edits["mounts"] = [*edits.get("mounts", []),
+                               device_metadata.mount(self.metadata_dir, claim, request)]
 
     def _spec(self, uid: str, devices: list[tuple[str, Any, Mapping[str, Any]]]
               ) -> dict[str, Any]:
@@ -314,6 +336,7 @@ class Preparer:
             except Exception as exc:  # the API cannot say now: the entry stays
                 raise _Unrestorable(f"reading the claim from the API: {exc}") from exc
             plan = self._plan(ref, doc)  # PrepareError: replaced, no allocation, no device
+            self._write_metadata(ref, doc, plan)  # as prepare would have
             claim = PreparedClaim(claim.uid, claim.namespace, claim.name, tuple(
                 replace(d, edits=_recorded(plan.spec_devices[d.device][2]))
                 if d.device in plan.spec_devices else d for d in claim.devices),
@@ -323,6 +346,9 @@ class Preparer:
                                    + ", ".join(d.device for d in claim.devices
                                                if d.edits is None))
             self.checkpoint.put(claim)
+        elif self.metadata_dir and any(device_metadata.missing(self.metadata_dir, d.edits or {})
+                                       for d in claim.devices):
+            self._restore_metadata(ref)
         want = self._spec(claim.uid, [(d.device, published[d.device].unit, d.edits or {})
                                       for d in claim.devices])
         try:
@@ -336,6 +362,17 @@ class Preparer:
         cdi.write_spec(want, self.cdi_dir, claim.spec_file)
         log.info("%s: CDI spec %s %s", ref, path, state)
         return state
+
+    def _restore_metadata(self, ref: ClaimRef) -> None:
+        """A metadata file the claim's spec binds is gone: written again from the claim (the
+        recorded mounts name the same paths), else the container could not start."""
+        try:
+            doc = self.read_claim(ref.namespace, ref.name)
+        except Exception as exc:  # the API cannot say now: the entry stays
+            raise _Unrestorable(f"reading the claim from the API for its device metadata: "
+                                f"{exc}") from exc
+        self._write_metadata(ref, doc, self._plan(ref, doc))
+        log.info("%s: device metadata written again", ref)
 
     def restore_mps(self) -> dict[str, str]:
         """After a restart: the daemons of the claims the checkpoint holds running again,
@@ -368,6 +405,8 @@ class Preparer:
             except OSError as exc:
                 raise PrepareError(f"{ref}: cannot remove its CDI spec {file_name}: "
                                    f"{exc}") from exc
+            if self.metadata_dir:
+                device_metadata.remove(self.metadata_dir, ref.namespace, ref.name)
             self._stop_mps(ref)
             removed = (self.checkpoint.quarantine(ref.uid, quarantine) if quarantine
                        else self.checkpoint.remove(ref.uid))
