@@ -32,9 +32,10 @@ import json
 import re
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -55,6 +56,7 @@ from labtools import (
     node_pynvml,
     wait_for,
 )
+from metadata_reader import read
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpukit import agent_manifests
@@ -446,7 +448,10 @@ def test_a_stale_slice_of_the_node_is_deleted_and_a_wiped_one_written_again(
 DRIVER_SCRIPT = ('smi=$(nvidia-smi -L 2>&1); echo "SMI_RC=$?"; '
                  'echo "SMI=$(echo "$smi" | tr "\\n" ";")"; '
                  'lib=/usr/lib/x86_64-linux-gnu/libcuda.so; '
-                 'echo "LIBCUDA=$(readlink -f $lib) $(test -f $lib && echo resolves)"; ' + SCRIPT)
+                 'echo "LIBCUDA=$(readlink -f $lib) $(test -f $lib && echo resolves)"; '
+                 # The claim's device metadata files (KEP-5304), each line of each.
+                 'for f in $(find /var/run/kubernetes.io/dra-device-attributes -type f); do '
+                 'echo "METAFILE=$f"; sed "s/^/METALINE=/" "$f"; done; ' + SCRIPT)
 # The lab's GPUs are the mock NVML's profile and state on the node: what a real container
 # reaches through the kernel (/dev), the lab's reaches through these (the paths it looks at).
 MOCK_KERNEL = (("nvml-profile", "/etc/gpukit-lab/nvml", True),
@@ -499,11 +504,36 @@ def test_a_pod_with_a_claim_sees_exactly_its_device_and_one_without_sees_none(
                             libcuda), (f"node {T4}, claim {claim}: expected libcuda.so to lead "
                                        f"to the driver's libcuda.so.<version>, observed "
                                        f"{libcuda!r}")
+        assert_device_metadata(core, pod, claim, slice_devices(resource, T4)[results[0]["device"]])
     bare = unique("bare")
     run_pod(core, cleanup, pod_doc(bare, T4, {}))
     none = seen(core, bare)["DEV"]
     assert none == set(), f"node {T4}, pod {bare} without a claim: expected no /dev/nvidia*, " \
         f"observed {sorted(none)}"
+
+
+def assert_device_metadata(core: client.CoreV1Api, pod: str, claim: str,
+                           device: Mapping[str, Any]) -> None:
+    """The claim's one metadata file at the path a workload reads (KEP-5304), decoded and
+    validated by k8s.io/dynamic-resource-allocation's reader: the device and its attributes
+    as the node's ResourceSlice publishes them."""
+    log = core.read_namespaced_pod_log(pod, NS, container="c0")
+    files = re.findall(r"^METAFILE=(.*)$", log, re.M)
+    want = f"/var/run/kubernetes.io/dra-device-attributes/resourceclaims/{claim}/gpu/" \
+        f"{DRIVER}-metadata.json"
+    assert files == [want], f"node {T4}, pod {pod}: expected the metadata file {want}, " \
+        f"observed {files}"
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        f.write("".join(line + "\n" for line in re.findall(r"^METALINE=(.*)$", log, re.M)))
+        f.flush()
+        [seen] = read(Path(f.name))
+    assert "error" not in seen and "invalid" not in seen, f"node {T4}, pod {pod}: {seen}"
+    [request] = seen["metadata"]["requests"]
+    [dev] = request["devices"]
+    assert (dev["driver"], dev["pool"], dev["name"], dev["attributes"]) == (
+        DRIVER, T4, device["name"], device["attributes"]), (
+        f"node {T4}, pod {pod}: expected {device['name']} with its published attributes, "
+        f"observed {dev}")
 
 
 def test_two_containers_and_two_pods_on_one_claim_see_the_same_device(

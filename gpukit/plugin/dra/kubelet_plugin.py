@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -35,6 +36,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpukit.contracts import dra_dynamic_mig as dynamic_contract
+from gpukit.contracts import dra_metadata
 from gpukit.contracts import node_declaration as nd
 from gpukit.contracts.dra import (
     CDI_DIR,
@@ -151,7 +153,8 @@ class DraKubeletPlugin:
             mps=mps_control(options.mps_daemons, compute_mode.set_exclusive),
             mps_root=options.mps_root,
             report_status=None if api_client is None else self._write_claim_status,
-            carver=NvmlCarver(options.proc_root))
+            carver=NvmlCarver(options.proc_root),
+            metadata_dir=os.path.join(options.plugin_dir, dra_metadata.HOST_SUBDIR))
         self._dynamic: Mapping[int, tuple[str, ...]] = {}
         self._counter_sets: list[dict[str, Any]] = []
         self.health_board = HealthBoard()

@@ -39,7 +39,7 @@ from gpukit.contracts.dra import DRIVER
 
 from .. import cdi
 from ..mps_daemons import DaemonDirs, MpsControl, MpsError, read_spec
-from . import claim_cdi, claim_mps, claim_status
+from . import claim_cdi, claim_mps, claim_status, device_metadata
 from .checkpoint import Checkpoint, PreparedClaim, PreparedDevice
 from .dynamic_mig import CarveError, Carver
 from .slice_devices import Carve, SliceDevice
@@ -80,6 +80,7 @@ class _Plan:
     sharing: dict[str, opaque.Sharing] = field(default_factory=dict)
     carves: dict[str, Carve] = field(default_factory=dict)  # dynamic MIG devices to create
     whole_dynamic: list[int] = field(default_factory=list)  # dynamic GPUs taken whole
+    by_request: dict[str, list[str]] = field(default_factory=dict)
 
 
 def _recorded(extra: Mapping[str, list[Any]]) -> dict[str, list[Any]]:
@@ -105,6 +106,8 @@ class Preparer:
     nvidia_problem: str = ""
     report_status: StatusWriter | None = None  # None: status.devices not written
     carver: Carver | None = None  # dynamic MIG (dynamic_mig.py); None: none on this node
+    # Where the claims' device metadata files go (KEP-5304); '' writes none.
+    metadata_dir: str = ""
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -209,6 +212,7 @@ class Preparer:
                 plan.whole_dynamic.append(device.unit.gpu.index)
             plan.spec_devices.setdefault(name, (name, device.unit, extra))
             plan.by_device.setdefault(name, []).append(request)
+            plan.by_request.setdefault(request, []).append(name)
             if r.get("shareID"):  # a shared device: this claim's share of it
                 plan.shares.setdefault(name, []).append(str(r["shareID"]))
         return plan
@@ -222,10 +226,13 @@ class Preparer:
                 self._start_mps(ref, plan.mps_devices)
             file_name = claim_cdi.spec_file(uid)
             try:
+                self._write_metadata(ref, claim, plan)
                 cdi.write_spec(self._spec(uid, list(plan.spec_devices.values())), self.cdi_dir,
                                file_name)
             except OSError:
-                if plan.mps_devices:  # nothing half-applied: the claim is not prepared
+                if self.metadata_dir:  # nothing half-applied: the claim is not prepared
+                    device_metadata.remove(self.metadata_dir, ref.namespace, ref.name)
+                if plan.mps_devices:
                     self._stop_mps(ref)
                 raise
         except Exception:
@@ -279,6 +286,31 @@ class Preparer:
                 problems.append(str(exc))
         if problems:
             raise PrepareError(f"{ref}: {'; '.join(problems)}")
+
+    def _write_metadata(self, ref: ClaimRef, doc: Mapping[str, Any], plan: _Plan) -> None:
+        """Each request's metadata file, and its mount on the request's first device."""
+        if not self.metadata_dir:
+            return
+        annotations = (doc.get("metadata") or {}).get("annotations") or {}
+        claim = {"metadata": {"namespace": ref.namespace, "name": ref.name, "uid": ref.uid,
+                              "annotations": annotations}}  # fmt: skip
+        published = self.devices()
+        for request, names in plan.by_request.items():
+            device_metadata.write(self.metadata_dir, claim, request, [
+                (self.node, n, self._attributes(n, published, plan)) for n in names])
+            edits = plan.spec_devices[names[0]][2]
+            edits["mounts"] = [*edits.get("mounts", []),
+                               device_metadata.mount(self.metadata_dir, claim, request)]
+
+    @staticmethod
+    def _attributes(name: str, published: Mapping[str, SliceDevice],
+                    plan: _Plan) -> dict[str, Any]:  # fmt: skip
+        """A device's published attributes; a carved MIG device's with the uuid it got (the
+        slice cannot know it before prepare)."""
+        attrs = dict(published[name].body.get("attributes") or {})
+        if name in plan.carves:
+            attrs["uuid"] = {"string": plan.spec_devices[name][1].uuid}
+        return attrs
 
     def _spec(self, uid: str, devices: list[tuple[str, Any, Mapping[str, Any]]]
               ) -> dict[str, Any]:
@@ -371,6 +403,7 @@ class Preparer:
             except Exception as exc:  # the API cannot say now: the entry stays
                 raise _Unrestorable(f"reading the claim from the API: {exc}") from exc
             plan = self._plan(ref, doc)  # PrepareError: replaced, no allocation, no device
+            self._write_metadata(ref, doc, plan)  # as prepare would have
             claim = PreparedClaim(claim.uid, claim.namespace, claim.name, tuple(
                 replace(d, edits=_recorded(plan.spec_devices[d.device][2]))
                 if d.device in plan.spec_devices else d for d in claim.devices),
@@ -380,6 +413,9 @@ class Preparer:
                                    + ", ".join(d.device for d in claim.devices
                                                if d.edits is None))
             self.checkpoint.put(claim)
+        elif self.metadata_dir and any(device_metadata.missing(self.metadata_dir, d.edits or {})
+                                       for d in claim.devices):
+            self._restore_metadata(ref, claim, published)
         want = self._spec(claim.uid, [(d.device, self._unit(d, published), d.edits or {})
                                       for d in claim.devices])
         try:
@@ -435,6 +471,23 @@ class Preparer:
                                   what, exc)
         return out
 
+    def _restore_metadata(self, ref: ClaimRef, claim: PreparedClaim,
+                          published: Mapping[str, SliceDevice]) -> None:  # fmt: skip
+        """A metadata file the claim's spec binds is gone: written again from the claim (the
+        recorded mounts name the same paths), else the container could not start."""
+        try:
+            doc = self.read_claim(ref.namespace, ref.name)
+        except Exception as exc:  # the API cannot say now: the entry stays
+            raise _Unrestorable(f"reading the claim from the API for its device metadata: "
+                                f"{exc}") from exc
+        plan = self._plan(ref, doc)
+        for d in claim.devices:  # a carved device: the MIG device it got, as recorded
+            if d.instance is not None and d.device in plan.spec_devices:
+                name, _, extra = plan.spec_devices[d.device]
+                plan.spec_devices[d.device] = (name, self._unit(d, published), extra)
+        self._write_metadata(ref, doc, plan)
+        log.info("%s: device metadata written again", ref)
+
     def restore_mps(self) -> dict[str, str]:
         """After a restart: the daemons of the claims the checkpoint holds running again,
         any other claim's stopped; key -> problem."""
@@ -466,6 +519,8 @@ class Preparer:
             except OSError as exc:
                 raise PrepareError(f"{ref}: cannot remove its CDI spec {file_name}: "
                                    f"{exc}") from exc
+            if self.metadata_dir:
+                device_metadata.remove(self.metadata_dir, ref.namespace, ref.name)
             self._stop_mps(ref)
             if known is not None:  # the claim's dynamic MIG devices destroyed before its entry
                 self._uncarve(ref, [d.instance for d in known.devices if d.instance])

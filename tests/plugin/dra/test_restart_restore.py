@@ -143,8 +143,13 @@ def test_an_earlier_gpukits_entry_gets_its_spec_from_the_api(
         "uid-a", whole, TIME_SLICING)
     assert again.restore_claims() == {"uid-a": "rewritten (it was missing)"}
     assert reads == ["a"] and json.loads(spec.read_text()) == want
-    assert Checkpoint(path).get("uid-a").devices[0].edits == {  # type: ignore[union-attr]
-        "env": ["GPUKIT_DRA_SHARING_STRATEGY=TimeSlicing", "GPUKIT_DRA_TIMESLICE_INTERVAL=Long"]}
+    edits = Checkpoint(path).get("uid-a").devices[0].edits  # type: ignore[union-attr]
+    assert edits == {
+        "env": ["GPUKIT_DRA_SHARING_STRATEGY=TimeSlicing", "GPUKIT_DRA_TIMESLICE_INTERVAL=Long"],
+        "mounts": [{"hostPath": str(short_tmp / "plugin/dra-device-metadata/ns_a/gpu/metadata.json"),
+                    "containerPath": "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/"
+                                     "a/gpu/gpu.nvidia.com-metadata.json",
+                    "options": ["ro", "bind"]}]}
 
 
 def write_checkpoint(path: Path, claims: dict[str, Any]) -> None:
