@@ -13,6 +13,7 @@ modules are collected: the plugin is installed for every pytest run of the envir
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import signal
@@ -35,6 +36,7 @@ SUITE_KEY = pytest.StashKey["Any"]()
 CHECK_KEY = pytest.StashKey[Check]()
 RESULTS_KEY = pytest.StashKey[list[Result]]()
 STARTED_KEY = pytest.StashKey[float]()
+AREA_KEY = pytest.StashKey[str]()  # the area of the test running last (a new area lists anew)
 NO_TARGETS_KEY = pytest.StashKey[str]()  # why the cluster's GPU nodes cannot be listed
 MARKERS = {
     "discovery": "node capacity/allocatable and kubelet view match the declaration",
@@ -111,8 +113,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _is_suite_path(path: Any) -> bool:
+    return _in_suite_dir(str(path))
+
+
+@functools.lru_cache(maxsize=256)
+def _in_suite_dir(path: str) -> bool:
+    # Asked for every test at each hook: resolving the path each time cost seconds per run.
     try:
-        return Path(str(path)).resolve().parent == SUITE_DIR
+        return Path(path).resolve().parent == SUITE_DIR
     except OSError:
         return False
 
@@ -238,6 +246,17 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         why = suite.unreachable() or " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
         metafunc.config.stash[NO_TARGETS_KEY] = f"cannot list the cluster's GPU nodes: {why}"
         nodes = []
+    why = needs_a_node(metafunc.definition) if metafunc.config.getoption("--api-only",
+                                                                         False) else ""
+    if why and nodes and "node" in metafunc.fixturenames:
+        # Skipped on every node alike: one test that says so, not one per node (a fleet of
+        # 1000 made 35000 skipped tests, most of the run's time).
+        every = [f"every-node-of-{len(nodes)}"]
+        if "resource" in metafunc.fixturenames:
+            metafunc.parametrize(["node", "resource"], [(ALL_NODES, "")], ids=every)
+        else:
+            metafunc.parametrize("node", [ALL_NODES], ids=every)
+        return
     if "resource" in metafunc.fixturenames:
         marker = metafunc.definition.get_closest_marker("per_resource")
         kind = marker.args[0] if marker and marker.args else "all"
@@ -298,8 +317,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if why:
                 callspec = getattr(item, "callspec", None)
                 node = callspec.params.get("node", ALL_NODES) if callspec else ALL_NODES
+                where = (f"every node ({_node_count(config)})"
+                         if callspec and callspec.params.get("node") == ALL_NODES
+                         else f"node {node}")
                 item.add_marker(pytest.mark.skip(
-                    reason=f"node {node}: --api-only (no kubelet): needs {why}"))
+                    reason=f"{where}: --api-only (no kubelet): needs {why}"))
+
+
+def _node_count(config: pytest.Config) -> int:
+    try:
+        return len(get_suite(config).targets())
+    except Exception:  # collection already said why the nodes cannot be listed
+        return 0
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A new area reads the cluster's nodes and ResourceSlices anew (one list each), as they
+    are after the previous areas' work."""
+    if not _is_suite_path(item.path):
+        return
+    area, config = area_of(item), item.config
+    if config.stash.get(AREA_KEY, None) != area:
+        config.stash[AREA_KEY] = area
+        suite = config.stash.get(SUITE_KEY, None)
+        if suite is not None:
+            suite.forget_listings()
 
 
 def needs_a_node(item: pytest.Item) -> str:
