@@ -59,6 +59,8 @@ EXTRA_MARKERS = {
     "cncf(requirement_id)": "CNCF Kubernetes AI Conformance requirement id",
     "cuda": "needs a real NVIDIA GPU (skipped on the lab's mock NVML)",
     "needs_inventory": "compares with the inventory; skipped without --inventory",
+    "applies_to(kind)": "only nodes declared so (kind: dra, mig, taints); the others are "
+                        "skipped together, in one test that names them",
     "stages(*names)": "per-node work the test reads (conformance.schedule: probe, helper, "
                       "fill, release, gt1, workload), done ahead with --node-parallelism",
 }
@@ -257,14 +259,44 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         else:
             metafunc.parametrize("node", [ALL_NODES], ids=every)
         return
+    nodes, others = _applicable(metafunc, suite, nodes)
     if "resource" in metafunc.fixturenames:
         marker = metafunc.definition.get_closest_marker("per_resource")
         kind = marker.args[0] if marker and marker.args else "all"
         pairs = [(n, r) for n in nodes for r in _resources(suite, n, kind)]
-        metafunc.parametrize(["node", "resource"], pairs,
-                             ids=[f"{n}-{r.removeprefix(ln.RESOURCE_PREFIX)}" for n, r in pairs])
+        metafunc.parametrize(["node", "resource"], [*pairs, *others], ids=[
+            *(f"{n}-{r.removeprefix(ln.RESOURCE_PREFIX)}" for n, r in pairs),
+            *(p.id for p in others)])
     elif "node" in metafunc.fixturenames:
-        metafunc.parametrize("node", nodes, ids=nodes)
+        metafunc.parametrize("node", [*nodes, *others], ids=[*nodes, *(p.id for p in others)])
+
+
+# applies_to kinds: whether a node's declaration has it, and what the others lack.
+APPLIES_TO = {
+    "dra": (lambda d: bool(d.dra), "not on DRA (gpukit_gpu_allocation is not dra)"),
+    "mig": (lambda d: bool(d.mig_declared), "declare no MIG layout (gpukit_mig_config is null)"),
+    "taints": (lambda d: bool(d.taints), "declare no taints (gpukit_node_taints)"),
+}
+
+
+def _applicable(metafunc: pytest.Metafunc, suite: Any, nodes: list[str]
+                ) -> tuple[list[str], list[Any]]:
+    """The nodes an applies_to test checks, and one skipped parameter set that names the
+    declared others (at 1000 nodes, 10 DRA checks skipping one by one were 10000 tests)."""
+    mark = metafunc.definition.get_closest_marker("applies_to")
+    if mark is None or not nodes:
+        return nodes, []
+    has, lacks = APPLIES_TO[str(mark.args[0])]
+    decls = {n: suite.decl(n) for n in nodes}
+    others = [n for n, d in decls.items() if d is not None and not has(d)]
+    if not others:
+        return nodes, []
+    shown = ", ".join(others[:5]) + (f", ... {others[-1]}" if len(others) > 5 else "")
+    skip = pytest.mark.skip(reason=f"{len(others)} node(s) {lacks}: {shown}")
+    values = (ALL_NODES, "") if "resource" in metafunc.fixturenames else (ALL_NODES,)
+    gone = set(others)
+    return [n for n in nodes if n not in gone], [pytest.param(
+        *values, marks=skip, id=f"{len(others)}-nodes-{mark.args[0]}-does-not-apply")]
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -44,7 +44,7 @@ from gpukit.contracts.dra import (
 )
 from gpukit.contracts.label_names import RESOURCE_PREFIX
 
-pytestmark = pytest.mark.dra
+pytestmark = [pytest.mark.dra, pytest.mark.applies_to("dra")]
 
 DRIVER = expect.DRA_DRIVER
 # What a container sees: its GPU device nodes (not the control nodes nvidiactl, nvidia-uvm...).

@@ -69,6 +69,7 @@ def test_declared_node_labels(gpukit_suite: Any, node: str, check: Check) -> Non
     check.verify()
 
 
+@pytest.mark.applies_to("taints")
 def test_declared_taints(gpukit_suite: Any, node: str, check: Check) -> None:
     decl = need_decl(gpukit_suite, node)
     if not decl.taints:

@@ -16,7 +16,7 @@ from gpukit.contracts import label_names as ln
 from gpukit.contracts.device_ids import strip_replica
 from gpukit.k8s.nodes import allocatable
 
-pytestmark = pytest.mark.mig
+pytestmark = [pytest.mark.mig, pytest.mark.applies_to("mig")]
 
 
 def _need_layout(suite: Any, node: str, check: Check) -> inv.NodeDecl:

@@ -178,7 +178,7 @@ class StandIns:
     coordination: Any  # CoordinationV1Api
     nodes: dict[str, inv.NodeDecl] = field(default_factory=dict)
     addresses: dict[str, str] = field(default_factory=dict)
-    workers: int = 8
+    workers: int = 16  # threads: each waits on the API server
     renewals: int = 0
     status_written: dict[str, float] = field(default_factory=dict)  # node -> monotonic time
     errors: list[str] = field(default_factory=list)
