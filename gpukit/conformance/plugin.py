@@ -19,7 +19,7 @@ import json
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -272,7 +272,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 # applies_to kinds: whether a node's declaration has it, and what the others lack.
-APPLIES_TO = {
+APPLIES_TO: dict[str, tuple[Callable[[Any], bool], str]] = {
     "dra": (lambda d: bool(d.dra), "not on DRA (gpukit_gpu_allocation is not dra)"),
     "mig": (lambda d: bool(d.mig_declared), "declare no MIG layout (gpukit_mig_config is null)"),
     "taints": (lambda d: bool(d.taints), "declare no taints (gpukit_node_taints)"),
