@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/fleet_scale.py --parts inventory,upgrade
     # a real lab of 2, 4, 8 mixed nodes (boots, provisions, runs the suite, takes it down)
     GPUKIT_LAB_INSTANCE=8 .venv/bin/python benchmarks/fleet_scale.py --parts lab,suite --real 2,4,8
-    # a simulated fleet of 100 and 500 API-only nodes on a control plane alone
+    # a simulated fleet of 100, 500 and 1000 API-only nodes on a control plane alone
     GPUKIT_LAB_INSTANCE=9 .venv/bin/python benchmarks/fleet_scale.py --parts simulated
 
 Parts:
@@ -14,11 +14,15 @@ Parts:
              (--node-parallelism 1) and --node-parallelism P; target: time(8) <= 2 x time(2).
   simulated  stand-in nodes (gpukit.lab.fleet) registered and Ready; the suite's API-side checks
              (--api-only: discovery, labels, the MIG/time-slicing resource checks), the upgrade
-             plan from the API's nodes, the HTML report from the suite's JUnit.
+             plan from the API's nodes, the HTML report from the suite's JUnit; the suite's
+             tests, its per-test overhead ((wall - the run's fixed part) / tests) and its
+             growth. Targets: 1000 nodes in <= 60 s, sub-linear from 100 to 1000 nodes,
+             the upgrade plan from the API's 1000 nodes in <= 10 s.
   inventory  `gpukit inventory check` on a generated inventory of N hosts.
   upgrade    gpukit.provision.upgrade.plan + report for N hosts (25% serial per group, 10% budget).
 
-Each measurement runs in a child process: wall time, and its peak RSS (wait4's ru_maxrss).
+Each measurement runs in a child process: wall time, CPU time (user + system, wait4's
+rusage: on a shared machine the steadier figure) and its peak RSS (ru_maxrss).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ LAB_NODES = [
     ("gpu-h100-b", "h100-80gb-x8"), ("gpu-a100-80-b", "a100-80gb-x4"),
 ]  # fmt: skip
 SUITE_GROWTH_TARGET = 2.0  # time(8 nodes) <= 2 x time(2 nodes)
+SIMULATED_TARGET_S = 60.0  # the suite's --api-only run over 1000 stand-in nodes
 
 
 @dataclass
@@ -51,6 +56,7 @@ class Run:
     peak_mib: float
     rc: int
     out: str
+    cpu: float = 0.0
 
 
 def measure(argv: Sequence[str], env: dict[str, str] | None = None, timeout: float = 1800) -> Run:
@@ -70,7 +76,8 @@ def measure(argv: Sequence[str], env: dict[str, str] | None = None, timeout: flo
         proc.returncode = os.waitstatus_to_exitcode(status)
         log.seek(0)
         out = log.read()
-    return Run(time.monotonic() - t0, usage.ru_maxrss / 1024, proc.returncode, out)
+    return Run(time.monotonic() - t0, usage.ru_maxrss / 1024, proc.returncode, out,
+               usage.ru_utime + usage.ru_stime)
 
 
 def growth(rows: list[tuple[int, float]]) -> str:
@@ -85,14 +92,15 @@ def table(
     title: str, rows: list[tuple[int, Run]], extra: Callable[[Run], str] = lambda _r: ""
 ) -> None:
     print(f"\n{title}")
-    print(f"  {'nodes':>6} {'wall s':>8} {'peak MiB':>9} {'s/node':>8}  rc")
+    print(f"  {'nodes':>6} {'wall s':>8} {'cpu s':>7} {'peak MiB':>9} {'s/node':>8}  rc")
     for n, r in rows:
         print(
-            f"  {n:>6} {r.seconds:>8.2f} {r.peak_mib:>9.0f} {r.seconds / n:>8.3f}  {r.rc}"
-            f"  {extra(r)}"
+            f"  {n:>6} {r.seconds:>8.2f} {r.cpu:>7.2f} {r.peak_mib:>9.0f} {r.seconds / n:>8.3f}"
+            f"  {r.rc}  {extra(r)}"
         )
     if len(rows) > 1:
-        print("  growth: " + growth([(n, r.seconds) for n, r in rows]))
+        print("  growth (wall): " + growth([(n, r.seconds) for n, r in rows]))
+        print("  growth (cpu):  " + growth([(n, r.cpu) for n, r in rows]))
 
 
 # ---- controller side, no cluster
@@ -114,9 +122,9 @@ t1 = time.monotonic()
 nodes = []
 if len(sys.argv) > 2:  # the nodes as the API has them (the planning play reads them too)
     from gpukit.k8s import connect
-    api = connect.api_client(sys.argv[2])
-    objs = {o["metadata"]["name"]: o for o in api.sanitize_for_serialization(
-        connect.core(sys.argv[2]).list_node().items)}
+    # One list, read as the plain JSON the planning play gets (no client models).
+    resp = connect.core(sys.argv[2]).list_node(_preload_content=False)
+    objs = {o["metadata"]["name"]: o for o in json.loads(resp.data)["items"]}
 else:
     objs = {}
 for d in fleet.nodes:
@@ -277,18 +285,41 @@ from gpukit.lab.fleet import standin
 api = connect.api_client(sys.argv[2])
 nodes = standin.StandIns(client.CoreV1Api(api), client.CoordinationV1Api(api))
 fleet = inv.load(sys.argv[1])
-t0 = time.monotonic()
+t0, c0 = time.monotonic(), time.process_time()
+nodes.start_renewing()  # the first nodes' Leases stay fresh while the last register
 nodes.register(fleet)
-took = standin.wait_registered(nodes.core, len(fleet.nodes))
-print(f"registered {len(fleet.nodes)} Ready in {time.monotonic() - t0:.1f}s", flush=True)
-t1 = time.monotonic()
+print(f"registered {len(fleet.nodes)} in {time.monotonic() - t0:.1f}s"
+      f" (cpu {time.process_time() - c0:.1f}s)", flush=True)
+standin.wait_registered(nodes.core, len(fleet.nodes), timeout=300)
+print(f"all Ready {time.monotonic() - t0:.1f}s after the first", flush=True)
+t1, c1 = time.monotonic(), time.process_time()
 nodes.renew_once()
-print(f"one renewal round {time.monotonic() - t1:.1f}s", flush=True)
-nodes.start_renewing()
+print(f"one renewal round {time.monotonic() - t1:.1f}s (cpu {time.process_time() - c1:.1f}s)",
+      flush=True)
 open(sys.argv[3], "w").write("ready")
 while True:
     time.sleep(3600)
 """
+
+
+def renewer_lines(log: Path) -> str:
+    """What the stand-ins' process said so far (registration and renewal times)."""
+    return "  " + "; ".join(log.read_text().strip().splitlines()[-3:])
+
+
+def per_test(run: Run, junit: Path) -> str:
+    """Tests, their own time (JUnit) and the rest of the run per test: pytest's overhead."""
+    import xml.etree.ElementTree as ET
+
+    try:
+        cases = list(ET.parse(junit).getroot().iter("testcase"))
+    except (OSError, ET.ParseError) as exc:
+        return f"no JUnit ({exc})"
+    own = sum(float(c.get("time") or 0) for c in cases)
+    n = max(len(cases), 1)
+    return (f"{len(cases)} tests, their own time {own:.1f}s ({own / n * 1000:.2f} ms/test),"
+            f" the rest of the run (start, collection, reporting) {run.seconds - own:.1f}s"
+            f" ({(run.seconds - own) / n * 1000:.2f} ms/test)")
 
 
 def part_simulated(counts: Sequence[int], root: Path) -> None:
@@ -307,24 +338,29 @@ def part_simulated(counts: Sequence[int], root: Path) -> None:
     kc = paths().admin_kubeconfig
     suite_rows: list[tuple[int, Run]] = []
     report_rows: list[tuple[int, Run]] = []
+    overheads: list[tuple[int, str]] = []
     try:
         for n in counts:
             inv_path = generated(n, root, kc)
             flag = root / f"ready{n}"
             t1 = time.monotonic()
-            renewer = subprocess.Popen([PY, "-c", STANDIN_CHILD, str(inv_path), str(kc),
-                                        str(flag)], cwd=REPO, stdout=subprocess.PIPE,
-                                       stderr=subprocess.STDOUT, text=True)  # fmt: skip
+            log_path = root / f"standins{n}.log"
+            with log_path.open("w") as log:
+                renewer = subprocess.Popen([PY, "-c", STANDIN_CHILD, str(inv_path), str(kc),
+                                            str(flag)], cwd=REPO, stdout=log,
+                                           stderr=subprocess.STDOUT, text=True)  # fmt: skip
             while not flag.exists() and renewer.poll() is None:
                 time.sleep(0.2)
             if renewer.poll() is not None:
-                sys.exit(f"stand-ins for {n} nodes failed: {renewer.stdout.read()[-2000:]}")
+                sys.exit(f"stand-ins for {n} nodes failed: {log_path.read_text()[-2000:]}")
             print(f"\n{n} stand-in nodes registered and Ready: {time.monotonic() - t1:.1f}s")
+            print(renewer_lines(root / f"standins{n}.log"))
             junit = root / f"junit{n}.xml"
             suite_rows.append((n, measure([
                 PY, "-m", "pytest", "gpukit/conformance", "--inventory", str(inv_path),
                 "--kubeconfig", str(kc), "--api-only", "--no-host", "-q", "-p",
                 "no:cacheprovider", f"--junitxml={junit}"])))  # fmt: skip
+            overheads.append((n, per_test(suite_rows[-1][1], junit)))
             report_rows.append((n, measure([PY, "-m", "gpukit", "report", str(junit), "-o",
                                             str(root / f"report{n}.html")])))  # fmt: skip
             part_upgrade([n], root, kc)
@@ -348,6 +384,15 @@ def part_simulated(counts: Sequence[int], root: Path) -> None:
         suite_rows,
         summary,
     )
+    for n, line in overheads:
+        print(f"  {n} nodes: {line}")
+    if len(suite_rows) > 1:
+        (n0, r0), (n1, r1) = suite_rows[0], suite_rows[-1]
+        ratio = r1.seconds / r0.seconds
+        print(f"  sub-linear {n0} -> {n1} nodes (x{n1 / n0:.0f}): wall x{ratio:.2f}, cpu"
+              f" x{r1.cpu / r0.cpu:.2f} ({'met' if ratio < n1 / n0 else 'NOT met'});"
+              f" {n1} nodes <= {SIMULATED_TARGET_S:.0f}s:"
+              f" {'met' if r1.seconds <= SIMULATED_TARGET_S else 'NOT met'}")
     table("gpukit report junit.xml -o report.html", report_rows, summary)
 
 
@@ -355,7 +400,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--parts", default="inventory,upgrade")
     ap.add_argument("--real", default="2,4,8")
-    ap.add_argument("--simulated", default="100,500")
+    ap.add_argument("--simulated", default="100,500,1000")
     ap.add_argument(
         "--controller",
         default="2,4,8,100,500",

@@ -7,6 +7,7 @@ blindly. Objects are the kubernetes client's models; manifests are plain dicts.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import threading
 import time
@@ -122,6 +123,12 @@ class Kube:
             if exc.status == 404:
                 return None
             raise
+
+    def resource_slices(self) -> list[dict[str, Any]]:
+        """Every ResourceSlice of the cluster, as the API has them (plain JSON)."""
+        resp = client.ResourceV1Api(self.api_client).list_resource_slice(_preload_content=False)
+        items: list[dict[str, Any]] = json.loads(resp.data)["items"]
+        return items
 
     def runtime_classes(self) -> dict[str, str]:
         """RuntimeClass name -> handler."""

@@ -13,12 +13,13 @@ modules are collected: the plugin is installed for every pytest run of the envir
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ SUITE_KEY = pytest.StashKey["Any"]()
 CHECK_KEY = pytest.StashKey[Check]()
 RESULTS_KEY = pytest.StashKey[list[Result]]()
 STARTED_KEY = pytest.StashKey[float]()
+AREA_KEY = pytest.StashKey[str]()  # the area of the test running last (a new area lists anew)
 NO_TARGETS_KEY = pytest.StashKey[str]()  # why the cluster's GPU nodes cannot be listed
 MARKERS = {
     "discovery": "node capacity/allocatable and kubelet view match the declaration",
@@ -57,6 +59,8 @@ EXTRA_MARKERS = {
     "cncf(requirement_id)": "CNCF Kubernetes AI Conformance requirement id",
     "cuda": "needs a real NVIDIA GPU (skipped on the lab's mock NVML)",
     "needs_inventory": "compares with the inventory; skipped without --inventory",
+    "applies_to(kind)": "only nodes declared so (kind: dra, mig, taints); the others are "
+                        "skipped together, in one test that names them",
     "stages(*names)": "per-node work the test reads (conformance.schedule: probe, helper, "
                       "fill, release, gt1, workload), done ahead with --node-parallelism",
 }
@@ -111,8 +115,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _is_suite_path(path: Any) -> bool:
+    return _in_suite_dir(str(path))
+
+
+@functools.lru_cache(maxsize=256)
+def _in_suite_dir(path: str) -> bool:
+    # Asked for every test at each hook: resolving the path each time cost seconds per run.
     try:
-        return Path(str(path)).resolve().parent == SUITE_DIR
+        return Path(path).resolve().parent == SUITE_DIR
     except OSError:
         return False
 
@@ -238,14 +248,55 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         why = suite.unreachable() or " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
         metafunc.config.stash[NO_TARGETS_KEY] = f"cannot list the cluster's GPU nodes: {why}"
         nodes = []
+    why = needs_a_node(metafunc.definition) if metafunc.config.getoption("--api-only",
+                                                                         False) else ""
+    if why and nodes and "node" in metafunc.fixturenames:
+        # Skipped on every node alike: one test that says so, not one per node (a fleet of
+        # 1000 made 35000 skipped tests, most of the run's time).
+        every = [f"every-node-of-{len(nodes)}"]
+        if "resource" in metafunc.fixturenames:
+            metafunc.parametrize(["node", "resource"], [(ALL_NODES, "")], ids=every)
+        else:
+            metafunc.parametrize("node", [ALL_NODES], ids=every)
+        return
+    nodes, others = _applicable(metafunc, suite, nodes)
     if "resource" in metafunc.fixturenames:
         marker = metafunc.definition.get_closest_marker("per_resource")
         kind = marker.args[0] if marker and marker.args else "all"
         pairs = [(n, r) for n in nodes for r in _resources(suite, n, kind)]
-        metafunc.parametrize(["node", "resource"], pairs,
-                             ids=[f"{n}-{r.removeprefix(ln.RESOURCE_PREFIX)}" for n, r in pairs])
+        metafunc.parametrize(["node", "resource"], [*pairs, *others], ids=[
+            *(f"{n}-{r.removeprefix(ln.RESOURCE_PREFIX)}" for n, r in pairs),
+            *(p.id for p in others)])
     elif "node" in metafunc.fixturenames:
-        metafunc.parametrize("node", nodes, ids=nodes)
+        metafunc.parametrize("node", [*nodes, *others], ids=[*nodes, *(p.id for p in others)])
+
+
+# applies_to kinds: whether a node's declaration has it, and what the others lack.
+APPLIES_TO: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "dra": (lambda d: bool(d.dra), "not on DRA (gpukit_gpu_allocation is not dra)"),
+    "mig": (lambda d: bool(d.mig_declared), "declare no MIG layout (gpukit_mig_config is null)"),
+    "taints": (lambda d: bool(d.taints), "declare no taints (gpukit_node_taints)"),
+}
+
+
+def _applicable(metafunc: pytest.Metafunc, suite: Any, nodes: list[str]
+                ) -> tuple[list[str], list[Any]]:
+    """The nodes an applies_to test checks, and one skipped parameter set that names the
+    declared others (at 1000 nodes, 10 DRA checks skipping one by one were 10000 tests)."""
+    mark = metafunc.definition.get_closest_marker("applies_to")
+    if mark is None or not nodes:
+        return nodes, []
+    has, lacks = APPLIES_TO[str(mark.args[0])]
+    decls = {n: suite.decl(n) for n in nodes}
+    others = [n for n, d in decls.items() if d is not None and not has(d)]
+    if not others:
+        return nodes, []
+    shown = ", ".join(others[:5]) + (f", ... {others[-1]}" if len(others) > 5 else "")
+    skip = pytest.mark.skip(reason=f"{len(others)} node(s) {lacks}: {shown}")
+    values = (ALL_NODES, "") if "resource" in metafunc.fixturenames else (ALL_NODES,)
+    gone = set(others)
+    return [n for n in nodes if n not in gone], [pytest.param(
+        *values, marks=skip, id=f"{len(others)}-nodes-{mark.args[0]}-does-not-apply")]
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -298,8 +349,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if why:
                 callspec = getattr(item, "callspec", None)
                 node = callspec.params.get("node", ALL_NODES) if callspec else ALL_NODES
+                where = (f"every node ({_node_count(config)})"
+                         if callspec and callspec.params.get("node") == ALL_NODES
+                         else f"node {node}")
                 item.add_marker(pytest.mark.skip(
-                    reason=f"node {node}: --api-only (no kubelet): needs {why}"))
+                    reason=f"{where}: --api-only (no kubelet): needs {why}"))
+
+
+def _node_count(config: pytest.Config) -> int:
+    try:
+        return len(get_suite(config).targets())
+    except Exception:  # collection already said why the nodes cannot be listed
+        return 0
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A new area reads the cluster's nodes and ResourceSlices anew (one list each), as they
+    are after the previous areas' work."""
+    if not _is_suite_path(item.path):
+        return
+    area, config = area_of(item), item.config
+    if config.stash.get(AREA_KEY, None) != area:
+        config.stash[AREA_KEY] = area
+        suite = config.stash.get(SUITE_KEY, None)
+        if suite is not None:
+            suite.forget_listings()
 
 
 def needs_a_node(item: pytest.Item) -> str:

@@ -121,6 +121,12 @@ class Suite:
         self._names: dict[str, int] = {}
         self._expect_errors: dict[str, str] = {}
         self._collection_nodes: dict[str, Any] | None = None
+        # The API-side checks read the cluster's nodes and ResourceSlices from one list each
+        # (per area: plugin.py lists again when the next area starts), not one GET per test.
+        self._listed_nodes: dict[str, Any] | None = None
+        self._listed_slices: dict[str, list[dict[str, Any]]] | None = None
+        self._decls: dict[str, inv.NodeDecl] | None = None
+        self._expected: dict[str, dict[str, int] | None] = {}
         self._planned: dict[str, list[StageKey]] = {}  # the run's tests' stages, per node
         self.closed = False
         # node -> how the inventory says its GPU pods reach the NVIDIA runtime (none without
@@ -167,18 +173,53 @@ class Suite:
             self._collection_nodes = self.kube.nodes()
         return self._collection_nodes
 
+    def listed_node(self, node: str) -> Any | None:
+        """The node as the current area's one list of nodes has it (None: not registered)."""
+        with self._lock:
+            if self._listed_nodes is None:
+                self._listed_nodes = self.kube.nodes()
+            return self._listed_nodes.get(node)
+
+    def listed_slices(self, node: str, driver: str) -> list[dict[str, Any]]:
+        """The node's ResourceSlices of `driver` (plain JSON) from the area's one list."""
+        with self._lock:
+            if self._listed_slices is None:
+                self._listed_slices = {}
+                for s in self.kube.resource_slices():
+                    spec = s.get("spec") or {}
+                    key = f"{spec.get('nodeName')}/{spec.get('driver')}"
+                    self._listed_slices.setdefault(key, []).append(s)
+            return list(self._listed_slices.get(f"{node}/{driver}", []))
+
+    def forget_listings(self) -> None:
+        """The next listed_node/listed_slices lists again (a new area starts)."""
+        with self._lock:
+            self._listed_nodes = None
+            self._listed_slices = None
+
     def decl(self, node: str) -> inv.NodeDecl | None:
-        return self.inventory.node(node) if self.inventory is not None else None
+        if self.inventory is None:
+            return None
+        if self._decls is None:  # by node and host name: inventory.node() scans the fleet
+            self._decls = {k: n for n in self.inventory.nodes for k in (n.host, n.node_name)}
+        found = self._decls.get(node)
+        return found if found is not None else self.inventory.node(node)
 
     def expected_resources(self, node: str) -> dict[str, int] | None:
+        """What the declaration implies the node advertises (worked out once per node)."""
+        if node in self._expected:
+            got = self._expected[node]
+            return dict(got) if got is not None else None
         decl = self.decl(node)
         if decl is None:
             return None
         try:
-            return expect.expected_resources(decl)
+            found: dict[str, int] | None = expect.expected_resources(decl)
         except inv.InventoryError as exc:
             self._expect_errors[node] = str(exc)
-            return None
+            found = None
+        self._expected[node] = found
+        return dict(found) if found is not None else None
 
     def expectation_error(self, node: str) -> str:
         return self._expect_errors.get(node, "")

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.discovery
 
 
 def test_node_is_registered_and_ready(gpukit_suite: Any, node: str, check: Check) -> None:
-    obj = gpukit_suite.kube.node(node)
+    obj = gpukit_suite.listed_node(node)
     check.equal("registered in the cluster", "present", "present" if obj else "missing")
     if obj is not None:
         ready, why = node_ready(obj)
@@ -30,7 +30,7 @@ def test_capacity_and_allocatable(gpukit_suite: Any, node: str, resource: str,
                                   check: Check) -> None:
     """capacity and allocatable equal the declared GPUs x replicas (or the MIG layout);
     without an inventory, allocatable equals capacity (every device healthy)."""
-    obj = gpukit_suite.kube.node(node)
+    obj = gpukit_suite.listed_node(node)
     cap, alloc = capacity(obj).get(resource, 0), allocatable(obj).get(resource, 0)
     expected = gpukit_suite.expected_resources(node)
     if expected is None and gpukit_suite.decl(node) is not None:
@@ -46,7 +46,7 @@ def test_capacity_and_allocatable(gpukit_suite: Any, node: str, resource: str,
 def test_no_undeclared_resources(gpukit_suite: Any, node: str, check: Check) -> None:
     """No nvidia.com/* resource is advertised that the inventory does not declare."""
     expected = need_expected(gpukit_suite, node)
-    obj = gpukit_suite.kube.node(node)
+    obj = gpukit_suite.listed_node(node)
     advertised = {r: n for r, n in capacity(obj).items() if n > 0}
     check.equal("nvidia.com resources advertised", expected, advertised)
     check.verify()
@@ -60,7 +60,7 @@ def test_kubelet_sees_the_same_devices(gpukit_suite: Any, node: str, check: Chec
     if view is None:
         check.record("PodResources GetAllocatableResources", "an answer", error, False)
         check.verify()
-    obj = gpukit_suite.kube.node(node)
+    obj = gpukit_suite.listed_node(node)
     alloc = {r: n for r, n in allocatable(obj).items() if n > 0}
     kubelet = {r: len(set(ids)) for r, ids in view.allocatable.items()
                if r.startswith(ln.RESOURCE_PREFIX) and ids}
@@ -81,7 +81,7 @@ def test_the_agent_s_declaration_condition_agrees(gpukit_suite: Any, node: str,
         check.skip("gpukit_gpu_allocation dra: no node agent (the dra area checks the DRA "
                    "plugin's GpuDeclarationMismatch condition)")
     expected = need_expected(gpukit_suite, node)
-    obj = gpukit_suite.kube.node(node)
+    obj = gpukit_suite.listed_node(node)
     served = {r: n for r, n in allocatable(obj).items() if n > 0}
     declared = {r: n for r, n in expected.items() if n > 0}
     refused = (obj.metadata.labels or {}).get(ln.DEVICE_PLUGIN_CONFIG_STATE) == (

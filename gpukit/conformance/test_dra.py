@@ -44,7 +44,7 @@ from gpukit.contracts.dra import (
 )
 from gpukit.contracts.label_names import RESOURCE_PREFIX
 
-pytestmark = pytest.mark.dra
+pytestmark = [pytest.mark.dra, pytest.mark.applies_to("dra")]
 
 DRIVER = expect.DRA_DRIVER
 # What a container sees: its GPU device nodes (not the control nodes nvidiactl, nvidia-uvm...).
@@ -62,8 +62,15 @@ def _need_dra(suite: Any, node: str, check: Check) -> inv.NodeDecl:
     return decl
 
 
-def node_slices(api_client: Any, node: str) -> list[dict[str, Any]]:
-    """The node's ResourceSlices of NVIDIA's driver name, as the API has them (plain JSON)."""
+def node_slices(suite: Any, node: str) -> list[dict[str, Any]]:
+    """The node's ResourceSlices of NVIDIA's driver name, from the area's one list of
+    ResourceSlices (plain JSON)."""
+    slices: list[dict[str, Any]] = suite.listed_slices(node, DRIVER)
+    return slices
+
+
+def live_node_slices(api_client: Any, node: str) -> list[dict[str, Any]]:
+    """The node's ResourceSlices of NVIDIA's driver name as the API has them now."""
     resp = client.ResourceV1Api(api_client).list_resource_slice(
         field_selector=f"spec.nodeName={node},spec.driver={DRIVER}", _preload_content=False)
     items: list[dict[str, Any]] = json.loads(resp.data)["items"]
@@ -98,7 +105,7 @@ def test_slices_equal_the_declaration(gpukit_suite: Any, node: str, check: Check
     """One pool named after the node; its devices are the declared GPUs, or the MIG devices of
     the declared layout, named and described as NVIDIA's driver does."""
     decl = _need_dra(gpukit_suite, node, check)
-    slices = node_slices(gpukit_suite.kube.api_client, node)
+    slices = node_slices(gpukit_suite, node)
     check.equal("ResourceSlice pools", [node], sorted({s["spec"]["pool"]["name"] for s in slices}),
                 DRIVER)
     want = expect.expected_dra_devices(decl)
@@ -149,7 +156,7 @@ def test_devices_carry_the_pcie_root_of_their_pci_address(gpukit_suite: Any, nod
     MIG device of one GPU; with host access, exactly what the node's sysfs shows for the
     address (and absent where sysfs shows none)."""
     _need_dra(gpukit_suite, node, check)
-    devices = slice_devices(node_slices(gpukit_suite.kube.api_client, node))
+    devices = slice_devices(node_slices(gpukit_suite, node))
     host = gpukit_suite.host(node) if gpukit_suite.options.host_access else None
     from_sysfs: dict[str, str | None] = {}
     by_parent: dict[str, set[str | None]] = {}
@@ -189,14 +196,14 @@ def test_the_dra_plugin_s_declaration_condition_agrees(gpukit_suite: Any, node: 
     declared = nd.dra_counts({"type": d.type, "profile": d.profile}
                              for d in expect.expected_dra_devices(decl))
     served: Counter[str] = Counter()
-    for d in slice_devices(node_slices(gpukit_suite.kube.api_client, node)):
+    for d in slice_devices(node_slices(gpukit_suite, node)):
         if any(t.get("effect") in ("NoSchedule", "NoExecute") for t in d.get("taints") or []):
             continue
         attrs = d.get("attributes") or {}
         served[nd.dra_kind(str((attrs.get("type") or {}).get("string") or ""),
                            str((attrs.get("profile") or {}).get("string") or "") or None)] += 1
     check_declaration_condition(
-        check, gpukit_suite.kube.node(node), dict(served) != declared,
+        check, gpukit_suite.listed_node(node), dict(served) != declared,
         f"published {dict(sorted(served.items()))}, declared {declared}", "DRA plugin")
     check.verify()
 
@@ -207,7 +214,7 @@ def test_no_extended_resources_on_a_dra_node(gpukit_suite: Any, node: str, check
     nvidia.com/gpu count (a device plugin served the node before) would let the scheduler
     place pods the kubelet cannot give a GPU."""
     _need_dra(gpukit_suite, node, check)
-    status = gpukit_suite.kube.node(node).status
+    status = gpukit_suite.listed_node(node).status
     for field in ("capacity", "allocatable"):
         stale = sorted(r for r in (getattr(status, field) or {}) if r.startswith(RESOURCE_PREFIX))
         check.equal(f"nvidia.com/ resources in {field}", [], stale)
@@ -436,7 +443,7 @@ def _free_device(suite: Any, node: str, claims: Claims) -> dict[str, Any] | None
     deadline = time.monotonic() + suite.options.pod_timeout
     while True:
         held = _held_devices(claims, node)
-        devices = slice_devices(node_slices(suite.kube.api_client, node))
+        devices = slice_devices(live_node_slices(suite.kube.api_client, node))
         free = next((d for d in devices if not d.get("taints") and d["name"] not in held), None)
         if free is not None or time.monotonic() >= deadline:
             return free
@@ -499,7 +506,7 @@ def test_device_taints_match_health(gpukit_suite: Any, node: str, check: Check) 
     (`gpu.nvidia.com/xid` with an XID number as value, `gpu.nvidia.com/gpu-lost`); with host
     access, a device carries gpu-lost exactly when NVML on the node cannot query its GPU."""
     _need_dra(gpukit_suite, node, check)
-    devices = slice_devices(node_slices(gpukit_suite.kube.api_client, node))
+    devices = slice_devices(node_slices(gpukit_suite, node))
     probe = gpukit_suite.probe(node) if gpukit_suite.options.host_access else None
     lost = {g.index for g in probe.gpus if g.error} if probe is not None else None
     for device in devices:

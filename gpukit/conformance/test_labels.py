@@ -19,7 +19,7 @@ pytestmark = pytest.mark.labels
 
 
 def _labels(suite: Any, node: str) -> dict[str, str]:
-    obj = suite.kube.node(node)
+    obj = suite.listed_node(node)
     return dict(obj.metadata.labels or {}) if obj is not None else {}
 
 
@@ -69,11 +69,12 @@ def test_declared_node_labels(gpukit_suite: Any, node: str, check: Check) -> Non
     check.verify()
 
 
+@pytest.mark.applies_to("taints")
 def test_declared_taints(gpukit_suite: Any, node: str, check: Check) -> None:
     decl = need_decl(gpukit_suite, node)
     if not decl.taints:
         check.skip("declares no taints (gpukit_node_taints)")
-    obj = gpukit_suite.kube.node(node)
+    obj = gpukit_suite.listed_node(node)
     have = {(t.key, t.value or "", t.effect) for t in (obj.spec.taints or [])} if obj else set()
     for t in decl.taints:
         want = f"{t.key}={t.value}:{t.effect}"
@@ -85,7 +86,7 @@ def test_declared_taints(gpukit_suite: Any, node: str, check: Check) -> None:
 def test_labels_agree_with_resources(gpukit_suite: Any, node: str, check: Check) -> None:
     """Needs no inventory: each `<resource>.count` x `.replicas` label matches capacity."""
     labels = _labels(gpukit_suite, node)
-    cap = capacity(gpukit_suite.kube.node(node))
+    cap = capacity(gpukit_suite.listed_node(node))
     migs = sorted(k.removesuffix(".count") for k in labels
                   if k.startswith(ln.MIG_RESOURCE_PREFIX) and k.endswith(".count"))
     resources = migs + ([ln.GPU_RESOURCE] if not migs and ln.GPU_COUNT in labels

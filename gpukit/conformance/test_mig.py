@@ -16,7 +16,7 @@ from gpukit.contracts import label_names as ln
 from gpukit.contracts.device_ids import strip_replica
 from gpukit.k8s.nodes import allocatable
 
-pytestmark = pytest.mark.mig
+pytestmark = [pytest.mark.mig, pytest.mark.applies_to("mig")]
 
 
 def _need_layout(suite: Any, node: str, check: Check) -> inv.NodeDecl:
@@ -56,7 +56,7 @@ def test_mig_resources_match_the_layout(gpukit_suite: Any, node: str, check: Che
     expected = need_expected(gpukit_suite, node)
     units = expect.expected_units(decl)
     mig_resources = sorted({u.resource for u in units if u.mig_profile})
-    observed = allocatable(gpukit_suite.kube.node(node))
+    observed = allocatable(gpukit_suite.listed_node(node))
     for resource in mig_resources:
         check.equal("allocatable", expected[resource], observed.get(resource, 0), resource)
     if decl.mig_strategy == "mixed":
@@ -106,7 +106,7 @@ def test_single_strategy_labels(gpukit_suite: Any, node: str, check: Check) -> N
     if decl.mig_strategy != "single":
         check.skip(f"migStrategy is {decl.mig_strategy}, not single")
     profiles = {p for g in decl.mig_gpus for p in g.profiles}
-    obj = gpukit_suite.kube.node(node)
+    obj = gpukit_suite.listed_node(node)
     labels = dict(obj.metadata.labels or {}) if obj else {}
     want = expect.label_value(f"{decl.gpu.product.replace(' ', '-')}-MIG-{min(profiles)}")
     check.true(ln.GPU_PRODUCT, labels.get(ln.GPU_PRODUCT, "").startswith(

@@ -30,7 +30,7 @@ def test_replica_counts(gpukit_suite: Any, node: str, resource: str, check: Chec
     with each device's declared number of replicas."""
     decl = need_decl(gpukit_suite, node)
     expected = need_expected(gpukit_suite, node)
-    observed = allocatable(gpukit_suite.kube.node(node))
+    observed = allocatable(gpukit_suite.listed_node(node))
     check.equal("allocatable (devices x replicas)", expected[resource],
                 observed.get(resource, 0), resource)
     view, error = gpukit_suite.podresources(node)
@@ -58,7 +58,7 @@ def test_shared_resource_names(gpukit_suite: Any, node: str, check: Check) -> No
     if not ts.resources:
         check.skip(f"config {decl.plugin_config_name!r} declares no sharing (time-slicing or MPS)")
     expected = need_expected(gpukit_suite, node)
-    observed = allocatable(gpukit_suite.kube.node(node))
+    observed = allocatable(gpukit_suite.listed_node(node))
     names = sorted({u.resource for u in expect.expected_units(decl)}
                    | {u.base_resource for u in expect.expected_units(decl)})
     for name in names:

@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster.start_control_plane(lab)
         core, coordination = clients()
         nodes = standin.StandIns(core, coordination)
+        nodes.start_renewing()
         nodes.register(fleet)
         took = standin.wait_registered(core, len(fleet.nodes))
         print(
@@ -70,9 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         try:
             while True:
-                time.sleep(standin.RENEW_SECONDS)
-                nodes.renew_once()
+                time.sleep(3600)
         except KeyboardInterrupt:
+            nodes.stop()
             return 0
     if cluster.status(lab).components.get("apiserver-ready"):
         core, _ = clients()
