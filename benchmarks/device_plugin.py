@@ -54,8 +54,12 @@ TARGET_IDLE_CPU_VS_PEER = 2.0
 STARTS = 7
 RESTARTS = 7
 IDLE_WINDOW_S = 20.0
-PEER_CANDIDATES = ("/work/main/build/nvidia-device-plugin", "/usr/local/bin/nvidia-device-plugin",
-                   "/usr/bin/nvidia-device-plugin")
+# NVIDIA's plugin as the peer lane builds it (gpukit/lab/scripts/build-nvidia-plugin.sh, from
+# its Go module into the cache), or an installed one.
+PEER_CANDIDATES = (
+    str(Path(os.environ.get("GPUKIT_CACHE", Path.home() / ".cache" / "gpukit"))
+        / "nvidia-device-plugin" / "v0.19.0" / "bin" / "nvidia-device-plugin"),
+    "/usr/local/bin/nvidia-device-plugin", "/usr/bin/nvidia-device-plugin")
 REPLICAS = 16
 CALLS = 500
 

@@ -29,7 +29,9 @@ def test_the_peer_inventory_leaves_the_node_to_nvidia(lab: LabSpec) -> None:
     path = peer.inventory(lab)
     assert path != LAB_INVENTORY and not (LAB_INVENTORY / "host_vars").exists()
     host_vars = yaml.safe_load((path / "host_vars" / "gpu-t4.yml").read_text())
-    assert host_vars == {"node_labels_deploy_device_plugin": False}
+    assert host_vars == {"gpukit_node_agent": False}
+    assert {d.node_name: d.node_agent for d in inv.load(path).nodes} == {
+        "gpu-a100": True, "gpu-t4": False}
     assert not (path / "host_vars" / "gpu-a100.yml").exists()
     assert inv.check(path).problems == ()  # what the preflight runs: valid as declared
     # The config NVIDIA's plugin gets is the one the inventory selects for the node.
