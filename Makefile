@@ -157,7 +157,7 @@ peer: deps venv protos nvml k8s containerd rootfs ## the suite against NVIDIA's 
 	  && inv=$$($(PY) -m gpukit.lab.peer inventory) && kc=$$($(LAB_KUBECONFIG)) \
 	  && $(PY) -m gpukit.lab.peer deploy \
 	  && ANSIBLE_CALLBACKS_ENABLED=gpukit.gpu.play_record GPUKIT_PLAY_RECORD=$(RESULTS)/peer/site.json \
-	    $(VENV)/bin/ansible-playbook -i "$$inv" site.yml \
+	    $(VENV)/bin/ansible-playbook -i "$$inv" site.yml && $(PY) -m gpukit.lab.peer wait \
 	  && $(PY) -m pytest gpukit/conformance --inventory "$$inv" --kubeconfig "$$kc" \
 	    --junitxml $(RESULTS)/peer/conformance.xml; rc=$$?; \
 	  [ "$(PEER_KEEP)" = 1 ] || $(PY) -m gpukit.cli lab down; \

@@ -11,7 +11,8 @@ declares, whoever serves it.
 
     python -m gpukit.lab.peer image       # build the image, import it into the lab's nodes
     python -m gpukit.lab.peer inventory   # print the peer inventory's path
-    python -m gpukit.lab.peer deploy      # NVIDIA's stack on the peer node
+    python -m gpukit.lab.peer deploy      # NVIDIA's stack on the peer node (before site.yml)
+    python -m gpukit.lab.peer wait        # ... rolled out, GFD's labels on the node
     python -m gpukit.lab.peer remove
 """
 
@@ -189,6 +190,9 @@ def _daemonset(name: str, node: str, container: dict[str, Any],
                 "metadata": {"labels": labels},
                 "spec": {
                     "serviceAccountName": NAMESPACE,
+                    # The lab's pods reach the API server only from the node's network, as
+                    # gpukit's own agent does (gpukit.lab.config: the service IP on the bridge).
+                    "hostNetwork": True,
                     "priorityClassName": "system-node-critical",
                     "nodeSelector": {"kubernetes.io/hostname": node},
                     "tolerations": [{"operator": "Exists"}],
@@ -208,7 +212,7 @@ def manifests(node: str, config: Mapping[str, Any], nfd_crds: list[dict[str, Any
     driver = [
         _host_path("driver-root", "/"),
         _host_path("nvml-profile", NVML_PROFILE_DIR),
-        _host_path("nvml-state", NVML_STATE),
+        _host_path("nvml-state", NVML_STATE, "DirectoryOrCreate"),
         {"name": "config", "configMap": {"name": "nvidia-plugin-config"}},
     ]
     driver_mounts = [
@@ -282,8 +286,10 @@ def nfd_crds() -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(src.read_text()) if d]
 
 
-def deploy(lab: LabSpec, inv: Path, timeout: float = 300) -> None:
-    from gpukit.k8s import connect, objects, waits
+def deploy(lab: LabSpec, inv: Path) -> None:
+    """Apply NVIDIA's stack; its pods start once site.yml installed the node's driver (the
+    play waits for the node's declared resources: `wait` after it waits for the labels)."""
+    from gpukit.k8s import connect, objects
 
     host = peer_host(lab)
     api = connect.api_client(paths().admin_kubeconfig)
@@ -292,8 +298,26 @@ def deploy(lab: LabSpec, inv: Path, timeout: float = 300) -> None:
     objects.apply(api, crds, field_manager="gpukit-lab-peer")
     time.sleep(2)  # established before the master's informers list them
     objects.apply(api, [d for d in docs if d not in crds], field_manager="gpukit-lab-peer")
+
+
+# A label only GFD (through NFD) puts on the peer node: its labels have arrived.
+GFD_LABEL = "nvidia.com/gpu.product"
+
+
+def wait(lab: LabSpec, timeout: float = 300) -> None:
+    """NVIDIA's DaemonSets rolled out and GFD's labels on the node (what the suite checks)."""
+    from gpukit.k8s import connect, waits
+
+    api = connect.api_client(paths().admin_kubeconfig)
     for name in ("nfd-master", "nvidia-device-plugin", "gpu-feature-discovery"):
         waits.daemonset_rolled_out(api, NAMESPACE, name, timeout)
+    host, core = peer_host(lab), connect.core(paths().admin_kubeconfig)
+    deadline = time.monotonic() + timeout
+    while GFD_LABEL not in (core.read_node(host).metadata.labels or {}):
+        if time.monotonic() > deadline:
+            raise LabError(f"{host}: no {GFD_LABEL} label after {timeout:.0f} s (GFD's"
+                           f" NodeFeature, NFD's master: kubectl -n {NAMESPACE} get pods)")
+        time.sleep(2)
 
 
 def remove(lab: LabSpec) -> None:
@@ -316,10 +340,13 @@ def main(argv: list[str]) -> int:
         deploy(lab, inventory(lab))
         print(f"{peer_host(lab)}: NVIDIA k8s-device-plugin and GFD {PLUGIN_VERSION}, NFD"
               f" {NFD_VERSION}")
+    elif what == "wait":
+        wait(lab)
     elif what == "remove":
         remove(lab)
     else:
-        print("usage: python -m gpukit.lab.peer image|inventory|deploy|remove", file=sys.stderr)
+        print("usage: python -m gpukit.lab.peer image|inventory|deploy|wait|remove",
+              file=sys.stderr)
         return 2
     return 0
 
