@@ -67,3 +67,37 @@ def test_nvidia_s_daemonsets_run_on_the_peer_node_only() -> None:
 def test_the_image_carries_what_a_cgo_binary_loads() -> None:
     libs = peer._shared_libraries(Path("/bin/ls"))
     assert any(p.name.startswith("libc.so") for p in libs)
+
+
+def test_the_suite_finds_the_mock_nvml_in_nvidia_s_pods() -> None:
+    """No gpukit agent on the peer node: the suite's workload takes the mock NVML's host paths
+    from a pod of NVIDIA's stack there (GFD mounts the library, profile and state)."""
+    from types import SimpleNamespace as NS
+
+    from gpukit.conformance import exclusive
+
+    docs = peer.manifests("gpu-t4", {"version": "v1"}, [])
+    gfd = next(d for d in docs if d["metadata"]["name"] == "gpu-feature-discovery")
+    volumes = [NS(name=v["name"], host_path=NS(path=v["hostPath"]["path"]) if "hostPath" in v
+                  else None) for v in gfd["spec"]["template"]["spec"]["volumes"]]
+    pod = NS(metadata=NS(name="gfd-x"), spec=NS(volumes=volumes))
+
+    def pods_on(node: str, selector: str) -> list[object]:
+        return [] if selector else [pod]  # no gpukit agent pod; NVIDIA's pods
+
+    suite = NS(kube=NS(pods_on=pods_on))
+    assert exclusive.lab_mounts(suite, "gpu-t4") == [  # type: ignore[arg-type]
+        ("nvml-lib", peer.NVML_LIB, "File"),
+        ("nvml-profile", peer.NVML_PROFILE_DIR, "Directory"),
+        ("nvml-state", peer.NVML_STATE, "Directory")]
+
+
+def test_the_suite_names_nvidia_s_socket_and_cdi_kind_by_declaration(lab: LabSpec) -> None:
+    from gpukit.conformance import host
+
+    decls = {d.node_name: d for d in inv.load(peer.inventory(lab)).nodes}
+    assert host.socket_prefix(decls["gpu-a100"]) == "gpukit-"
+    assert host.cdi_kind(decls["gpu-a100"]) == "nvidia.com/gpu"
+    # As NVIDIA's plugin v0.19.0 names them (seen on the peer lab's gpu-t4).
+    assert host.socket_prefix(decls["gpu-t4"]) == "nvidia-"
+    assert host.cdi_kind(decls["gpu-t4"]) == "k8s.device-plugin.nvidia.com/gpu"
