@@ -142,12 +142,12 @@ scale: deps venv protos nvml k8s containerd rootfs
 	  GPUKIT_LAB_INSTANCE=$(SCALE_FLEET_LAB) $(PY) -m pytest tests/lab/test_fleet_lab.py; rc2=$$?; \
 	  [ $$rc = 0 ] && [ $$rc2 = 0 ] && [ $$rc3 = 0 ]
 
-# The peer lane (not in `make test`: see README): one GPU node (PEER_HOST) served by NVIDIA's own
-# k8s-device-plugin and GPU Feature Discovery (PEER: gpukit.lab.peer, built unmodified from their
-# Go module, with NFD's master for GFD's labels) instead of gpukit's agent, on a lab of its own:
-# lab up, NVIDIA's stack on the node with the config the inventory declares, site.yml with the
-# peer inventory (the node declared not gpukit's), the conformance suite; the lab is taken down
-# afterwards, also when a step failed.
+# The peer lane (not in `make test`: about 20 minutes on 2 cores): one GPU node (PEER_HOST) served
+# by NVIDIA's own k8s-device-plugin and GPU Feature Discovery (gpukit.lab.peer: built unmodified
+# from their Go module, with NFD's master for GFD's labels) instead of gpukit's agent, on a lab of
+# its own: lab up, NVIDIA's stack on the node with the config the inventory selects for it,
+# site.yml with the peer inventory (the node declared gpukit_node_agent: false), the conformance
+# suite; the lab is taken down afterwards, also when a step failed (PEER_KEEP=1 leaves it up).
 PEER_LAB ?= 5
 PEER_HOST ?= gpu-t4
 peer: deps venv protos nvml k8s containerd rootfs ## the suite against NVIDIA's device plugin + GFD on one node

@@ -27,6 +27,7 @@ import os
 import queue
 import random
 import resource
+import shlex
 import shutil
 import signal
 import statistics
@@ -214,7 +215,14 @@ def peer_command(directory: Path) -> list[str] | None:
         (c for c in PEER_CANDIDATES if os.access(c, os.X_OK)), None)
     if not found:
         return None
-    return [found, "--device-list-strategy", "envvar", "--fail-on-init-error=false",
+    # NVIDIA's plugin serves its sockets in the kubelet's fixed device-plugins directory (only
+    # the kubelet's socket is a flag): a private mount namespace puts `directory` there, over a
+    # tmpfs /var/lib that only the plugin sees.
+    plugins = "/var/lib/kubelet/device-plugins"
+    script = (f"mount -t tmpfs none /var/lib && mkdir -p {plugins}"
+              f" && mount --bind {shlex.quote(str(directory))} {plugins} && exec \"$@\"")
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "peer",
+            found, "--device-list-strategy", "envvar", "--fail-on-init-error=false",
             f"--kubelet-socket={directory / 'kubelet.sock'}"]
 
 
