@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export GPUKIT_CACHE ?= $(HOME)/.cache/gpukit
 
-.PHONY: lab provision conformance evidence test lint unit matrix scale hardware deps venv nvml k8s containerd rootfs protos lab-down clean dist
+.PHONY: lab peer provision conformance evidence test lint unit matrix scale hardware deps venv nvml k8s containerd rootfs protos lab-down clean dist
 
 # The running lab instance (GPUKIT_LAB_INSTANCE, default 0): its inventory (instance 0:
 # inventories/lab; others: a copy with their addresses) and kubeconfig.
@@ -141,6 +141,29 @@ scale: deps venv protos nvml k8s containerd rootfs
 	  GPUKIT_LAB_INSTANCE=$(SCALE_LAB) GPUKIT_LAB_NODES=$(SCALE_NODES) $(PY) -m gpukit.cli lab down; \
 	  GPUKIT_LAB_INSTANCE=$(SCALE_FLEET_LAB) $(PY) -m pytest tests/lab/test_fleet_lab.py; rc2=$$?; \
 	  [ $$rc = 0 ] && [ $$rc2 = 0 ] && [ $$rc3 = 0 ]
+
+# The peer lane (not in `make test`: about 20 minutes on 2 cores): one GPU node (PEER_HOST) served
+# by NVIDIA's own k8s-device-plugin and GPU Feature Discovery (gpukit.lab.peer: built unmodified
+# from their Go module, with NFD's master for GFD's labels) instead of gpukit's agent, on a lab of
+# its own: lab up, NVIDIA's stack on the node with the config the inventory selects for it,
+# site.yml with the peer inventory (the node declared gpukit_node_agent: false), the conformance
+# suite; the lab is taken down afterwards, also when a step failed (PEER_KEEP=1 leaves it up).
+PEER_LAB ?= 5
+PEER_HOST ?= gpu-t4
+peer: deps venv protos nvml k8s containerd rootfs ## the suite against NVIDIA's device plugin + GFD on one node
+	@export GPUKIT_LAB_INSTANCE=$(PEER_LAB) GPUKIT_LAB_PEER=$(PEER_HOST); start=$$(date +%s); \
+	  mkdir -p $(RESULTS)/peer && rm -f $(RESULTS)/peer/site.json $(RESULTS)/peer/conformance.xml; \
+	  $(PY) -m gpukit.lab.packages build && $(PY) -m gpukit.cli lab up && $(PY) -m gpukit.lab.peer image \
+	  && inv=$$($(PY) -m gpukit.lab.peer inventory) && kc=$$($(LAB_KUBECONFIG)) \
+	  && $(PY) -m gpukit.lab.peer deploy \
+	  && ANSIBLE_CALLBACKS_ENABLED=gpukit.gpu.play_record GPUKIT_PLAY_RECORD=$(RESULTS)/peer/site.json \
+	    $(VENV)/bin/ansible-playbook -i "$$inv" site.yml && $(PY) -m gpukit.lab.peer wait \
+	  && $(PY) -m pytest gpukit/conformance --inventory "$$inv" --kubeconfig "$$kc" \
+	    --junitxml $(RESULTS)/peer/conformance.xml; rc=$$?; \
+	  [ "$(PEER_KEEP)" = 1 ] || $(PY) -m gpukit.cli lab down; \
+	  $(PY) -m gpukit.summary --play $(RESULTS)/peer/site.json --junit $(RESULTS)/peer/conformance.xml; \
+	  echo "peer ($(PEER_HOST) on NVIDIA's stack, lab $(PEER_LAB)): exit $$rc, $$(( $$(date +%s) - start )) s"; \
+	  exit $$rc
 
 # On a machine with a real NVIDIA GPU and driver (not collected by `make test`): gpukit's
 # discovery, labels, facts and device plugin against the driver, and the driver's NVML answers

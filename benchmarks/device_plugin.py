@@ -27,6 +27,7 @@ import os
 import queue
 import random
 import resource
+import shlex
 import shutil
 import signal
 import statistics
@@ -54,8 +55,12 @@ TARGET_IDLE_CPU_VS_PEER = 2.0
 STARTS = 7
 RESTARTS = 7
 IDLE_WINDOW_S = 20.0
-PEER_CANDIDATES = ("/work/main/build/nvidia-device-plugin", "/usr/local/bin/nvidia-device-plugin",
-                   "/usr/bin/nvidia-device-plugin")
+# NVIDIA's plugin as the peer lane builds it (gpukit/lab/scripts/build-nvidia-plugin.sh, from
+# its Go module into the cache), or an installed one.
+PEER_CANDIDATES = (
+    str(Path(os.environ.get("GPUKIT_CACHE", Path.home() / ".cache" / "gpukit"))
+        / "nvidia-device-plugin" / "v0.19.0" / "bin" / "nvidia-device-plugin"),
+    "/usr/local/bin/nvidia-device-plugin", "/usr/bin/nvidia-device-plugin")
 REPLICAS = 16
 CALLS = 500
 
@@ -210,7 +215,14 @@ def peer_command(directory: Path) -> list[str] | None:
         (c for c in PEER_CANDIDATES if os.access(c, os.X_OK)), None)
     if not found:
         return None
-    return [found, "--device-list-strategy", "envvar", "--fail-on-init-error=false",
+    # NVIDIA's plugin serves its sockets in the kubelet's fixed device-plugins directory (only
+    # the kubelet's socket is a flag): a private mount namespace puts `directory` there, over a
+    # tmpfs /var/lib that only the plugin sees.
+    plugins = "/var/lib/kubelet/device-plugins"
+    script = (f"mount -t tmpfs none /var/lib && mkdir -p {plugins}"
+              f" && mount --bind {shlex.quote(str(directory))} {plugins} && exec \"$@\"")
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "peer",
+            found, "--device-list-strategy", "envvar", "--fail-on-init-error=false",
             f"--kubelet-socket={directory / 'kubelet.sock'}"]
 
 

@@ -91,6 +91,15 @@ def lab_mode(suite: Any, node: str) -> bool:
     return bool(suite.options.lab)
 
 
+def need_node_agent(suite: Any, node: str, check: Any, what: str) -> None:
+    """Skip a check of `what` only gpukit's node agent reports where the inventory declares
+    another device plugin on the node (gpukit_node_agent: false, NVIDIA's say)."""
+    decl = suite.decl(node)
+    if decl is not None and not decl.node_agent:
+        check.skip(f"gpukit_node_agent false: another device plugin serves the node, and {what}"
+                   " is gpukit's node agent's")
+
+
 def check_declaration_condition(check: Any, node: Any, mismatch: bool, found: str,
                                 reporter: str) -> None:
     """The node's GpuDeclarationMismatch condition is True exactly when the suite found a

@@ -76,8 +76,7 @@ def lab_mounts(suite: Suite, node: str) -> list[tuple[str, str, str]]:
     pod, so the installed suite needs nothing of the lab (gpukit.lab is not in the wheel)."""
     pods = suite.kube.pods_on(node, _AGENT_SELECTOR)
     if not pods:
-        raise LookupError(f"node {node}: no gpukit agent pod ({_AGENT_SELECTOR}) to take the "
-                          "mock NVML's paths from")
+        return _peer_mounts(suite, node)
     spec = pods[0].spec
     paths = {v.name: v.host_path.path for v in spec.volumes or () if v.host_path}
     env = {e.name: e.value for c in spec.containers for e in c.env or ()}
@@ -90,6 +89,20 @@ def lab_mounts(suite: Suite, node: str) -> list[tuple[str, str, str]]:
                           f"{missing})")
     return [("nvml-lib", "/" + library[len(prefix):], "File"),
             *((n, paths[n], "Directory") for n in _MOCK_NVML_VOLUMES)]
+
+
+def _peer_mounts(suite: Suite, node: str) -> list[tuple[str, str, str]]:
+    """Where another device plugin serves a lab node (NVIDIA's, gpukit.lab.peer): a pod of it
+    that mounts the mock NVML's library, profile and state as host paths under the same volume
+    names."""
+    names = ("nvml-lib", *_MOCK_NVML_VOLUMES)
+    for pod in suite.kube.pods_on(node, ""):
+        paths = {v.name: v.host_path.path for v in pod.spec.volumes or () if v.host_path}
+        if all(n in paths for n in names):
+            return [("nvml-lib", paths["nvml-lib"], "File"),
+                    *((n, paths[n], "Directory") for n in _MOCK_NVML_VOLUMES)]
+    raise LookupError(f"node {node}: no gpukit agent pod ({_AGENT_SELECTOR}), nor another pod"
+                      f" mounting the mock NVML ({', '.join(names)}), to take its paths from")
 
 
 def run_to_end(suite: Suite, node: str, resource: str, role: str, image: str,

@@ -17,7 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpukit.contracts import mig_profiles
+from gpukit.contracts import label_names, mig_profiles
+from gpukit.contracts.plugin_config import (
+    GPUKIT_AGENT_SOCKET_PREFIX,
+    NVIDIA_PLUGIN_CDI_VENDOR,
+    NVIDIA_PLUGIN_SOCKET_PREFIX,
+)
 from gpukit.inventory import NodeDecl
 
 PROBE_SOURCE = Path(__file__).with_name("nvml_probe.py")
@@ -216,6 +221,17 @@ def containerd_view(host: Any) -> ContainerdView | str:
                               "default_runtime_name", "")))  # fmt: skip
 
 
+def socket_prefix(decl: NodeDecl) -> str:
+    """How the node's device plugin names its sockets: gpukit's agent, or NVIDIA's plugin where
+    the inventory declares another device plugin (gpukit_node_agent: false)."""
+    return GPUKIT_AGENT_SOCKET_PREFIX if decl.node_agent else NVIDIA_PLUGIN_SOCKET_PREFIX
+
+
+def cdi_kind(decl: NodeDecl) -> str:
+    """The kind of the CDI spec the node's device plugin writes for its GPUs (as socket_prefix)."""
+    return label_names.GPU_RESOURCE if decl.node_agent else f"{NVIDIA_PLUGIN_CDI_VENDOR}/gpu"
+
+
 def read_view(host: Any, decl: NodeDecl, resources: Iterable[str], mock: bool) -> HostView:
     """Read what the host checks compare (the NVML probe aside): the runtime's service and
     effective config, the kernel module's version file (not on the lab's mock), the CDI specs
@@ -249,7 +265,7 @@ def read_view(host: Any, decl: NodeDecl, resources: Iterable[str], mock: bool) -
     listening = str(host.run("ss -xlH 2>/dev/null").stdout).replace("///", "/").replace("//", "/")
     sockets: dict[str, tuple[str, str]] = {}
     for resource in resources:
-        path = f"{base}/gpukit-{resource.partition('/')[2]}.sock"
+        path = f"{base}/{socket_prefix(decl)}{resource.partition('/')[2]}.sock"
         f = host.file(path)
         state = ("listening" if f.exists and f.is_socket and path in listening
                  else "present, not listening" if f.exists else "absent")  # fmt: skip

@@ -8,8 +8,14 @@ from typing import Any
 import pytest
 
 from gpukit.conformance.checks import Check, fmt
-from gpukit.conformance.common import check_declaration_condition, need_decl, need_expected
+from gpukit.conformance.common import (
+    check_declaration_condition,
+    need_decl,
+    need_expected,
+    need_node_agent,
+)
 from gpukit.contracts import label_names as ln
+from gpukit.contracts import node_declaration as nd
 from gpukit.k8s.nodes import allocatable, capacity
 from gpukit.k8s.nodes import ready as node_ready
 
@@ -80,6 +86,7 @@ def test_the_agent_s_declaration_condition_agrees(gpukit_suite: Any, node: str,
     if need_decl(gpukit_suite, node).dra:
         check.skip("gpukit_gpu_allocation dra: no node agent (the dra area checks the DRA "
                    "plugin's GpuDeclarationMismatch condition)")
+    need_node_agent(gpukit_suite, node, check, f"the condition {nd.CONDITION_TYPE}")
     expected = need_expected(gpukit_suite, node)
     obj = gpukit_suite.listed_node(node)
     served = {r: n for r, n in allocatable(obj).items() if n > 0}

@@ -10,7 +10,7 @@ import pytest
 from gpukit import inventory as inv
 from gpukit.conformance import expect
 from gpukit.conformance.checks import Check
-from gpukit.conformance.common import need_decl
+from gpukit.conformance.common import need_decl, need_node_agent
 from gpukit.contracts import config_versions
 from gpukit.contracts import label_names as ln
 from gpukit.k8s.nodes import capacity
@@ -44,6 +44,7 @@ def test_agent_serves_the_selected_config(gpukit_suite: Any, node: str, check: C
         check.skip("declares no GPUs")
     if decl.dra:
         check.skip("not served by the device plugin (gpukit_gpu_allocation: dra)")
+    need_node_agent(gpukit_suite, node, check, f"the label {ln.DEVICE_PLUGIN_CONFIG_STATE}")
     state = _labels(gpukit_suite, node).get(ln.DEVICE_PLUGIN_CONFIG_STATE)
     observed = state or "absent"
     if state == ln.CONFIG_STATE_FAILED:

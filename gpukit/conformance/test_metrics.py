@@ -20,7 +20,7 @@ import pytest
 from gpukit.conformance import attribution
 from gpukit.conformance.attribution import FB_USED, Sample
 from gpukit.conformance.checks import Check
-from gpukit.conformance.common import need_probe
+from gpukit.conformance.common import need_node_agent, need_probe
 from gpukit.conformance.scraper import ScrapeError
 
 pytestmark = pytest.mark.metrics
@@ -30,6 +30,7 @@ FB_FREE = "DCGM_FI_DEV_FB_FREE"
 
 def scrape(suite: Any, node: str, check: Check) -> list[Sample]:
     """The agent's /metrics as an authorised scraper (fails naming node and address)."""
+    need_node_agent(suite, node, check, "the GPU metrics endpoint")
     try:
         return attribution.scrape(suite, node)
     except ScrapeError as exc:
@@ -50,6 +51,7 @@ def test_only_an_authorised_scraper_reads_the_metrics(gpukit_suite: Any, node: s
                    "(run with --inventory)")
     if not decl.metrics.enabled:
         check.skip("gpukit_metrics_enabled is false: no metrics endpoint is declared")
+    need_node_agent(gpukit_suite, node, check, "the GPU metrics endpoint")
     try:
         anonymous = gpukit_suite.scrape(node, authorised=False)
         authorised = gpukit_suite.scrape(node)
@@ -136,6 +138,7 @@ def test_a_running_gpu_pod_s_series_carry_its_labels(gpukit_suite: Any, node: st
     container (dcgm-exporter's attribution, through the kubelet's PodResources API), as the
     suite observed while the fill ran (conformance.attribution)."""
     need_probe(gpukit_suite, node)
+    need_node_agent(gpukit_suite, node, check, "the GPU metrics endpoint")
     if not gpukit_suite.fill(node).running(resource):
         check.skip(f"no running pod of {resource} on the node")
     seen = gpukit_suite.attribution(node)

@@ -39,6 +39,13 @@ DEVICE_ID_STRATEGIES = ("uuid", "index")
 REPLICA_POLICIES = ("distributed", "packed")
 # NVIDIA's list of application XIDs: the GPU itself is fine after these.
 DEFAULT_IGNORED_XIDS = (13, 31, 43, 45, 68, 109)
+# What NVIDIA's k8s-device-plugin leaves on a node (internal/plugin/server.go,
+# cmd/nvidia-device-plugin/plugin-manager.go): a socket nvidia-<name>.sock per resource in the
+# kubelet's device-plugins directory, and CDI specs of vendor k8s.device-plugin.nvidia.com
+# (kind <vendor>/gpu for its GPUs). gpukit's agent: gpukit-<name>.sock, kind nvidia.com/gpu.
+NVIDIA_PLUGIN_SOCKET_PREFIX = "nvidia-"
+NVIDIA_PLUGIN_CDI_VENDOR = "k8s.device-plugin.nvidia.com"
+GPUKIT_AGENT_SOCKET_PREFIX = "gpukit-"
 # Replicas per device: a node's largest resource (16 GPUs x 7 MIG devices) at this count
 # still lists in one ListAndWatch message under gRPC's default 4 MiB limit (tests prove it).
 MAX_REPLICAS = 256

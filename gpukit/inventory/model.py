@@ -40,7 +40,7 @@ VARIABLES = (
     "nvidia_driver_version", "nvidia_driver_kernel_modules", "gpukit_container_runtime",
     "gpukit_device_plugin_configs", "gpukit_device_plugin_config", "gpukit_mig_configs",
     "gpukit_mig_config", "gpukit_node_labels", "gpukit_node_taints", OPT_OUT_VARIABLE,
-    "gpukit_gpu_allocation", "gpukit_dra_shares", dynamic_mig.VARIABLE,
+    "gpukit_gpu_allocation", "gpukit_dra_shares", dynamic_mig.VARIABLE, "gpukit_node_agent",
     *metrics.VARIABLES,
 )
 
@@ -105,6 +105,11 @@ class NodeDecl:
     # the profiles allowed on each (gpukit.contracts.dra_dynamic_mig); the MIG manager skips them.
     dra_dynamic_mig: tuple[dynamic_mig.DynamicGpu, ...] = ()
     metrics: metrics.MetricsDecl = field(default_factory=metrics.MetricsDecl)
+    # gpukit_node_agent: gpukit's node agent serves the node's GPUs (true, the default), or
+    # another device plugin does (false: NVIDIA's k8s-device-plugin and GFD, say). The roles
+    # then leave the node to it (no agent pod there) and the suite checks what it serves, not
+    # what only gpukit's agent reports (its config-state label, condition and metrics).
+    node_agent: bool = True
     # The declaration variables as validated (plain values; absent ones left out): what a
     # role compares its own inputs with before it trusts this declaration.
     declared: Mapping[str, Any] = field(default_factory=dict)

@@ -141,6 +141,11 @@ def node_from_vars(host: str, raw: Mapping[str, Any]) -> NodeDecl:
                           default=DEFAULT_GPU_ALLOCATION, choices=GPU_ALLOCATIONS)
     dra_shares = _dra_shares(v, allocation)
     dynamic = _dra_dynamic_mig(v, allocation, gpu, mig_gpus)
+    node_agent = v.get("gpukit_node_agent")
+    if node_agent is MISSING or node_agent is None:
+        node_agent = True
+    elif not isinstance(node_agent, bool):
+        v.fail("gpukit_node_agent", node_agent, "is not true or false")
     address = v.get("ansible_host")
     served, metric_problems = metrics.declared(host, raw)
     v.problems += metric_problems
@@ -158,6 +163,7 @@ def node_from_vars(host: str, raw: Mapping[str, Any]) -> NodeDecl:
         kubeconfig=kubeconfig, metrics=served,
         gpu_allocation=allocation or DEFAULT_GPU_ALLOCATION, dra_shares=dra_shares,
         dra_dynamic_mig=dynamic,
+        node_agent=bool(node_agent),
         declared={k: raw[k] for k in VARIABLES if raw.get(k, MISSING) is not MISSING},
     )
 
