@@ -54,8 +54,12 @@ WHERE_TASK = "Record where the controller's gpukit comes from"
 # Collections installed from tarballs of the venv's ansible package's copies: the release's
 # dependency (galaxy.yml), and the json stdout callback labplay reads plays with.
 SHIPPED = ("kubernetes.core", "ansible.posix")
+# ansible-core's commands, as pip would install them: the plays, the collection installs, and
+# the suite's host checks (testinfra's ansible backend runs ansible-inventory and ansible).
 CONSOLE_SCRIPTS = {"ansible-playbook": "ansible.cli.playbook",
-                   "ansible-galaxy": "ansible.cli.galaxy"}
+                   "ansible-galaxy": "ansible.cli.galaxy",
+                   "ansible-inventory": "ansible.cli.inventory",
+                   "ansible": "ansible.cli.adhoc"}
 
 PLAY = """\
 ---
@@ -341,7 +345,8 @@ def test_the_installed_suite_passes_against_the_lab(project: Project) -> None:
     assert lab.returncode == 4 and hint is not None, lab.stdout + lab.stderr
     assert hint.group(1) == str(cluster.state_dir() / "inventory")
     junit = project.root / "conformance.xml"
-    argv = [*pytest_cmd, "--inventory", hint.group(1), f"--junitxml={junit}"]
+    argv = [*pytest_cmd, "--inventory", hint.group(1), f"--junitxml={junit}",
+            "--rootdir", str(project.root)]  # (not the inventory's directory)
     r = subprocess.run(argv, cwd=project.root, env=project.env, capture_output=True, text=True,
                        timeout=1700)  # fmt: skip
     assert r.returncode == 0, f"{r.stdout[-6000:]}{r.stderr[-2000:]}"
