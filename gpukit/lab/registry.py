@@ -80,8 +80,8 @@ def ensure(lab: LabSpec, timeout: float = 30.0) -> str:
 
     binary = shutil.which(BINARY)
     if binary is None or shutil.which("skopeo") is None:
-        raise RegistryError(f"{BINARY} or skopeo is not installed: `make deps` installs the lab's host "
-                            "packages (gpukit/lab/scripts/install-deps.sh)")  # fmt: skip
+        raise RegistryError(f"{BINARY} or skopeo is not installed: `make deps` installs the "
+                            "lab's host packages (gpukit/lab/scripts/install-deps.sh)")  # fmt: skip
     t = table()
     proc = t.get(PROC)
     if proc is None or not proc.alive():
