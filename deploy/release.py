@@ -7,7 +7,8 @@ image is tagged with it (image_ref). `make dist` runs, in this order:
     python deploy/release.py check          # the versions agree (else exit 2, one line each)
     python deploy/release.py build dist/    # wheel, sdist, collection tarball
     (buildah bud + push oci-archive, see README "Releasing")
-    python deploy/release.py sums dist/     # dist/SHA256SUMS over every file in dist/
+    python deploy/release.py sums dist/     # dist/SHA256SUMS over every file in dist/, and
+                                            # the agent image's manifest digest (one line)
 
 Run by path from a checkout (no gpukit import: it needs only the standard library and PyYAML).
 """
@@ -104,6 +105,30 @@ def build(out: Path, repo: Path = REPO) -> list[Path]:
     return made
 
 
+def image_digest(archive: Path) -> str:
+    """The manifest digest of the agent image in an OCI archive (its index.json's one
+    manifest): what a registry serves it as, `REGISTRY/gpukit-node-agent@<digest>`, once the
+    archive is copied there as it is (skopeo copy oci-archive:... docker://...)."""
+    import json
+    import tarfile
+
+    with tarfile.open(archive) as tar:
+        member = tar.extractfile("index.json")
+        if member is None:
+            raise SystemExit(f"{archive}: no index.json: not an OCI archive")
+        manifests = json.loads(member.read())["manifests"]
+    if len(manifests) != 1:
+        raise SystemExit(f"{archive}: {len(manifests)} manifests in index.json, expected one")
+    return str(manifests[0]["digest"])
+
+
+def digest_lines(out: Path) -> list[str]:
+    """One line per agent image archive in OUT: its tag and the digest to deploy it by."""
+    return [f"{p.name}: {IMAGE_NAME}:{version()} is manifest {image_digest(p)}"
+            f" (gpukit_device_plugin_image: REGISTRY/{IMAGE_NAME}@{image_digest(p)})"
+            for p in sorted(out.glob(f"{IMAGE_NAME}-*.oci.tar"))]  # fmt: skip
+
+
 def sums(out: Path) -> Path:
     """OUT/SHA256SUMS over every other file in OUT, in `sha256sum -c` format."""
     lines = []
@@ -134,6 +159,8 @@ def main(argv: list[str]) -> int:
         return 0
     if cmd == "sums" and len(argv) == 2:
         print(sums(Path(argv[1])))
+        for line in digest_lines(Path(argv[1])):  # the image's digest beside the sums
+            print(line)
         return 0
     print("usage: release.py version | image | check | build DIR | sums DIR", file=sys.stderr)
     return 2

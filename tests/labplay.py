@@ -58,7 +58,10 @@ def run_playbook(
     env: dict[str, str] | None = None,
     command: Sequence[str] = (str(BIN / "ansible-playbook"),),
     cwd: Path = REPO,
+    inherit_env: bool = True,
 ) -> PlayResult:
+    """`env` adds to this process's environment, or with inherit_env=False is the whole of it
+    (a play that must see none of the caller's PYTHONPATH or ANSIBLE_* settings)."""
     argv = [*command, "-i", str(inventory), playbook]
     for f in var_files:
         argv += ["-e", f"@{f}"]
@@ -66,7 +69,7 @@ def run_playbook(
         argv += ["-e", json.dumps(extra_vars)]
     argv += list(args)
     full_env = {
-        **os.environ,
+        **(os.environ if inherit_env else {}),
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
         "ANSIBLE_CALLBACK_RESULT_FORMAT": "json",

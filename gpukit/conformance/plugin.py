@@ -175,12 +175,28 @@ def stage_uses(items: list[pytest.Item]) -> list[Use]:
     return uses
 
 
+def lab_inventory() -> Path | None:
+    """The inventory a running gpukit lab wrote for itself (`<lab dir>/inventory`, the lab dir
+    being gpukit.lab.config.state_dir's: GPUKIT_LAB_DIR, else /var/lib/gpukit-lab[-N] for
+    GPUKIT_LAB_INSTANCE=N), None when there is none; found without gpukit.lab (not in the
+    wheel). Its gpukit_kubeconfig is the lab's, which selects the lab's settings."""
+    import os
+
+    n = os.environ.get("GPUKIT_LAB_INSTANCE", "").strip()
+    default = "/var/lib/gpukit-lab" + (f"-{n}" if n not in ("", "0") else "")
+    path = Path(os.environ.get("GPUKIT_LAB_DIR", default)) / "inventory"
+    return path if (path / "hosts.yml").is_file() else None
+
+
 def _lab(config: pytest.Config) -> bool:
     lab = bool(config.getoption("--lab"))
     if lab and importlib.util.find_spec("gpukit.lab") is None:  # the wheel leaves the lab out
+        found = lab_inventory()
+        hint = (f"; against the running lab give its inventory: --inventory {found} (the lab's "
+                "kubeconfig in it selects host networking and the lab's local images)"
+                if found else "; give --inventory (and --kubeconfig) for another cluster")
         raise pytest.UsageError("--lab: gpukit's lab is not installed: it runs from a checkout "
-                                "of gpukit's repository (pip install -e '.[dev]' there); give "
-                                "--inventory (and --kubeconfig) for another cluster")
+                                f"of gpukit's repository (pip install -e '.[dev]' there){hint}")
     return lab
 
 

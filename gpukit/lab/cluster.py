@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpukit.lab import cgroups, controlplane, images, network, nodes, pki
+from gpukit.lab import cgroups, controlplane, images, network, nodes, pki, registry
 from gpukit.lab.config import LabSpec, NodeSpec, cache_dir, state_dir
 from gpukit.lab.controlplane import COMPONENTS, LabError, paths
 from gpukit.lab.packages import containerd
@@ -559,6 +559,9 @@ def down(lab: LabSpec, say: Progress = _say, purge: bool = False) -> None:
         if t.get(c) is not None:
             say(f"stopping {c}")
         t.stop(c)
+    if t.get(registry.PROC) is not None:
+        say("stopping the registry")
+    t.stop(registry.PROC)
     network.remove_bridge(lab)
     restore_sysctls(lab)
     if purge:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from gpukit.lab import driver_surface, pki
+from gpukit.lab import driver_surface, pki, registry
 from gpukit.lab.config import PROFILES_DIR, LabSpec, NodeSpec, cache_dir, state_dir
 from gpukit.lab.packages import containerd
 
@@ -93,6 +93,8 @@ def prepare(lab: LabSpec, node: NodeSpec, base: Path, ca: pki.CA) -> None:
         _first_boot_identity(node, r)
         (ndir / ".prepared").touch()
     install_containerd(lab, r)
+    for path, text in registry.node_files(lab).items():  # containerd pulls from the lab's
+        _write(r / path.lstrip("/"), text)
     (ndir / "gpus").write_text(str(gpu_count(node.profile)))
     _write_kubernetes_node(lab, node, r, ca)
     _write_nvml_profile(node, r)

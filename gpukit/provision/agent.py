@@ -11,6 +11,7 @@ from gpukit.agent_manifests import AgentDeployment, HostMount, manifests
 from gpukit.contracts import label_names
 from gpukit.contracts import node_declaration as nd
 from gpukit.contracts.plugin_config import ConfigError, parse_config, require_content
+from gpukit.provision import image_version
 from gpukit.provision.upgrade import declaration_served, node_serves
 
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
@@ -132,6 +133,9 @@ def deployment(
     check_selection(configs, default_config, "gpukit_device_plugin_default_config")
     if not image:
         raise AgentSpecError("gpukit_device_plugin_image: an image reference is required")
+    malformed = image_version.reference_problem(image)
+    if malformed:  # the DaemonSet references exactly this: by tag, or by digest
+        raise AgentSpecError(malformed)
     if image_pull_policy not in PULL_POLICIES:
         raise AgentSpecError(
             f"gpukit_device_plugin_image_pull_policy: {image_pull_policy!r} is not one of"

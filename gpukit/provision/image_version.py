@@ -3,6 +3,7 @@ image carry one version (make dist), and the preflight (gpukit.gpu.inventory_che
 image tagged with another release's version, which would run an agent older or newer than the
 roles that configure it.
 
+A value that is no image reference at all (tag or `@sha256:` digest) is refused first.
 Only a tag that is a release version (`1.2.3`, `v1.2.3`, `1.2.3-rc1`) is compared: a tag such as
 `dev` or `latest`, or an image by digest alone, says nothing about its version, so it is a
 warning (the lab's `localhost/gpukit-lab/node-agent:dev`). A user who runs another release's
@@ -21,6 +22,17 @@ import yaml
 IMAGE_VARIABLE = "gpukit_device_plugin_image"
 PINNED_VARIABLE = "gpukit_device_plugin_image_pinned"
 _RELEASE = re.compile(r"v?(\d+\.\d+\.\d+(?:[-+.][0-9A-Za-z.+-]+)?)")
+# An image reference as containerd and the kubelet parse it (the distribution project's
+# reference grammar): [registry[:port]/]path[:tag][@sha256:<64 hex>]. Only sha256 digests: the
+# one algorithm registries and containerd use for image manifests.
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+_HOST = rf"(?:{_LABEL}(?:\.{_LABEL})*)"
+_REFERENCE = re.compile(
+    rf"(?P<name>(?:{_HOST}(?::\d+)?/)?{_COMPONENT}(?:/{_COMPONENT})*)"
+    r"(?::(?P<tag>[\w][\w.-]{0,127}))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?"
+)
+NAME_MAX = 255  # the grammar's limit on the name (registry and path)
 
 
 def collection_version(root: Path) -> str:
@@ -30,6 +42,23 @@ def collection_version(root: Path) -> str:
     if manifest.is_file():
         return str(json.loads(manifest.read_text())["collection_info"]["version"])
     return str(yaml.safe_load((root / "galaxy.yml").read_text())["version"])
+
+
+def reference_problem(image: str, variable: str = IMAGE_VARIABLE) -> str | None:
+    """One line naming `variable` and its value when `image` is no image reference (by tag,
+    by digest, or both), else None."""
+    shown = image if len(image) <= 200 else image[:197] + "..."
+    m = _REFERENCE.fullmatch(image)
+    if m is None or len(m.group("name")) > NAME_MAX:
+        return (f"{variable}: {shown!r} is not an image reference (expected"
+                " [registry[:port]/]name[:tag] or ...@sha256:<64 hex digits>)")
+    return None
+
+
+def digest(image: str) -> str | None:
+    """The reference's `sha256:` digest, None when it names the image by tag only."""
+    m = _REFERENCE.fullmatch(image)
+    return m.group("digest") if m else None
 
 
 def tag(image: str) -> str | None:
@@ -57,6 +86,9 @@ def check(image: str, collection_version: str, pinned: bool = False) -> Verdict:
     """The image (IMAGE_VARIABLE's value) against the collection's version."""
     if not image:
         return Verdict()  # the role refuses a missing image itself
+    malformed = reference_problem(image)
+    if malformed:
+        return Verdict(problem=malformed)
     shown = image if len(image) <= 200 else image[:197] + "..."
     version = release_version(image)
     if version is None:

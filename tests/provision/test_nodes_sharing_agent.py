@@ -182,10 +182,23 @@ def test_agent_manifests_from_role_variables() -> None:
     )
 
 
+@pytest.mark.parametrize("image", [
+    "10.244.77.1:5000/gpukit-node-agent:0.1.0",
+    "10.244.77.1:5000/gpukit-node-agent@sha256:" + "ab" * 32,
+])
+def test_the_daemonset_runs_exactly_the_image_given_by_tag_or_digest(image: str) -> None:
+    objs = agent.render(image=image, configs=CONFIGS, default_config="default")
+    ds = next(o for o in objs if o["kind"] == "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    assert {c["image"] for c in [*pod["containers"], *pod.get("initContainers", [])]} == {image}
+
+
 @pytest.mark.parametrize(
     ("kw", "needle"),
     [
         ({"image": ""}, "gpukit_device_plugin_image: an image reference is required"),
+        ({"image": "reg:5000/agent@sha256:12"},
+         r"gpukit_device_plugin_image: 'reg:5000/agent@sha256:12' is not an image reference"),
         ({"image_pull_policy": "Sometimes"}, "gpukit_device_plugin_image_pull_policy"),
         ({"default_config": "nope"}, "gpukit_device_plugin_default_config: 'nope'"),
         ({"configs": {}}, "gpukit_device_plugin_configs: must map config names"),

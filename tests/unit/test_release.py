@@ -94,3 +94,26 @@ def test_dist_builds_wheel_sdist_and_collection_of_one_version_with_checksums(
     wheel.write_bytes(wheel.read_bytes() + b"\0")
     assert subprocess.run(["sha256sum", "-c", "--quiet", sums.name], cwd=out,
                           capture_output=True).returncode != 0  # fmt: skip
+
+
+def test_the_agent_images_digest_is_its_oci_archives_manifest(tmp_path: Path) -> None:
+    """release.py sums prints the agent image's manifest digest (what a registry serves it as
+    once the archive is copied there): index.json's one manifest."""
+    import io
+    import json
+    import tarfile
+
+    r = release()
+    digest = "sha256:" + "5e" * 32
+    archive = tmp_path / f"gpukit-node-agent-{r.version()}.oci.tar"
+    index = json.dumps({"schemaVersion": 2, "manifests": [
+        {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": digest,
+         "size": 1}]}).encode()  # fmt: skip
+    with tarfile.open(archive, "w") as tar:
+        info = tarfile.TarInfo("index.json")
+        info.size = len(index)
+        tar.addfile(info, io.BytesIO(index))
+    assert r.image_digest(archive) == digest
+    assert r.digest_lines(tmp_path) == [
+        f"{archive.name}: gpukit-node-agent:{r.version()} is manifest {digest}"
+        f" (gpukit_device_plugin_image: REGISTRY/gpukit-node-agent@{digest})"]
