@@ -1369,6 +1369,7 @@ def test_a_dynamic_mig_claim_is_carved_at_prepare_and_destroyed_after(
     dynamic = {**deployed.declarations, A100: {**deployed.declarations[A100],
                                                "draDynamicMig": {"7": ["1g.5gb"]}}}
     carved = {f"gpu-7-mig-1g5gb-19-{i}" for i in range(7)}
+    before = set(slice_devices(resource, A100))  # what the node publishes: back afterwards
     objects.apply(api, [agent_manifests.declarations_map(replace(deployed,
                                                                  declarations=dynamic))],
                   field_manager="gpukit-lab")
@@ -1437,6 +1438,7 @@ def test_a_dynamic_mig_claim_is_carved_at_prepare_and_destroyed_after(
         if gpu_instances(A100, 7)["mig"]:  # prepare enabled MIG mode: GPU 7 whole again
             gpu_instances(A100, 7, "off")
             nodes.nvml_cli(load_spec().node(A100), "reset", "--gpu", "7")
-        wait_for(f"node {A100}: 8 whole GPUs again",
-                 lambda: set(slice_devices(resource, A100)) == {f"gpu-{i}" for i in range(8)},
-                 timeout=90, explain=lambda: f"observed {sorted(slice_devices(resource, A100))}")
+        wait_for(f"node {A100}: its devices as before the test",
+                 lambda: set(slice_devices(resource, A100)) == before, timeout=90,
+                 explain=lambda: f"expected {sorted(before)}, observed "
+                                 f"{sorted(slice_devices(resource, A100))}")
