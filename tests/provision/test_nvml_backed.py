@@ -98,3 +98,30 @@ def test_mig_manager_plan_apply_converge(mock_env: dict[str, str], tmp_path: Pat
     assert out["plan0"]["summary"][0].startswith("GPU 0: ")
     assert out["apply1"]["changed"] is True
     assert out["plan2"] == {"changed": False, "summary": []}
+
+
+def test_a_library_of_another_version_than_the_loaded_module_is_a_mismatch(
+        mock_env: dict[str, str], tmp_path: Path) -> None:  # fmt: skip
+    """As the driver package installs it (libnvidia-ml.so.<version>), the library answers
+    nvmlInit with NVML_ERROR_LIB_RM_VERSION_MISMATCH (18) while the loaded module (the
+    profile's driver_version, which the stand-in module's load writes) has another version."""
+    lib_dir = tmp_path / "lib"
+    lib_dir.mkdir()
+    for version in ("550.90.07", "570.86.15"):
+        (lib_dir / f"libnvidia-ml.so.{version}").write_bytes(
+            Path(mock_env["GPUKIT_NVML_LIB"]).read_bytes())
+    code = """
+import ctypes, sys
+lib = ctypes.CDLL(sys.argv[1])
+lib.nvmlErrorString.restype = ctypes.c_char_p
+rc = lib.nvmlInit_v2()
+print(rc, lib.nvmlErrorString(rc).decode())
+"""
+    def init(version: str) -> str:
+        r = subprocess.run([sys.executable, "-c", code, str(lib_dir / f"libnvidia-ml.so.{version}")],
+                           env=mock_env, capture_output=True, text=True)  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    assert init("550.90.07") == "0 Success"
+    assert init("570.86.15") == "18 RM has detected an NVML/RM version mismatch."

@@ -54,6 +54,7 @@ LIBRARY_CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
     ("node_labels", "node_labels_taints.effect"): (
         "gpukit.inventory:TAINT_EFFECTS", "gpukit.provision.nodes:EFFECTS",
     ),
+    ("nvidia_driver", "nvidia_driver_activation"): ("gpukit.provision.driver_reload:POLICIES",),
     ("nvidia_driver", "nvidia_driver_kernel_modules"): (
         "gpukit.inventory:KERNEL_MODULES", "gpukit.provision.driver:FLAVOURS",
     ),

@@ -14,7 +14,9 @@ branch pin, install, upgrade across branches, conflicts between flavours):
   `nvidia-cuda-mps-server` (gpukit.lab.mps: NVIDIA's MPS interfaces over the mock NVML) and
   a stand-in of `nvidia-debugdump` (it says it is one).
 * `nvidia-kernel-open-<branch>`, `nvidia-kernel-<branch>` (`<driver version>-1`): the
-  "kernel module", open or proprietary: a unit that "loads" it at boot.
+  "kernel module", open or proprietary: a unit that "loads" it at boot, and `modprobe`/`rmmod`
+  for it (/usr/local/sbin) that load it or unload it (refused while a process holds a
+  /dev/nvidia* file, as the kernel's "Module nvidia is in use").
 * `nvidia-persistenced` (one version per branch): a persistence daemon stand-in holding the
   daemon's socket, /run/nvidia-persistenced/socket, and its unit.
 * `nvidia-container-toolkit` (`1.17.4-1`): `nvidia-container-runtime`, which edits a
@@ -22,9 +24,11 @@ branch pin, install, upgrade across branches, conflicts between flavours):
   the hooks NVIDIA's CDI specs name (gpukit.lab.runtime).
 
 The loaded "kernel module" decides which driver version the GPUs report (through NVML):
-the unit it ships rewrites the node's mock NVML profile at boot. So after an upgrade the old
-version stays live until the node reboots, as on a real machine, and a role can tell that a
-reboot is due by comparing the installed package with what NVML reports.
+the unit it ships (or its modprobe) rewrites the node's mock NVML profile and
+/proc/driver/nvidia/version when it loads. So after an upgrade the old version stays live until
+the modules are reloaded or the node reboots, as on a real machine, and meanwhile the new
+libnvidia-ml.so.<version> answers nvmlInit with NVML_ERROR_LIB_RM_VERSION_MISMATCH, as the real
+library does.
 
 Driver flavours, branches and the meta package conflict the way vendor packages do: the
 user-space drivers provide and conflict with `nvidia-driver-binary`, the kernel modules with
@@ -74,8 +78,62 @@ if [ -f "$profile" ]; then
          -e "s/^cuda_driver_version:.*/cuda_driver_version: \\"$CUDA\\"/" \\
          -e "s/^nvml_version:.*/nvml_version: \\"${{CUDA%%.*}}.$VERSION\\"/" "$profile"
 fi
+# The driver's /proc/driver/nvidia/version names the loaded module (the node's /proc/driver
+# shows the mock NVML's state dir, gpukit/lab/node/boot.sh).
+version=/var/lib/gpukit-lab/nvml/proc-driver/nvidia/version
+if [ -f "$version" ]; then
+  sed -i -e "s/Kernel Module  [^ ]*/Kernel Module  $VERSION/" "$version"
+fi
 mkdir -p /run/nvidia
 printf '%s %s\\n' "$VERSION" "$FLAVOUR" > /run/nvidia/module-loaded
+"""
+
+# modprobe and rmmod for the stand-in's modules (installed in /usr/local/sbin, ahead of kmod's in
+# PATH; any other module goes to kmod). Loading a module that is loaded does nothing, as the
+# kernel's; unloading fails while a process holds one of the driver's device files, with kmod's
+# words. The lab's device files have no driver behind them on the host (open(2) answers ENXIO),
+# so the lab's GPU clients hold them by an O_PATH descriptor: any descriptor of /dev/nvidia*
+# counts here, as an open one does for the real module.
+MODULE_TOOL = """\
+#!/bin/sh
+# {tool} (gpukit lab stand-in for the NVIDIA kernel modules; kmod for any other module).
+tool={tool}
+remove=0; nv=""; other=""
+[ "$tool" = rmmod ] && remove=1
+for a in "$@"; do
+  case "$a" in
+    -r|--remove) remove=1 ;;
+    -*|*=*) ;;
+    nvidia|nvidia_*|nvidia-*) nv="$nv $a" ;;
+    *) other="$other $a" ;;
+  esac
+done
+if [ -z "$nv" ]; then exec /usr/sbin/$tool "$@"; fi
+if [ -n "$other" ]; then
+  echo "$tool: gpukit lab stand-in: NVIDIA modules ($nv) with others ($other)" >&2; exit 1
+fi
+loaded=/run/nvidia/module-loaded
+if [ "$remove" = 0 ]; then
+  [ -f "$loaded" ] && exit 0
+  exec {lab}/load-module
+fi
+held=""
+for fd in /proc/[0-9]*/fd/*; do
+  case "$(readlink "$fd" 2>/dev/null)" in
+    /dev/nvidia-uvm*) held="$held nvidia_uvm" ;;
+    /dev/nvidia*) held="$held nvidia" ;;
+  esac
+done
+if [ -n "$held" ]; then
+  m=nvidia
+  case "$held" in *nvidia_uvm*) case "$nv" in *nvidia_uvm*) m=nvidia_uvm ;; esac ;; esac
+  if [ "$tool" = rmmod ]; then echo "rmmod: ERROR: Module $m is in use" >&2
+  else echo "modprobe: FATAL: Module $m is in use." >&2; fi
+  exit 1
+fi
+# Unloaded (a node not booted since the driver's first install has no record of the load: its
+# module counts as loaded, as boot.sh models the driver).
+rm -f "$loaded"
 """
 
 LOAD_UNIT = """\
@@ -130,6 +188,10 @@ s = socket.socket(socket.AF_UNIX)
 s.bind(path)
 s.listen()
 signal.signal(signal.SIGTERM, lambda *_: (os.unlink(path), os._exit(0)))
+# The real daemon keeps the GPUs open, so the driver cannot be unloaded under it (the lab holds
+# the device file by an O_PATH descriptor: see MODULE_TOOL).
+if os.path.exists("/dev/nvidiactl"):
+    ctl = os.open("/dev/nvidiactl", os.O_PATH)
 while True:
     s.accept()[0].close()
 '
@@ -272,6 +334,9 @@ def driver_packages(branch: Branch, src: Sources) -> list[Package]:
                         f'FLAVOUR="{flavour}"\n'
                     ),
                     f"{LAB_DIR}/load-module": text(LOAD_MODULE.format(lab=LAB_DIR), 0o755),
+                    **{f"/usr/local/sbin/{tool}": text(
+                        MODULE_TOOL.format(tool=tool, lab=LAB_DIR), 0o755)
+                       for tool in ("modprobe", "rmmod")},
                     "/lib/systemd/system/nvidia-lab-module.service": text(
                         LOAD_UNIT.format(lab=LAB_DIR)
                     ),

@@ -3,6 +3,7 @@
  */
 #include "mock.h"
 
+#include <dlfcn.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -126,6 +127,34 @@ const mock_ci_profile *mig_ci_profile(const mock_gi_profile *g, unsigned ci_prof
 }
 
 /* ---- init / shutdown ---- */
+
+/* The driver's user space is built for one kernel module version: the real library is installed
+ * as libnvidia-ml.so.<version>, and its nvmlInit fails with LIB_RM_VERSION_MISMATCH while another
+ * module is loaded (after a package upgrade, until the modules are reloaded or the node reboots).
+ * The mock's "loaded module" is the profile's driver_version (the stand-in module's load writes
+ * it); its own version is the one its file name carries, as the driver package installs it. A
+ * library loaded under another name (a build tree, tests) has no version to compare. */
+static nvmlReturn_t check_rm_version(void)
+{
+    Dl_info info;
+    char real[PATH_MAX];
+    if (!dladdr((void *)&check_rm_version, &info) || !info.dli_fname ||
+        !realpath(info.dli_fname, real))
+        return NVML_SUCCESS;
+    const char *base = strrchr(real, '/');
+    base = base ? base + 1 : real;
+    static const char prefix[] = "libnvidia-ml.so.";
+    if (strncmp(base, prefix, sizeof prefix - 1) != 0)
+        return NVML_SUCCESS;
+    const char *lib = base + sizeof prefix - 1;
+    if (!strchr(lib, '.') || strcmp(lib, g_prof.driver_version) == 0)
+        return NVML_SUCCESS;
+    mock_set_error("API mismatch: the NVIDIA kernel module has version %s, but this NVIDIA "
+                      "driver component (%s) has version %s",
+                      g_prof.driver_version, base, lib);
+    return NVML_ERROR_LIB_RM_VERSION_MISMATCH;
+}
+
 static nvmlReturn_t init_impl(unsigned int flags)
 {
     (void)flags;
@@ -133,6 +162,8 @@ static nvmlReturn_t init_impl(unsigned int flags)
     nvmlReturn_t rc = NVML_SUCCESS;
     if (g_refcount == 0) {
         rc = mock_load_config();
+        if (rc == NVML_SUCCESS)
+            rc = check_rm_version();
         if (rc == NVML_SUCCESS)
             rc = state_refresh();
     }
