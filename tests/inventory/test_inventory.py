@@ -413,3 +413,23 @@ def test_a_product_without_a_table_is_not_called_mig_incapable() -> None:
     assert ("host n1: gpukit_mig_configs.l[0].mig-devices: {'1g.18gb': 7} asks for MIG devices, "
             "but no MIG table for 'NVIDIA GH200 144G HBM3e' in gpukit (known: ") in text
     assert "NVIDIA B200" in text and "not MIG capable" not in text
+
+
+def test_values_without_jinja_skip_the_templar_and_load_the_same() -> None:
+    """The loader templates only what holds Jinja (templating every host's plain values took
+    most of a 1000-host load); the result is what Ansible's templating gives."""
+    import importlib
+
+    load_module = importlib.import_module("gpukit.inventory.load")
+    assert load_module._plain_data({"a": [1, 2.5, True, None, "x"]})
+    assert not load_module._plain_data({"a": ["{{ x }}"]})
+    assert not load_module._plain_data({"{% if x %}": 1})
+    assert not load_module._plain_data(b"bytes")  # anything else goes through Ansible
+    lab = REPO / "inventories" / "lab"
+    fast = inv.load(lab)
+    plain_data = load_module._plain_data
+    try:
+        load_module._plain_data = lambda value, depth=0: False
+        assert inv.load(lab) == fast
+    finally:
+        load_module._plain_data = plain_data
