@@ -85,8 +85,14 @@ def test_the_api_side_checks_pass_and_the_rest_skip_by_name(
     assert "test_gfd_labels[sim-0004]" in passed
     assert "test_node_is_registered_and_ready[sim-0003]" in passed
     assert "test_the_agent_s_declaration_condition_agrees[sim-0001]" in passed  # issue 30
-    assert "needs pods running on the node" in skipped["test_devices_are_disjoint[sim-0002-gpu]"]
-    assert "needs the host over SSH" in skipped["test_container_runtime_running[sim-0001]"]
-    assert "PodResources API" in skipped["test_kubelet_sees_the_same_devices[sim-0001]"]
+    # A check that needs a kubelet is one skipped test for every node, naming what it needs.
+    every = f"[every-node-of-{HOSTS}]"
+    for test, needs in (("test_devices_are_disjoint", "needs pods running on the node"),
+                        ("test_container_runtime_running", "needs the host over SSH"),
+                        ("test_kubelet_sees_the_same_devices", "PodResources API")):
+        ids = [n for n in skipped if n.startswith(f"{test}[")]
+        assert ids == [test + every], ids
+        assert needs in skipped[test + every] and f"every node ({HOSTS})" in \
+            skipped[test + every], skipped[test + every]
     assert not any(n.startswith(("test_devices_are_disjoint", "test_workload_sees")) for n in
                    passed)
