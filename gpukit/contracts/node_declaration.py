@@ -35,7 +35,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import dra_dynamic_mig
 from .dra import DRIVER, TYPE_GPU, TYPE_MIG
 from .label_names import RESOURCE_PREFIX
 
@@ -162,6 +161,10 @@ def from_dict(doc: object, source: str = "declaration") -> NodeDeclaration:
         if dra is None:
             raise DeclarationError(f"{source}.draDynamicMig: on a node without draDevices: "
                                    "only a DRA node carves MIG devices on demand")
+        # Here, not at import: it reads the MIG tables (PyYAML), which the node agent's start
+        # must not pay before it registers (tests/plugin/test_quiet_agent.py).
+        from . import dra_dynamic_mig
+
         try:
             gpus = dra_dynamic_mig.parse(doc["draDynamicMig"], field=f"{source}.draDynamicMig")
         except dra_dynamic_mig.DynamicMigError as exc:
