@@ -565,14 +565,17 @@ def test_check_mode_reports_drift_without_changing_it(lab: Lab) -> None:
 
 
 def test_branch_switch_upgrades_the_driver_and_reboots(lab: Lab) -> None:
+    """nvidia_driver_activation: reboot (the default reloads the modules instead:
+    tests/roles/test_driver_reload_lab.py)."""
     name = "gpu-t4"
+    reboot = {"nvidia_driver_activation": "reboot"}
     hv = lab.hostvars[name]
     old = str(hv["nvidia_driver_branch"])
     new = "570" if old != "570" else "550"
     new_version = branch_version(new)
     # Check mode shows the exact upgrade, changes nothing.
     plan = lab.play("--check", "--limit", name, "--tags", "nvidia_driver",
-                    extra_vars={"nvidia_driver_branch": new})  # fmt: skip
+                    extra_vars={"nvidia_driver_branch": new, **reboot})  # fmt: skip
     assert plan.rc == 0 and not plan.failed, plan.describe()
     summary = plan.results[name]["Plan the driver packages"]["summary"]
     assert f"upgrade nvidia-driver {branch_version(old)}-1 -> {new_version}-1" in summary or (
@@ -585,7 +588,8 @@ def test_branch_switch_upgrades_the_driver_and_reboots(lab: Lab) -> None:
     # The real switch: new packages, the old branch gone, a reboot, the new driver running.
     booted = boot_time(lab, name)
     r = lab.play(
-        "--limit", name, "--tags", "nvidia_driver", extra_vars={"nvidia_driver_branch": new}
+        "--limit", name, "--tags", "nvidia_driver",
+        extra_vars={"nvidia_driver_branch": new, **reboot},
     )
     assert r.rc == 0 and not r.failed, r.describe()
     pkgs = installed(lab, name)
@@ -599,7 +603,7 @@ def test_branch_switch_upgrades_the_driver_and_reboots(lab: Lab) -> None:
              lambda: lab.core.read_node(name).metadata.labels.get(
                  "nvidia.com/cuda.driver-version.full") == new_version, timeout=120, every=1)  # fmt: skip
     # Back to the inventory's branch (the lab stays as declared).
-    back = lab.play("--limit", name, "--tags", "nvidia_driver")
+    back = lab.play("--limit", name, "--tags", "nvidia_driver", extra_vars=reboot)
     assert back.rc == 0 and not back.failed, back.describe()
     assert installed(lab, name)["nvidia-driver"] == f"{branch_version(old)}-1"
     assert lab.sh(name, "nvidia-smi --query-gpu=driver_version --format=csv,noheader"
