@@ -29,6 +29,22 @@ class MigRunError(RuntimeError):
         self.result = dict(result or {})
 
 
+# NVML_ERROR_LIB_RM_VERSION_MISMATCH as nvmlErrorString and the MIG manager word it: the
+# installed driver library is not the loaded kernel module's (an upgrade not activated yet).
+_VERSION_MISMATCH = ("NVML/RM version mismatch", "NVML error 18")
+
+
+def driver_not_activated(error: MigRunError) -> bool:
+    """Whether the MIG manager could not read the GPUs because the installed driver is not
+    the loaded one yet: a plan cannot say what would change until the driver role activates
+    it (a failed install left it so, or an upgrade is under way)."""
+    return any(mark in str(error) for mark in _VERSION_MISMATCH)
+
+
+PENDING_ACTIVATION = ("the GPUs cannot be read until the installed driver is activated "
+                      "(NVML/RM version mismatch): planned again once it is")  # fmt: skip
+
+
 def parted_config(configs: Mapping[str, Any]) -> str:
     """The mig-parted file, validated by the MIG manager's schema when it is installed."""
     from gpukit.contracts import mig_parted as schema

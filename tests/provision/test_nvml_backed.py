@@ -125,3 +125,31 @@ print(rc, lib.nvmlErrorString(rc).decode())
 
     assert init("550.90.07") == "0 Success"
     assert init("570.86.15") == "18 RM has detected an NVML/RM version mismatch."
+
+
+MIG_PLAN_MISMATCHED = """
+import json, sys
+from gpukit.provision import mig
+path = sys.argv[1]
+open(path, "w").write(mig.parted_config({"one": [{"devices": "all", "mig-enabled": False}]}))
+try:
+    mig.run("plan", path, "one")
+except mig.MigRunError as e:
+    print(json.dumps({"error": str(e), "pending": mig.driver_not_activated(e)}))
+"""
+
+
+def test_a_plan_while_the_installed_driver_is_not_loaded_says_so(
+        mock_env: dict[str, str], tmp_path: Path) -> None:  # fmt: skip
+    """After a driver install that was not activated (the library is 570, the module 550), the
+    MIG manager cannot read the GPUs: the plan says the driver is pending activation (the
+    mig_layout module's check mode then reports a change instead of failing the play)."""
+    lib = tmp_path / "libnvidia-ml.so.570.86.15"
+    lib.write_bytes(Path(mock_env["GPUKIT_NVML_LIB"]).read_bytes())
+    env = {**mock_env, "GPUKIT_NVML_LIB": str(lib)}
+    r = subprocess.run([sys.executable, "-c", MIG_PLAN_MISMATCHED, str(tmp_path / "mig.yaml")],
+                       env=env, capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["pending"] is True, out
+    assert "version mismatch" in out["error"], out

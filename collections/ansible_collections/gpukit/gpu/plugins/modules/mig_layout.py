@@ -107,6 +107,12 @@ def main():
         run = mig.run(command, config_file, p["selected"], force=p["force"],
                       extra=p["extra_args"], apply_timeout=p["timeout"])
     except mig.MigRunError as e:
+        if module.check_mode and mig.driver_not_activated(e):
+            # A plan only: the node has an installed driver to activate, so it rolls anyway;
+            # the layout is applied after the driver role made NVML readable again.
+            module.warn(f"{e}: {mig.PENDING_ACTIVATION}")
+            module.exit_json(changed=True, summary=[mig.PENDING_ACTIVATION], result=e.result,
+                             config_file_changed=file_changed)
         module.fail_json(msg=str(e), result=e.result)
     finally:
         if config_file != p["config_file"]:
