@@ -198,6 +198,33 @@ class SiteLab:
                             extra_vars=extra, **kwargs)
 
 
+@dataclass
+class DriverLab(SiteLab):
+    """A SiteLab the driver upgrade tests drive: the inventory's driver branch set, upgrade.yml
+    run, what a node runs read (test_upgrade_lab.py, test_driver_reload_lab.py)."""
+
+    core: client.CoreV1Api
+
+    def sh(self, node: str, command: str) -> str:
+        return node_sh(self.spec, node, command)
+
+    def set_branch(self, branch: str) -> None:
+        import yaml
+
+        path = self.inventory / "group_vars" / "gpu_nodes.yml"
+        doc = yaml.safe_load(path.read_text())
+        doc["nvidia_driver_branch"] = branch
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+    def upgrade(self, *args: str) -> PlayResult:
+        return run_playbook("playbooks/upgrade.yml", self.inventory, *args, var_files=(),
+                            timeout=1500)  # fmt: skip
+
+    def running_driver(self, node: str) -> str:
+        out = self.sh(node, "nvidia-smi --query-gpu=driver_version --format=csv,noheader")
+        return out.split()[0]
+
+
 def site_lab(tmp_path_factory: pytest.TempPathFactory, name: str,
              keep_host_vars: bool = True) -> SiteLab:
     """Prepare a SiteLab: the lab's apt repository built, its inventory copied under a fresh

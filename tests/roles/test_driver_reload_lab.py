@@ -21,10 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
-from labplay import PlayResult, assert_nothing_rolled, branch_version, report_lines, run_playbook
-from labtools import SiteLab, boots, delete_namespace, node_sh, release_nodes, site_lab
+from labplay import PlayResult, assert_nothing_rolled, branch_version, report_lines
+from labtools import DriverLab, boots, delete_namespace, release_nodes, site_lab
 
 from gpukit.lab.images import SHELL
 from gpukit.lab.observe import Timeline
@@ -40,28 +39,9 @@ HOLDER = "gpukit-test-gpu-holder"
 
 
 @dataclass
-class Lab(SiteLab):
-    core: client.CoreV1Api
-
-    def sh(self, node: str, command: str) -> str:
-        return node_sh(self.spec, node, command)
-
-    def set_branch(self, branch: str) -> None:
-        path = self.inventory / "group_vars" / "gpu_nodes.yml"
-        doc = yaml.safe_load(path.read_text())
-        doc["nvidia_driver_branch"] = branch
-        path.write_text(yaml.safe_dump(doc, sort_keys=False))
-
-    def upgrade(self, *args: str) -> PlayResult:
-        return run_playbook("playbooks/upgrade.yml", self.inventory, *args, var_files=(),
-                            timeout=1500)  # fmt: skip
-
+class Lab(DriverLab):
     def boots(self, node: str) -> int:
         return boots(self.spec.node(node))
-
-    def running_driver(self, node: str) -> str:
-        out = self.sh(node, "nvidia-smi --query-gpu=driver_version --format=csv,noheader")
-        return out.split()[0]
 
     def proc_driver_version(self, node: str) -> str:
         return self.sh(node, "cat /proc/driver/nvidia/version")

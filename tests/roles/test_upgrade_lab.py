@@ -25,18 +25,15 @@ from typing import Any
 from xml.etree import ElementTree
 
 import pytest
-import yaml
 from kubernetes import client
 from labplay import (
     ROLL,
-    PlayResult,
     assert_nothing_rolled,
     branch_version,
     plan_lines,
     report_lines,
-    run_playbook,
 )
-from labtools import SiteLab, delete_namespace, node_sh, release_nodes, site_lab
+from labtools import DriverLab, delete_namespace, release_nodes, site_lab
 
 from gpukit.lab.images import SHELL
 from gpukit.lab.observe import Timeline
@@ -50,29 +47,11 @@ FAIL_SWITCH = "/etc/gpukit-lab/fail-postinst"
 
 
 @dataclass
-class Lab(SiteLab):
-    core: client.CoreV1Api
+class Lab(DriverLab):
     results: Path
-
-    def sh(self, node: str, command: str) -> str:
-        return node_sh(self.spec, node, command)
-
-    def set_branch(self, branch: str) -> None:
-        path = self.inventory / "group_vars" / "gpu_nodes.yml"
-        doc = yaml.safe_load(path.read_text())
-        doc["nvidia_driver_branch"] = branch
-        path.write_text(yaml.safe_dump(doc, sort_keys=False))
-
-    def upgrade(self, *args: str) -> PlayResult:
-        return run_playbook("playbooks/upgrade.yml", self.inventory, *args, var_files=(),
-                            timeout=1500)  # fmt: skip
 
     def installed_driver(self, node: str) -> str:
         return self.sh(node, "dpkg-query -W -f='${Version}' nvidia-driver").strip()
-
-    def running_driver(self, node: str) -> str:
-        out = self.sh(node, "nvidia-smi --query-gpu=driver_version --format=csv,noheader")
-        return out.split()[0]
 
     def node(self, name: str) -> Any:
         return self.core.read_node(name)
